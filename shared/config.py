@@ -1,0 +1,117 @@
+"""Settings (DESIGN §2): read from the environment, prefix `ORDERFLOW_`, once, in a bootstrap."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from urllib.parse import urlsplit
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.errors import ConfigurationError
+
+STORE_SCHEMES = {"mongodb": "mongodb", "mongodb+srv": "mongodb", "postgresql": "postgresql",
+                 "postgres": "postgresql"}  # fmt: skip
+
+
+class Settings(BaseSettings):
+    """Every setting of every process. Field docs are the documented defaults (README)."""
+
+    model_config = SettingsConfigDict(env_prefix="ORDERFLOW_", extra="ignore", frozen=True)
+
+    # -- where things are
+    rabbitmq_url: str = "amqp://guest:guest@localhost:5672/"
+    """AMQP URL of the broker."""
+    store_url: str = "mongodb://localhost:27017"
+    """`mongodb://...` selects MongoDB, `postgresql://...` selects PostgreSQL."""
+    hub: str = Field(default="orderflow", pattern=r"^[a-z][a-z0-9_]{0,39}$")
+    """Task hub: prefixes every queue, exchange and database/schema."""
+    remote_url: str = "http://127.0.0.1:8080"
+    """Base URL of the remote service the agents call."""
+
+    # -- timeouts of every external call
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    """How long to wait for a server when connecting."""
+    store_command_timeout_s: float = Field(default=10.0, gt=0)
+    """Upper bound on one store operation."""
+    publish_timeout_s: float = Field(default=10.0, gt=0)
+    """How long a publisher waits for the broker's confirm."""
+    store_pool_size: int = Field(default=10, ge=1, le=200)
+    """Connections per process to the store."""
+
+    # -- the workflow
+    step_timeout_s: float = Field(default=10.0, gt=0)
+    """A step's `complete_by` is its start plus this."""
+    retry_budget: int = Field(default=12, ge=1, le=1000)
+    """Remote attempts an order may spend end to end (agent retries and recoveries)."""
+
+    # -- the supervisor
+    supervisor_interval_s: float = Field(default=2.0, gt=0)
+    """Time between two scans for expired steps."""
+    supervisor_scan_limit: int = Field(default=500, ge=1, le=100_000)
+    """Records one scan page returns."""
+    lease_ttl_s: float = Field(default=10.0, gt=0)
+    """Leader lease period: a dead leader is replaced within it."""
+    failure_threshold: int = Field(default=5, ge=1)
+    """Recoveries of one order before the supervisor parks it in Error."""
+    backoff_base_s: float = Field(default=0.5, gt=0)
+    """First recovery's delay before the order may be claimed again (doubles each time)."""
+    backoff_cap_s: float = Field(default=30.0, gt=0)
+    """Largest exponential recovery delay."""
+    cooldown_after: int = Field(default=3, ge=1)
+    """Past this many failures an order rests for the cool-down instead."""
+    cooldown_s: float = Field(default=60.0, gt=0)
+    """The longer rest after repeated failures."""
+
+    # -- messaging
+    prefetch: int = Field(default=32, ge=1, le=10_000)
+    """Unacknowledged messages a consumer holds at once."""
+    redelivery_limit: int = Field(default=5, ge=1, le=1000)
+    """Deliveries of one message before it is dead-lettered."""
+    max_message_bytes: int = Field(default=64 * 1024, ge=1024)
+    """Larger bodies are dead-lettered unread."""
+    orders_queue_max_length: int = Field(default=10_000, ge=1)
+    """Admission control: publishers are refused beyond this backlog on `<hub>.orders`."""
+    inbox_ttl_s: float = Field(default=24 * 3600.0, gt=0)
+    """Duplicate-detection window: a message id seen within it is handled once."""
+    inbox_claim_ttl_s: float = Field(default=60.0, gt=0)
+    """How long a consumer's claim on a message id lasts before another may take it over."""
+
+    # -- logging
+    log_level: str = "INFO"
+    """Python log level name."""
+
+    @field_validator("store_url")
+    @classmethod
+    def _known_store(cls, value: str) -> str:
+        scheme = urlsplit(value).scheme
+        if scheme not in STORE_SCHEMES:
+            raise ValueError(f"store URL scheme {scheme!r} is not one of mongodb://, postgresql://")
+        return value
+
+    @field_validator("rabbitmq_url")
+    @classmethod
+    def _amqp(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
+            raise ValueError("RabbitMQ URL must look like amqp://user:password@host:5672/vhost")
+        return value
+
+    @property
+    def store_kind(self) -> str:
+        return STORE_SCHEMES[urlsplit(self.store_url).scheme]
+
+    @property
+    def step_timeout(self) -> timedelta:
+        return timedelta(seconds=self.step_timeout_s)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the environment once; a bad value becomes a one-line `ConfigurationError`."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        env = f"ORDERFLOW_{field.upper()}" if field else "settings"
+        raise ConfigurationError(f"{env}: {err['msg']}") from None

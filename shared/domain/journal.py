@@ -1,0 +1,117 @@
+"""Records beside the state record: history, compensation log, alerts, leases (DESIGN §3)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
+
+
+class HistoryEventType(StrEnum):
+    """The task hub's timeline of one order."""
+
+    ORDER_SUBMITTED = "OrderSubmitted"
+    EXECUTION_STARTED = "ExecutionStarted"
+    STEP_SCHEDULED = "StepScheduled"
+    STEP_COMPLETED = "StepCompleted"
+    STEP_FAILED = "StepFailed"
+    DEADLINE_EXPIRED = "DeadlineExpired"
+    RECOVERED = "Recovered"
+    LEASE_LOST = "LeaseLost"
+    EXECUTION_COMPLETED = "ExecutionCompleted"
+    ERROR_RAISED = "ErrorRaised"
+    COMPENSATION_STARTED = "CompensationStarted"
+    COMPENSATION_STEP_DONE = "CompensationStepDone"
+    COMPENSATION_COMPLETED = "CompensationCompleted"
+    COMPENSATION_FAILED = "CompensationFailed"
+    RESUBMITTED = "Resubmitted"
+
+
+class HistoryEvent(_Record):
+    order_id: str
+    type: HistoryEventType
+    at: datetime
+    attempt: int | None = None
+    instance_id: str | None = None
+    step: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+    seq: int | None = None
+    """Assigned by the store: the position in the timeline."""
+
+
+class UndoStatus(StrEnum):
+    PENDING = "Pending"
+    """Recorded when its step completed; not undone yet."""
+    DONE = "Done"
+    """Undone; its idempotency key makes a repeat harmless."""
+    FAILED = "Failed"
+    """The last try of the undo failed; a later compensation tries again."""
+
+
+class CompensationEntry(_Record):
+    """One completed step's undo, appended when the step completes; undone in reverse order."""
+
+    order_id: str
+    step: str
+    undo: str
+    """The remote operation that undoes the step, e.g. `inventory.release`."""
+    idempotency_key: str
+    recorded_at: datetime
+    status: UndoStatus = UndoStatus.PENDING
+    done_at: datetime | None = None
+    error: str | None = None
+    seq: int | None = None
+
+
+class AlertKind(StrEnum):
+    ORDER_ERROR = "order-error"
+    COMPENSATION_FAILED = "compensation-failed"
+    DUAL_WRITE_CONFLICT = "dual-write-conflict"
+    POISON_MESSAGE = "poison-message"
+    CIRCUIT_OPEN = "circuit-open"
+    BACKLOG_OVER_THRESHOLD = "backlog-over-threshold"
+    STUCK_PENDING = "stuck-pending"
+    NO_LEADER = "no-leader"
+
+
+class Severity(StrEnum):
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class Alert(_Record):
+    """A condition an operator must act on. Stored, and published on `<hub>.alerts`."""
+
+    alert_id: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    kind: AlertKind
+    severity: Severity
+    message: Annotated[str, StringConstraints(max_length=2000)]
+    at: datetime
+    order_id: str | None = None
+    source: str | None = None
+    """The process that raised it."""
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Lease(_Record):
+    name: str
+    holder: str
+    expires_at: datetime
+    acquired_at: datetime
+
+
+class InboxOutcome(StrEnum):
+    """What the inbox says about a message id a consumer is about to handle."""
+
+    CLAIMED = "claimed"
+    """New (or abandoned by a dead consumer): handle it."""
+    DUPLICATE = "duplicate"
+    """Already handled within the dedupe window: acknowledge and drop."""
+    BUSY = "busy"
+    """Another live consumer is handling it right now: try again after its claim expires."""

@@ -1,0 +1,152 @@
+"""Order and state records (DESIGN §3). Pure data: no I/O here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from shared.domain.states import ErrorKind, ProcessState, StepStatus
+
+RECORD_SCHEMA_VERSION = 1
+"""Version of the order and state record layout written by this build."""
+
+# An order id must never contain ':' because the attempt-specific instance id is `<order_id>:<n>`.
+OrderId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+Sku = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
+Currency = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
+# Payment details are never stored in clear: the front end hands over a token from the payment
+# provider (issue 6 adds redaction of anything else).
+PaymentToken = Annotated[str, StringConstraints(pattern=r"^tok_[A-Za-z0-9_-]{1,60}$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
+
+
+class OrderLine(_Strict):
+    sku: Sku
+    quantity: int = Field(ge=1, le=10_000)
+    unit_price_cents: int = Field(ge=0, le=100_000_000)
+
+
+class Address(_Strict):
+    name: ShortText
+    line1: ShortText
+    city: ShortText
+    postal_code: Annotated[str, StringConstraints(min_length=1, max_length=20)]
+    country: Annotated[str, StringConstraints(pattern=r"^[A-Z]{2}$")]
+
+
+class OrderData(_Strict):
+    """The immutable data of an order, as the front end submits it."""
+
+    order_id: OrderId
+    customer_id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    lines: list[OrderLine] = Field(min_length=1, max_length=100)
+    currency: Currency
+    payment_token: PaymentToken
+    shipping_address: Address
+
+    @property
+    def total_cents(self) -> int:
+        return sum(line.quantity * line.unit_price_cents for line in self.lines)
+
+    def fingerprint(self) -> str:
+        """A digest of the immutable data: two submissions match iff their fingerprints do."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class OrderRecord(_Strict):
+    """The stored order: its immutable data and when it was first recorded."""
+
+    data: OrderData
+    fingerprint: str
+    received_at: datetime
+    schema_version: int = RECORD_SCHEMA_VERSION
+
+    @classmethod
+    def of(cls, data: OrderData, received_at: datetime) -> OrderRecord:
+        return cls(data=data, fingerprint=data.fingerprint(), received_at=received_at)
+
+    @property
+    def order_id(self) -> str:
+        return self.data.order_id
+
+
+class ErrorInfo(_Strict):
+    kind: ErrorKind
+    message: Annotated[str, StringConstraints(max_length=2000)]
+    at: datetime
+
+
+class StepState(_Strict):
+    status: StepStatus = StepStatus.NOT_STARTED
+    attempts: int = Field(default=0, ge=0)
+    """Requests sent for this step across all attempts of the order."""
+    allowance: int = Field(default=0, ge=0)
+    """Remote attempts reserved from the retry budget for the request in flight."""
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    result: dict[str, Any] | None = None
+    error: ErrorInfo | None = None
+
+
+class RetryBudget(_Strict):
+    """Remote attempts an order may spend across agent retries and supervisor recoveries."""
+
+    limit: int = Field(ge=0)
+    used: int = Field(default=0, ge=0)
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.limit - self.used)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.used >= self.limit
+
+    def spend(self, attempts: int) -> RetryBudget:
+        if attempts < 0:
+            raise ValueError("cannot spend a negative number of attempts")
+        return self.model_copy(update={"used": self.used + attempts})
+
+
+class StateRecord(_Strict):
+    """The mutable state of one order; every change to it is conditional (DESIGN §3-4)."""
+
+    order_id: OrderId
+    process_state: ProcessState
+    locked_by: str | None = None
+    owner: str | None = None
+    """The scheduler process running the current attempt (for operators; not a fence)."""
+    complete_by: datetime | None = None
+    failure_count: int = Field(default=0, ge=0)
+    attempt: int = Field(default=0, ge=0)
+    workflow: str
+    workflow_version: int = Field(ge=1)
+    schema_version: int = RECORD_SCHEMA_VERSION
+    steps: dict[str, StepState]
+    retry_budget: RetryBudget
+    reply_to: str | None = None
+    next_attempt_at: datetime
+    error: ErrorInfo | None = None
+    created_at: datetime
+    updated_at: datetime
+
+    def step(self, name: str) -> StepState:
+        return self.steps[name]
+
+
+# Fields of the state record whose value a conditional update may set. `order_id`, `created_at`
+# and `schema_version` never change after the insert.
+MUTABLE_STATE_FIELDS = frozenset(StateRecord.model_fields) - {
+    "order_id",
+    "created_at",
+    "schema_version",
+}

@@ -1,0 +1,63 @@
+"""Instance ids, deadlines and backoff: small pure functions with parametrized tests."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+
+def utcnow() -> datetime:
+    """Now, in UTC, to the millisecond: the precision every store keeps, so a time read back
+    from any store compares equal to the one written."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def instance_id(order_id: str, attempt: int) -> str:
+    """The attempt-specific id a claim writes into `locked_by`: it fences every later write."""
+    if attempt < 1:
+        raise ValueError("attempts are numbered from 1")
+    return f"{order_id}:{attempt}"
+
+
+def parse_instance_id(value: str) -> tuple[str, int]:
+    order_id, sep, attempt = value.rpartition(":")
+    if not sep or not order_id or not attempt.isdigit():
+        raise ValueError(f"not an instance id: {value!r}")
+    return order_id, int(attempt)
+
+
+def deadline(now: datetime, timeout: timedelta) -> datetime:
+    """The `complete_by` of a step started at `now`."""
+    if timeout <= timedelta(0):
+        raise ValueError("a step timeout must be positive")
+    return now + timeout
+
+
+def is_expired(complete_by: datetime | None, now: datetime) -> bool:
+    return complete_by is not None and complete_by <= now
+
+
+def recovery_backoff(
+    failure_count: int,
+    *,
+    base: timedelta,
+    cap: timedelta,
+    cooldown_after: int,
+    cooldown: timedelta,
+    rng: random.Random | None = None,
+) -> timedelta:
+    """How long a recovered order waits before it may be claimed again.
+
+    Exponential in the number of failures so far, capped, with "equal jitter" (half fixed, half
+    random) so that orders recovered together do not stampede the remote service together. Past
+    `cooldown_after` failures the order rests for the longer `cooldown` instead.
+    """
+    if failure_count < 1:
+        raise ValueError("backoff is computed after at least one failure")
+    if failure_count > cooldown_after:
+        return cooldown
+    exp = base * (2 ** (failure_count - 1))
+    delay = min(cap, exp)
+    jitter = (rng or random).random()
+    return delay / 2 + (delay / 2) * jitter

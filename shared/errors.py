@@ -1,0 +1,85 @@
+"""One error hierarchy for every orderflow process.
+
+The broker adapter maps these to what happens to a message: a `TransientError` is retried
+(requeued), a `ContractViolation` is dead-lettered with its reason, a `PermanentError` is a
+business outcome the handler has already recorded.
+"""
+
+from __future__ import annotations
+
+
+class OrderflowError(Exception):
+    """Base of every error orderflow raises on purpose."""
+
+
+class TransientError(OrderflowError):
+    """A failure that may succeed if retried later: retry me."""
+
+
+class PermanentError(OrderflowError):
+    """A failure that will not go away by retrying: do not retry."""
+
+
+class ContractViolation(PermanentError):
+    """A message or record that breaks its contract: dead-letter it with this reason."""
+
+    reason: str = "invalid"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+
+class MalformedMessage(ContractViolation):
+    """A body that is not the JSON object its content type promises."""
+
+    reason = "malformed"
+
+
+class InvalidMessage(ContractViolation):
+    """A well-formed body that fails its schema's validation."""
+
+    reason = "invalid"
+
+
+class UnknownMessageType(ContractViolation):
+    """A message whose `type` no contract describes."""
+
+    reason = "unknown-type"
+
+
+class UnsupportedSchemaVersion(ContractViolation):
+    """A message whose `schema_version` this build cannot read."""
+
+    reason = "unsupported-schema-version"
+
+
+class MessageTooLarge(ContractViolation):
+    """A body larger than the configured limit."""
+
+    reason = "too-large"
+
+
+class IllegalTransition(PermanentError):
+    """A state change the transition table does not allow."""
+
+
+class PublishError(TransientError):
+    """The broker did not take a message: the caller must know it was not sent."""
+
+
+class PublishRejected(PublishError):
+    """The broker refused a message (negative confirm), e.g. a full queue with reject-publish."""
+
+
+class PublishUnroutable(PublishError):
+    """The broker returned a mandatory message that no queue was bound to receive."""
+
+
+class ConfigurationError(OrderflowError):
+    """A setting that cannot be used as given (a malformed URL, an unknown store scheme)."""
+
+
+class ServiceUnavailable(TransientError):
+    """A server orderflow depends on cannot be reached."""

@@ -1,0 +1,375 @@
+"""The MongoDB adapter of the state store, through PyMongo's async API.
+
+One database per task hub. Single-document updates are atomic in MongoDB, so every conditional
+update is one `find_one_and_update` whose filter is the condition. The order and its state record
+are two insert-if-absent writes that share no transaction (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import datetime
+from typing import Any
+
+from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, ReturnDocument
+from pymongo.errors import DuplicateKeyError, PyMongoError
+
+from shared.domain.journal import (
+    Alert,
+    CompensationEntry,
+    HistoryEvent,
+    InboxOutcome,
+    Lease,
+    UndoStatus,
+)
+from shared.domain.models import OrderRecord, StateRecord
+from shared.domain.states import ProcessState
+from shared.domain.updates import ANY, Changes, Expect
+from shared.errors import ServiceUnavailable
+from shared.store.codec import plain, state_from
+from shared.store.port import InsertOutcome, ScanCursor, ScanPage, page_of
+from shared.store.urls import redact
+
+_CLAIM_SPREAD = 4
+"""A claimer looks at this many times its batch and picks at random, so that concurrent
+claimers mostly try different records instead of all racing for the same first few."""
+
+
+def _state_doc(state: StateRecord) -> dict[str, Any]:
+    doc: dict[str, Any] = plain(state)
+    doc["_id"] = state.order_id
+    return doc
+
+
+def _load_state(doc: dict[str, Any]) -> StateRecord:
+    doc.pop("_id", None)
+    return state_from(plain(doc))
+
+
+def _load(model: Any, doc: dict[str, Any], **extra: Any) -> Any:
+    doc.pop("_id", None)
+    return model.model_validate(plain({**doc, **extra}), strict=False)
+
+
+class MongoStore:
+    """State store on MongoDB. `db` is an `AsyncDatabase` (or the test stand-in's facade)."""
+
+    kind = "mongodb"
+
+    def __init__(self, db: Any, client: Any = None) -> None:
+        self._db = db
+        self._client = client
+        self._orders = db["orders"]
+        self._state = db["state"]
+        self._history = db["history"]
+        self._compensation = db["compensation_log"]
+        self._counters = db["counters"]
+        self._inbox = db["inbox"]
+        self._lease = db["lease"]
+        self._alerts = db["alerts"]
+
+    @classmethod
+    async def connect(
+        cls, url: str, database: str, *, pool_size: int, timeout: float, command_timeout: float
+    ) -> MongoStore:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            url,
+            tz_aware=True,
+            maxPoolSize=pool_size,
+            serverSelectionTimeoutMS=int(timeout * 1000),
+            connectTimeoutMS=int(timeout * 1000),
+            timeoutMS=int(command_timeout * 1000),
+            retryWrites=False,  # the retry budget is ours: no layer retries on its own
+        )
+        store = cls(client[database], client)
+        try:
+            await store.ping()
+        except ServiceUnavailable as exc:
+            await client.close()
+            raise ServiceUnavailable(f"MongoDB at {redact(url)} is unreachable: {exc}") from exc
+        return store
+
+    async def init(self) -> None:
+        s = self._state
+        await s.create_index(
+            [("next_attempt_at", ASCENDING)],
+            name="state_claimable",
+            partialFilterExpression={"process_state": "Pending", "locked_by": None},
+        )
+        await s.create_index(
+            [("process_state", ASCENDING), ("complete_by", ASCENDING), ("_id", ASCENDING)],
+            name="state_deadlines",
+        )
+        await s.create_index(
+            [("process_state", ASCENDING), ("updated_at", DESCENDING)], name="state_by_state"
+        )
+        await self._history.create_index(
+            [("order_id", ASCENDING), ("at", ASCENDING), ("_id", ASCENDING)],
+            name="history_by_order",
+        )
+        await self._compensation.create_index(
+            [("order_id", ASCENDING), ("seq", ASCENDING)], name="compensation_by_order"
+        )
+        # MongoDB deletes expired inbox entries itself; `inbox_purge` does it at once.
+        await self._inbox.create_index("expires_at", name="inbox_expiry", expireAfterSeconds=0)
+        await self._alerts.create_index([("at", DESCENDING)], name="alerts_by_time")
+
+    async def ping(self) -> None:
+        try:
+            await self._db.command("ping")
+        except PyMongoError as exc:
+            raise ServiceUnavailable(f"MongoDB does not answer: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    async def drop(self) -> None:
+        await self._db.client.drop_database(self._db.name)
+
+    # -- orders and state records
+    async def insert_order(self, order: OrderRecord, state: StateRecord) -> InsertOutcome:
+        doc = plain(order)
+        doc["_id"] = order.order_id
+        outcome = InsertOutcome.CREATED
+        try:
+            await self._orders.insert_one(doc)
+        except DuplicateKeyError:
+            existing = await self._orders.find_one({"_id": order.order_id}, {"fingerprint": 1})
+            if existing is None or existing["fingerprint"] != order.fingerprint:
+                return InsertOutcome.CONFLICT
+            outcome = InsertOutcome.EXISTS
+        # A crash between the two writes leaves an order without its state record; the
+        # redelivered message comes through here and completes the pair.
+        try:
+            await self._state.insert_one(_state_doc(state))
+        except DuplicateKeyError:
+            pass
+        return outcome
+
+    async def get_order(self, order_id: str) -> OrderRecord | None:
+        doc = await self._orders.find_one({"_id": order_id})
+        return None if doc is None else _load(OrderRecord, doc)  # type: ignore[no-any-return]
+
+    async def get_state(self, order_id: str) -> StateRecord | None:
+        doc = await self._state.find_one({"_id": order_id})
+        return None if doc is None else _load_state(doc)
+
+    async def update_state(
+        self, order_id: str, expect: Expect, changes: Changes
+    ) -> StateRecord | None:
+        sets = {name: plain(value) for name, value in changes.fields.items()}
+        sets |= {f"steps.{name}": plain(step) for name, step in changes.steps.items()}
+        doc = await self._state.find_one_and_update(
+            {"_id": order_id, **_conditions(expect)},
+            {"$set": sets},
+            return_document=ReturnDocument.AFTER,
+        )
+        return None if doc is None else _load_state(doc)
+
+    async def claim(
+        self, *, now: datetime, limit: int, owner: str, complete_by: datetime
+    ) -> list[StateRecord]:
+        due = {"process_state": "Pending", "locked_by": None, "next_attempt_at": {"$lte": now}}
+        cursor = self._state.find(due, {"attempt": 1}).sort("next_attempt_at", ASCENDING)
+        candidates = await cursor.limit(limit * _CLAIM_SPREAD).to_list(None)
+        picked = random.sample(candidates, min(limit, len(candidates)))
+
+        async def take(candidate: dict[str, Any]) -> StateRecord | None:
+            attempt = candidate["attempt"] + 1
+            doc = await self._state.find_one_and_update(
+                {"_id": candidate["_id"], "attempt": candidate["attempt"], **due},
+                {"$set": {"process_state": "Processing", "attempt": attempt,
+                          "locked_by": f"{candidate['_id']}:{attempt}", "owner": owner,
+                          "complete_by": complete_by, "updated_at": now}},
+                return_document=ReturnDocument.AFTER,
+            )  # fmt: skip
+            return None if doc is None else _load_state(doc)
+
+        claimed = await asyncio.gather(*(take(c) for c in picked))
+        return [record for record in claimed if record is not None]
+
+    async def scan_expired(
+        self,
+        *,
+        now: datetime,
+        states: frozenset[ProcessState],
+        limit: int,
+        after: ScanCursor | None = None,
+        not_before: datetime | None = None,
+    ) -> ScanPage:
+        window: dict[str, Any] = {"$lte": now}
+        if not_before is not None:
+            window["$gte"] = not_before
+        query: dict[str, Any] = {"process_state": {"$in": [s.value for s in states]},
+                                 "complete_by": window}  # fmt: skip
+        if after is not None:
+            query["$or"] = [
+                {"complete_by": {"$gt": after.complete_by}},
+                {"complete_by": after.complete_by, "_id": {"$gt": after.order_id}},
+            ]
+        cursor = self._state.find(query).sort([("complete_by", ASCENDING), ("_id", ASCENDING)])
+        docs = await cursor.limit(limit).to_list(None)
+        return page_of([_load_state(d) for d in docs], limit)
+
+    async def count_by_state(self) -> dict[ProcessState, int]:
+        counts = {}
+        for state in ProcessState:
+            counts[state] = await self._state.count_documents({"process_state": state.value})
+        return counts
+
+    # -- history
+    async def append_history(self, event: HistoryEvent) -> None:
+        await self._history.insert_one(plain(event.model_copy(update={"seq": None})))
+
+    async def read_history(self, order_id: str) -> list[HistoryEvent]:
+        cursor = self._history.find({"order_id": order_id}).sort(
+            [("at", ASCENDING), ("_id", ASCENDING)]
+        )
+        docs = await cursor.to_list(None)
+        return [_load(HistoryEvent, d, seq=i) for i, d in enumerate(docs, start=1)]
+
+    # -- compensation log
+    async def append_compensation(self, entry: CompensationEntry) -> bool:
+        key = {"order_id": entry.order_id, "step": entry.step}
+        if await self._compensation.find_one(key, {"_id": 1}) is not None:
+            return False
+        counter = await self._counters.find_one_and_update(
+            {"_id": "compensation_log"},
+            {"$inc": {"value": 1}},
+            upsert=True,
+            return_document=ReturnDocument.AFTER,
+        )
+        doc = plain(entry.model_copy(update={"seq": counter["value"]}))
+        doc["_id"] = f"{entry.order_id}|{entry.step}"
+        try:
+            await self._compensation.insert_one(doc)
+        except DuplicateKeyError:
+            return False
+        return True
+
+    async def read_compensation(self, order_id: str) -> list[CompensationEntry]:
+        cursor = self._compensation.find({"order_id": order_id}).sort("seq", ASCENDING)
+        return [_load(CompensationEntry, d) for d in await cursor.to_list(None)]
+
+    async def mark_compensation(
+        self,
+        order_id: str,
+        step: str,
+        *,
+        status: UndoStatus,
+        at: datetime,
+        error: str | None = None,
+    ) -> bool:
+        done_at = at if status is UndoStatus.DONE else None
+        result = await self._compensation.update_one(
+            {"_id": f"{order_id}|{step}", "status": {"$ne": UndoStatus.DONE.value}},
+            {"$set": {"status": status.value, "done_at": done_at, "error": error}},
+        )
+        return bool(result.matched_count == 1)
+
+    # -- inbox
+    async def inbox_claim(
+        self, queue: str, message_id: str, *, holder: str, now: datetime, claim_until: datetime
+    ) -> InboxOutcome:
+        key = {"q": queue, "m": message_id}
+        claim = {"state": "processing", "holder": holder, "expires_at": claim_until}
+        try:
+            await self._inbox.insert_one({"_id": key, **claim})
+            return InboxOutcome.CLAIMED
+        except DuplicateKeyError:
+            pass
+        # Expired: a dedupe window that passed, or a claim whose holder died.
+        taken = await self._inbox.find_one_and_update(
+            {"_id": key, "expires_at": {"$lte": now}}, {"$set": claim}
+        )
+        if taken is not None:
+            return InboxOutcome.CLAIMED
+        doc = await self._inbox.find_one({"_id": key})
+        if doc is not None and doc["state"] == "done":
+            return InboxOutcome.DUPLICATE
+        return InboxOutcome.BUSY
+
+    async def inbox_complete(
+        self, queue: str, message_id: str, *, holder: str, keep_until: datetime
+    ) -> bool:
+        result = await self._inbox.update_one(
+            {"_id": {"q": queue, "m": message_id}, "holder": holder},
+            {"$set": {"state": "done", "expires_at": keep_until}},
+        )
+        return bool(result.matched_count == 1)
+
+    async def inbox_release(self, queue: str, message_id: str, *, holder: str) -> bool:
+        result = await self._inbox.delete_one(
+            {"_id": {"q": queue, "m": message_id}, "holder": holder, "state": "processing"}
+        )
+        return bool(result.deleted_count == 1)
+
+    async def inbox_purge(self, *, now: datetime) -> int:
+        result = await self._inbox.delete_many({"expires_at": {"$lte": now}})
+        return int(result.deleted_count)
+
+    # -- lease
+    async def lease_acquire(
+        self, name: str, *, holder: str, now: datetime, expires_at: datetime
+    ) -> bool:
+        if await self.lease_renew(name, holder=holder, now=now, expires_at=expires_at):
+            return True
+        try:
+            # Upsert over a free or expired lease; over a live one held by another the filter
+            # matches nothing, the upsert collides on _id, and the lease stays theirs.
+            await self._lease.update_one(
+                {"_id": name, "$or": [{"expires_at": {"$lte": now}}, {"holder": holder}]},
+                {"$set": {"name": name, "holder": holder, "expires_at": expires_at,
+                          "acquired_at": now}},
+                upsert=True,
+            )  # fmt: skip
+        except DuplicateKeyError:
+            return False
+        return True
+
+    async def lease_renew(
+        self, name: str, *, holder: str, now: datetime, expires_at: datetime
+    ) -> bool:
+        result = await self._lease.update_one(
+            {"_id": name, "holder": holder, "expires_at": {"$gt": now}},
+            {"$set": {"expires_at": expires_at}},
+        )
+        return bool(result.matched_count == 1)
+
+    async def lease_release(self, name: str, *, holder: str) -> bool:
+        result = await self._lease.delete_one({"_id": name, "holder": holder})
+        return bool(result.deleted_count == 1)
+
+    async def lease_get(self, name: str) -> Lease | None:
+        doc = await self._lease.find_one({"_id": name})
+        return None if doc is None else _load(Lease, doc)  # type: ignore[no-any-return]
+
+    # -- alerts
+    async def raise_alert(self, alert: Alert) -> bool:
+        doc = plain(alert)
+        doc["_id"] = alert.alert_id
+        try:
+            await self._alerts.insert_one(doc)
+        except DuplicateKeyError:
+            return False
+        return True
+
+    async def list_alerts(self, *, since: datetime | None = None, limit: int = 100) -> list[Alert]:
+        query = {} if since is None else {"at": {"$gte": since}}
+        cursor = self._alerts.find(query).sort([("at", DESCENDING), ("_id", ASCENDING)])
+        return [_load(Alert, d) for d in await cursor.limit(limit).to_list(None)]
+
+
+def _conditions(expect: Expect) -> dict[str, Any]:
+    query: dict[str, Any] = {}
+    if expect.process_state is not ANY:
+        query["process_state"] = {"$in": [s.value for s in expect.process_state]}
+    if expect.locked_by is not ANY:
+        query["locked_by"] = expect.locked_by
+    if expect.complete_by is not ANY:
+        query["complete_by"] = expect.complete_by
+    if expect.updated_at is not ANY:
+        query["updated_at"] = expect.updated_at
+    return query

@@ -1,0 +1,172 @@
+"""The state store port (DESIGN §3): one Protocol, several adapters, one contract suite."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Protocol
+
+from shared.domain.journal import (
+    Alert,
+    CompensationEntry,
+    HistoryEvent,
+    InboxOutcome,
+    Lease,
+    UndoStatus,
+)
+from shared.domain.models import OrderRecord, StateRecord
+from shared.domain.states import ProcessState
+from shared.domain.updates import Changes, Expect
+
+
+class InsertOutcome(StrEnum):
+    CREATED = "created"
+    """The order was new: both records are written."""
+    EXISTS = "exists"
+    """The same order was recorded before (a redelivery or a repeated submission)."""
+    CONFLICT = "conflict"
+    """An order with this id but different data exists; nothing was overwritten."""
+
+
+@dataclass(frozen=True)
+class ScanCursor:
+    """Where the next page of a supervisor scan starts: after this (complete_by, order_id)."""
+
+    complete_by: datetime
+    order_id: str
+
+
+@dataclass(frozen=True)
+class ScanPage:
+    records: list[StateRecord]
+    next_cursor: ScanCursor | None
+    """None when this page was the last."""
+
+
+def page_of(records: list[StateRecord], limit: int) -> ScanPage:
+    """A full page may have a successor: continue after its last record."""
+    if len(records) < limit or not records:
+        return ScanPage(records, None)
+    last = records[-1]
+    if last.complete_by is None:  # pragma: no cover - scans only return records with deadlines
+        raise ValueError("a scanned record has no complete_by")
+    return ScanPage(records, ScanCursor(last.complete_by, last.order_id))
+
+
+class StateStore(Protocol):
+    """Everything the processes keep. Every state change is conditional and says if it matched."""
+
+    kind: str
+    """`postgresql`, `mongodb` or `memory`: for reports and logs."""
+
+    async def init(self) -> None:
+        """Create the schema, collections and indexes. Idempotent."""
+
+    async def ping(self) -> None:
+        """Raise `ServiceUnavailable` unless the store answers."""
+
+    async def close(self) -> None: ...
+
+    async def drop(self) -> None:
+        """Delete everything of this hub (tests and `orderflow` maintenance only)."""
+
+    # -- orders and state records
+    async def insert_order(self, order: OrderRecord, state: StateRecord) -> InsertOutcome:
+        """Insert the order and its state record, each only if absent, never overwriting."""
+
+    async def get_order(self, order_id: str) -> OrderRecord | None: ...
+
+    async def get_state(self, order_id: str) -> StateRecord | None: ...
+
+    async def update_state(
+        self, order_id: str, expect: Expect, changes: Changes
+    ) -> StateRecord | None:
+        """Apply `changes` only if the record matches `expect`; the new record, or None."""
+
+    async def claim(
+        self, *, now: datetime, limit: int, owner: str, complete_by: datetime
+    ) -> list[StateRecord]:
+        """Claim up to `limit` due, unlocked Pending records for one new attempt each.
+
+        Each becomes Processing with `attempt`+1, `locked_by` = `<order_id>:<attempt>`, the
+        given `owner`, and `complete_by` (so an attempt that dies before its first step is
+        still found by the supervisor). Concurrent claimers never claim the same record twice.
+        """
+
+    async def scan_expired(
+        self,
+        *,
+        now: datetime,
+        states: frozenset[ProcessState],
+        limit: int,
+        after: ScanCursor | None = None,
+        not_before: datetime | None = None,
+    ) -> ScanPage:
+        """Records in `states` whose `complete_by` lies in [not_before, now], in
+        (complete_by, order_id) order, starting after the cursor."""
+
+    async def count_by_state(self) -> dict[ProcessState, int]: ...
+
+    # -- history: the task hub's timeline
+    async def append_history(self, event: HistoryEvent) -> None: ...
+
+    async def read_history(self, order_id: str) -> list[HistoryEvent]:
+        """Oldest first; each event has its `seq`."""
+
+    # -- compensation log
+    async def append_compensation(self, entry: CompensationEntry) -> bool:
+        """Record a completed step's undo if not recorded yet; True if it was new."""
+
+    async def read_compensation(self, order_id: str) -> list[CompensationEntry]:
+        """In the order the steps completed (undo them in reverse)."""
+
+    async def mark_compensation(
+        self,
+        order_id: str,
+        step: str,
+        *,
+        status: UndoStatus,
+        at: datetime,
+        error: str | None = None,
+    ) -> bool:
+        """Set an undo's outcome, unless it is Done already (Done is final)."""
+
+    # -- inbox: MessageId dedupe
+    async def inbox_claim(
+        self, queue: str, message_id: str, *, holder: str, now: datetime, claim_until: datetime
+    ) -> InboxOutcome:
+        """Take a message id for handling, unless it was handled (or is being handled)."""
+
+    async def inbox_complete(
+        self, queue: str, message_id: str, *, holder: str, keep_until: datetime
+    ) -> bool:
+        """Mark the message handled; duplicates within the window are dropped."""
+
+    async def inbox_release(self, queue: str, message_id: str, *, holder: str) -> bool:
+        """Give up a claim whose handling failed, so a redelivery is handled again."""
+
+    async def inbox_purge(self, *, now: datetime) -> int:
+        """Delete entries past their expiry; how many."""
+
+    # -- lease: supervisor leader election
+    async def lease_acquire(
+        self, name: str, *, holder: str, now: datetime, expires_at: datetime
+    ) -> bool:
+        """Take the lease if it is free or expired, or extend it if `holder` has it."""
+
+    async def lease_renew(
+        self, name: str, *, holder: str, now: datetime, expires_at: datetime
+    ) -> bool:
+        """Extend the lease only if `holder` still has it and it has not expired."""
+
+    async def lease_release(self, name: str, *, holder: str) -> bool: ...
+
+    async def lease_get(self, name: str) -> Lease | None: ...
+
+    # -- alerts
+    async def raise_alert(self, alert: Alert) -> bool:
+        """Store the alert unless one with its id exists; True if it was new."""
+
+    async def list_alerts(self, *, since: datetime | None = None, limit: int = 100) -> list[Alert]:
+        """Newest first."""

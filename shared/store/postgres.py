@@ -1,0 +1,431 @@
+"""The PostgreSQL adapter of the state store, through asyncpg."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+import asyncpg
+
+from shared.domain.journal import (
+    Alert,
+    CompensationEntry,
+    HistoryEvent,
+    InboxOutcome,
+    Lease,
+    UndoStatus,
+)
+from shared.domain.models import OrderRecord, StateRecord
+from shared.domain.states import ProcessState
+from shared.domain.updates import ANY, Changes, Expect
+from shared.errors import ServiceUnavailable
+from shared.store.codec import jsonable, state_from
+from shared.store.port import InsertOutcome, ScanCursor, ScanPage, page_of
+from shared.store.urls import redact
+
+_JSON_COLUMNS = frozenset({"steps", "retry_budget", "error", "data"})
+_STATE_COLUMNS = (
+    "order_id", "process_state", "locked_by", "owner", "complete_by", "failure_count", "attempt",
+    "workflow", "workflow_version", "schema_version", "steps", "retry_budget", "reply_to",
+    "next_attempt_at", "error", "created_at", "updated_at",
+)  # fmt: skip
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+def _column_value(name: str, value: Any) -> Any:
+    return jsonable(value) if name in _JSON_COLUMNS else jsonable_scalar(value)
+
+
+def jsonable_scalar(value: Any) -> Any:
+    """Enums to values; datetimes stay datetimes for timestamptz columns."""
+    return getattr(value, "value", value) if not isinstance(value, datetime) else value
+
+
+class PostgresStore:
+    """State store on PostgreSQL: one schema per task hub."""
+
+    kind = "postgresql"
+
+    def __init__(self, pool: asyncpg.Pool, schema: str) -> None:
+        self._pool = pool
+        self._s = f'"{schema}"'
+        self._schema = schema
+
+    @classmethod
+    async def connect(
+        cls, url: str, schema: str, *, pool_size: int, timeout: float, command_timeout: float
+    ) -> PostgresStore:
+        try:
+            pool = await asyncpg.create_pool(
+                url,
+                min_size=1,
+                max_size=pool_size,
+                timeout=timeout,
+                command_timeout=command_timeout,
+                init=_init_connection,
+            )
+        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            raise ServiceUnavailable(f"PostgreSQL at {redact(url)} is unreachable: {exc}") from exc
+        return cls(pool, schema)
+
+    async def init(self) -> None:
+        ddl = resources.files("shared.store").joinpath("postgres_schema.sql").read_text()
+        async with self._pool.acquire() as conn, conn.transaction():
+            # Two processes initialising at once would race on CREATE ... IF NOT EXISTS.
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext('orderflow-init'))")
+            await conn.execute(ddl.replace("{schema}", self._schema))
+
+    async def ping(self) -> None:
+        try:
+            await self._pool.fetchval("SELECT 1")
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise ServiceUnavailable(f"PostgreSQL does not answer: {exc}") from exc
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def drop(self) -> None:
+        await self._pool.execute(f"DROP SCHEMA IF EXISTS {self._s} CASCADE")
+
+    # -- orders and state records
+    async def insert_order(self, order: OrderRecord, state: StateRecord) -> InsertOutcome:
+        async with self._pool.acquire() as conn, conn.transaction():
+            created = await conn.fetchval(
+                f"INSERT INTO {self._s}.orders VALUES ($1, $2, $3, $4, $5) "
+                "ON CONFLICT (order_id) DO NOTHING RETURNING true",
+                order.order_id,
+                jsonable(order.data),
+                order.fingerprint,
+                order.received_at,
+                order.schema_version,
+            )
+            if not created:
+                existing = await conn.fetchval(
+                    f"SELECT fingerprint FROM {self._s}.orders WHERE order_id = $1",
+                    order.order_id,
+                )
+                if existing != order.fingerprint:
+                    return InsertOutcome.CONFLICT
+            values = [_column_value(c, getattr(state, c)) for c in _STATE_COLUMNS]
+            marks = ", ".join(f"${i}" for i in range(1, len(values) + 1))
+            await conn.execute(
+                f"INSERT INTO {self._s}.state ({', '.join(_STATE_COLUMNS)}) VALUES ({marks}) "
+                "ON CONFLICT (order_id) DO NOTHING",
+                *values,
+            )
+        return InsertOutcome.CREATED if created else InsertOutcome.EXISTS
+
+    async def get_order(self, order_id: str) -> OrderRecord | None:
+        row = await self._pool.fetchrow(
+            f"SELECT * FROM {self._s}.orders WHERE order_id = $1", order_id
+        )
+        if row is None:
+            return None
+        doc = dict(row)
+        del doc["order_id"]
+        return OrderRecord.model_validate(doc, strict=False)
+
+    async def get_state(self, order_id: str) -> StateRecord | None:
+        row = await self._pool.fetchrow(
+            f"SELECT * FROM {self._s}.state WHERE order_id = $1", order_id
+        )
+        return None if row is None else state_from(dict(row))
+
+    async def update_state(
+        self, order_id: str, expect: Expect, changes: Changes
+    ) -> StateRecord | None:
+        args: list[Any] = [order_id]
+
+        def arg(value: Any) -> str:
+            args.append(value)
+            return f"${len(args)}"
+
+        sets = [f"{name} = {arg(_column_value(name, v))}" for name, v in changes.fields.items()]
+        if changes.steps:
+            patch = {name: jsonable(step) for name, step in changes.steps.items()}
+            sets.append(f"steps = steps || {arg(patch)}::jsonb")
+        where = ["order_id = $1", *self._conditions(expect, arg)]
+        row = await self._pool.fetchrow(
+            f"UPDATE {self._s}.state SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING *",
+            *args,
+        )
+        return None if row is None else state_from(dict(row))
+
+    @staticmethod
+    def _conditions(expect: Expect, arg: Any) -> list[str]:
+        where = []
+        if expect.process_state is not ANY:
+            where.append(f"process_state = ANY({arg([s.value for s in expect.process_state])})")
+        for name in ("locked_by", "complete_by"):
+            value = getattr(expect, name)
+            if value is None:
+                where.append(f"{name} IS NULL")
+            elif value is not ANY:
+                where.append(f"{name} = {arg(value)}")
+        if expect.updated_at is not ANY:
+            where.append(f"updated_at = {arg(expect.updated_at)}")
+        return where
+
+    async def claim(
+        self, *, now: datetime, limit: int, owner: str, complete_by: datetime
+    ) -> list[StateRecord]:
+        # One round trip for a whole batch; SKIP LOCKED lets concurrent claimers pass each
+        # other by instead of queueing on the same rows.
+        rows = await self._pool.fetch(
+            f"""
+            UPDATE {self._s}.state AS s
+               SET process_state = 'Processing', attempt = s.attempt + 1,
+                   locked_by = s.order_id || ':' || (s.attempt + 1), owner = $3,
+                   complete_by = $4, updated_at = $1
+              FROM (SELECT order_id FROM {self._s}.state
+                     WHERE process_state = 'Pending' AND locked_by IS NULL
+                       AND next_attempt_at <= $1
+                     ORDER BY next_attempt_at
+                     LIMIT $2
+                     FOR UPDATE SKIP LOCKED) AS due
+             WHERE s.order_id = due.order_id
+            RETURNING s.*
+            """,
+            now,
+            limit,
+            owner,
+            complete_by,
+        )
+        return [state_from(dict(r)) for r in rows]
+
+    async def scan_expired(
+        self,
+        *,
+        now: datetime,
+        states: frozenset[ProcessState],
+        limit: int,
+        after: ScanCursor | None = None,
+        not_before: datetime | None = None,
+    ) -> ScanPage:
+        rows = await self._pool.fetch(
+            f"""
+            SELECT * FROM {self._s}.state
+             WHERE process_state = ANY($1) AND complete_by <= $2
+               AND ($3::timestamptz IS NULL OR complete_by >= $3)
+               AND ($4::timestamptz IS NULL OR (complete_by, order_id) > ($4, $5))
+             ORDER BY complete_by, order_id
+             LIMIT $6
+            """,
+            [s.value for s in states],
+            now,
+            not_before,
+            after.complete_by if after else None,
+            after.order_id if after else "",
+            limit,
+        )
+        records = [state_from(dict(r)) for r in rows]
+        return page_of(records, limit)
+
+    async def count_by_state(self) -> dict[ProcessState, int]:
+        rows = await self._pool.fetch(
+            f"SELECT process_state, count(*) AS n FROM {self._s}.state GROUP BY process_state"
+        )
+        counts = dict.fromkeys(ProcessState, 0)
+        counts.update({ProcessState(r["process_state"]): r["n"] for r in rows})
+        return counts
+
+    # -- history
+    async def append_history(self, event: HistoryEvent) -> None:
+        await self._pool.execute(
+            f"INSERT INTO {self._s}.history (order_id, type, at, attempt, instance_id, step, data)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            event.order_id,
+            event.type.value,
+            event.at,
+            event.attempt,
+            event.instance_id,
+            event.step,
+            jsonable(event.data),
+        )
+
+    async def read_history(self, order_id: str) -> list[HistoryEvent]:
+        rows = await self._pool.fetch(
+            f"SELECT * FROM {self._s}.history WHERE order_id = $1 ORDER BY seq", order_id
+        )
+        return [HistoryEvent.model_validate(dict(r), strict=False) for r in rows]
+
+    # -- compensation log
+    async def append_compensation(self, entry: CompensationEntry) -> bool:
+        created = await self._pool.fetchval(
+            f"INSERT INTO {self._s}.compensation_log (order_id, step, undo, idempotency_key, "
+            "recorded_at, status, done_at, error) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
+            "ON CONFLICT (order_id, step) DO NOTHING RETURNING true",
+            entry.order_id,
+            entry.step,
+            entry.undo,
+            entry.idempotency_key,
+            entry.recorded_at,
+            entry.status.value,
+            entry.done_at,
+            entry.error,
+        )
+        return bool(created)
+
+    async def read_compensation(self, order_id: str) -> list[CompensationEntry]:
+        rows = await self._pool.fetch(
+            f"SELECT * FROM {self._s}.compensation_log WHERE order_id = $1 ORDER BY seq",
+            order_id,
+        )
+        return [CompensationEntry.model_validate(dict(r), strict=False) for r in rows]
+
+    async def mark_compensation(
+        self,
+        order_id: str,
+        step: str,
+        *,
+        status: UndoStatus,
+        at: datetime,
+        error: str | None = None,
+    ) -> bool:
+        done_at = at if status is UndoStatus.DONE else None
+        result = await self._pool.execute(
+            f"UPDATE {self._s}.compensation_log SET status = $3, done_at = $4, error = $5 "
+            "WHERE order_id = $1 AND step = $2 AND status <> 'Done'",
+            order_id,
+            step,
+            status.value,
+            done_at,
+            error,
+        )
+        return _affected(result) == 1
+
+    # -- inbox
+    async def inbox_claim(
+        self, queue: str, message_id: str, *, holder: str, now: datetime, claim_until: datetime
+    ) -> InboxOutcome:
+        # New, or expired (a dedupe window that passed, or a claim whose holder died): take it.
+        taken = await self._pool.fetchval(
+            f"""
+            INSERT INTO {self._s}.inbox AS i VALUES ($1, $2, 'processing', $3, $4)
+            ON CONFLICT (queue, message_id) DO UPDATE
+               SET state = 'processing', holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
+             WHERE i.expires_at <= $5
+            RETURNING true
+            """,
+            queue,
+            message_id,
+            holder,
+            claim_until,
+            now,
+        )
+        if taken:
+            return InboxOutcome.CLAIMED
+        state = await self._pool.fetchval(
+            f"SELECT state FROM {self._s}.inbox WHERE queue = $1 AND message_id = $2",
+            queue,
+            message_id,
+        )
+        return InboxOutcome.DUPLICATE if state == "done" else InboxOutcome.BUSY
+
+    async def inbox_complete(
+        self, queue: str, message_id: str, *, holder: str, keep_until: datetime
+    ) -> bool:
+        result = await self._pool.execute(
+            f"UPDATE {self._s}.inbox SET state = 'done', expires_at = $4 "
+            "WHERE queue = $1 AND message_id = $2 AND holder = $3",
+            queue,
+            message_id,
+            holder,
+            keep_until,
+        )
+        return _affected(result) == 1
+
+    async def inbox_release(self, queue: str, message_id: str, *, holder: str) -> bool:
+        result = await self._pool.execute(
+            f"DELETE FROM {self._s}.inbox WHERE queue = $1 AND message_id = $2 AND holder = $3 "
+            "AND state = 'processing'",
+            queue,
+            message_id,
+            holder,
+        )
+        return _affected(result) == 1
+
+    async def inbox_purge(self, *, now: datetime) -> int:
+        result = await self._pool.execute(
+            f"DELETE FROM {self._s}.inbox WHERE expires_at <= $1", now
+        )
+        return _affected(result)
+
+    # -- lease
+    async def lease_acquire(
+        self, name: str, *, holder: str, now: datetime, expires_at: datetime
+    ) -> bool:
+        got = await self._pool.fetchval(
+            f"""
+            INSERT INTO {self._s}.lease AS l VALUES ($1, $2, $3, $4)
+            ON CONFLICT (name) DO UPDATE
+               SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at,
+                   acquired_at = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > $4
+                                      THEN l.acquired_at ELSE EXCLUDED.acquired_at END
+             WHERE l.holder = EXCLUDED.holder OR l.expires_at <= $4
+            RETURNING true
+            """,
+            name,
+            holder,
+            expires_at,
+            now,
+        )
+        return bool(got)
+
+    async def lease_renew(
+        self, name: str, *, holder: str, now: datetime, expires_at: datetime
+    ) -> bool:
+        result = await self._pool.execute(
+            f"UPDATE {self._s}.lease SET expires_at = $3 "
+            "WHERE name = $1 AND holder = $2 AND expires_at > $4",
+            name,
+            holder,
+            expires_at,
+            now,
+        )
+        return _affected(result) == 1
+
+    async def lease_release(self, name: str, *, holder: str) -> bool:
+        result = await self._pool.execute(
+            f"DELETE FROM {self._s}.lease WHERE name = $1 AND holder = $2", name, holder
+        )
+        return _affected(result) == 1
+
+    async def lease_get(self, name: str) -> Lease | None:
+        row = await self._pool.fetchrow(f"SELECT * FROM {self._s}.lease WHERE name = $1", name)
+        return None if row is None else Lease.model_validate(dict(row), strict=False)
+
+    # -- alerts
+    async def raise_alert(self, alert: Alert) -> bool:
+        created = await self._pool.fetchval(
+            f"INSERT INTO {self._s}.alerts VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
+            "ON CONFLICT (alert_id) DO NOTHING RETURNING true",
+            alert.alert_id,
+            alert.kind.value,
+            alert.severity.value,
+            alert.message,
+            alert.at,
+            alert.order_id,
+            alert.source,
+            jsonable(alert.data),
+        )
+        return bool(created)
+
+    async def list_alerts(self, *, since: datetime | None = None, limit: int = 100) -> list[Alert]:
+        rows = await self._pool.fetch(
+            f"SELECT * FROM {self._s}.alerts WHERE ($1::timestamptz IS NULL OR at >= $1) "
+            "ORDER BY at DESC, alert_id LIMIT $2",
+            since,
+            limit,
+        )
+        return [Alert.model_validate(dict(r), strict=False) for r in rows]
+
+
+def _affected(status: str) -> int:
+    """asyncpg returns a command tag such as 'UPDATE 1'."""
+    return int(status.rsplit(" ", 1)[-1])

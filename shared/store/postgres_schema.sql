@@ -1,0 +1,94 @@
+-- orderflow PostgreSQL schema. `{schema}` is the task hub's name; `orderflow init` applies this
+-- file and it is idempotent (every statement is IF NOT EXISTS).
+CREATE SCHEMA IF NOT EXISTS "{schema}";
+
+CREATE TABLE IF NOT EXISTS "{schema}".orders (
+    order_id        text PRIMARY KEY,
+    data            jsonb NOT NULL,
+    fingerprint     text NOT NULL,
+    received_at     timestamptz NOT NULL,
+    schema_version  integer NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS "{schema}".state (
+    order_id          text PRIMARY KEY,
+    process_state     text NOT NULL,
+    locked_by         text,
+    owner             text,
+    complete_by       timestamptz,
+    failure_count     integer NOT NULL DEFAULT 0,
+    attempt           integer NOT NULL DEFAULT 0,
+    workflow          text NOT NULL,
+    workflow_version  integer NOT NULL,
+    schema_version    integer NOT NULL,
+    steps             jsonb NOT NULL,
+    retry_budget      jsonb NOT NULL,
+    reply_to          text,
+    next_attempt_at   timestamptz NOT NULL,
+    error             jsonb,
+    created_at        timestamptz NOT NULL,
+    updated_at        timestamptz NOT NULL
+);
+-- The scheduler's claim: due, unlocked Pending records, oldest due first.
+CREATE INDEX IF NOT EXISTS state_claimable ON "{schema}".state (next_attempt_at)
+    WHERE process_state = 'Pending' AND locked_by IS NULL;
+-- The supervisor's scan: expired deadlines of running attempts, paged by (complete_by, order_id).
+CREATE INDEX IF NOT EXISTS state_deadlines ON "{schema}".state (complete_by, order_id)
+    WHERE process_state IN ('Processing', 'Compensating');
+-- Counts and operator listings by state, most recently changed first.
+CREATE INDEX IF NOT EXISTS state_by_state ON "{schema}".state (process_state, updated_at DESC);
+
+CREATE TABLE IF NOT EXISTS "{schema}".history (
+    seq          bigserial PRIMARY KEY,
+    order_id     text NOT NULL,
+    type         text NOT NULL,
+    at           timestamptz NOT NULL,
+    attempt      integer,
+    instance_id  text,
+    step         text,
+    data         jsonb NOT NULL
+);
+CREATE INDEX IF NOT EXISTS history_by_order ON "{schema}".history (order_id, seq);
+
+CREATE TABLE IF NOT EXISTS "{schema}".compensation_log (
+    seq              bigserial,
+    order_id         text NOT NULL,
+    step             text NOT NULL,
+    undo             text NOT NULL,
+    idempotency_key  text NOT NULL,
+    recorded_at      timestamptz NOT NULL,
+    status           text NOT NULL,
+    done_at          timestamptz,
+    error            text,
+    PRIMARY KEY (order_id, step)
+);
+CREATE INDEX IF NOT EXISTS compensation_by_order ON "{schema}".compensation_log (order_id, seq);
+
+CREATE TABLE IF NOT EXISTS "{schema}".inbox (
+    queue       text NOT NULL,
+    message_id  text NOT NULL,
+    state       text NOT NULL,
+    holder      text NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    PRIMARY KEY (queue, message_id)
+);
+CREATE INDEX IF NOT EXISTS inbox_expiry ON "{schema}".inbox (expires_at);
+
+CREATE TABLE IF NOT EXISTS "{schema}".lease (
+    name         text PRIMARY KEY,
+    holder       text NOT NULL,
+    expires_at   timestamptz NOT NULL,
+    acquired_at  timestamptz NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS "{schema}".alerts (
+    alert_id  text PRIMARY KEY,
+    kind      text NOT NULL,
+    severity  text NOT NULL,
+    message   text NOT NULL,
+    at        timestamptz NOT NULL,
+    order_id  text,
+    source    text,
+    data      jsonb NOT NULL
+);
+CREATE INDEX IF NOT EXISTS alerts_by_time ON "{schema}".alerts (at DESC);

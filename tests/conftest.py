@@ -1,0 +1,31 @@
+"""Shared fixtures: real services, a fresh task hub per test, and loud failures in CI.
+
+A missing RabbitMQ or PostgreSQL skips its tests on a laptop, but fails them when
+`ORDERFLOW_REQUIRE_SERVICES=1` (CI sets it), so a missing service never hides as a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+REQUIRE_SERVICES = os.environ.get("ORDERFLOW_REQUIRE_SERVICES") == "1"
+POSTGRES_URL = os.environ.get("ORDERFLOW_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+RABBITMQ_URL = os.environ.get("ORDERFLOW_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
+MONGODB_URL = os.environ.get("ORDERFLOW_TEST_MONGODB_URL")
+
+
+def service_missing(what: str, why: object) -> None:
+    """Skip on a laptop; fail in CI."""
+    message = f"{what} is not reachable: {why}"
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{message} (ORDERFLOW_REQUIRE_SERVICES=1)", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def hub() -> str:
+    """A task hub of this test's own: queues, exchanges and schemas no other test sees."""
+    return f"t{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,263 @@
+"""Contract: orders, state records and conditional updates, for every store adapter."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from shared.domain.models import ErrorInfo
+from shared.domain.states import ErrorKind, ProcessState, StepStatus
+from shared.domain.timing import utcnow
+from shared.domain.updates import ANY, Changes, Expect, RecoveryPolicy, apply, complete_step
+from shared.domain.updates import recover, start_step
+from shared.domain.workflow import ORDER_WORKFLOW
+from shared.store.port import InsertOutcome, StateStore
+from tests.support.factories import order_pair
+
+PROCESSING = frozenset({ProcessState.PROCESSING})
+POLICY = RecoveryPolicy(failure_threshold=3, backoff=lambda n: timedelta(seconds=n))
+
+
+async def claim_one(store: StateStore, order_id: str, *, timeout: float = 10.0):
+    now = utcnow()
+    claimed = await store.claim(
+        now=now, limit=10, owner="sched-a", complete_by=now + timedelta(seconds=timeout)
+    )
+    return next(r for r in claimed if r.order_id == order_id)
+
+
+async def test_insert_is_idempotent_and_never_overwrites(store: StateStore) -> None:
+    order, state = order_pair("o-1")
+    assert await store.insert_order(order, state) is InsertOutcome.CREATED
+    assert await store.insert_order(order, state) is InsertOutcome.EXISTS
+
+    other, other_state = order_pair("o-1", customer_id="someone-else")
+    assert await store.insert_order(other, other_state) is InsertOutcome.CONFLICT
+    stored = await store.get_order("o-1")
+    assert stored == order
+    assert stored.data.customer_id == "c-42"
+
+
+async def test_records_round_trip_exactly(store: StateStore) -> None:
+    order, state = order_pair("o-rt", reply_to="app.replies")
+    await store.insert_order(order, state)
+    assert await store.get_order("o-rt") == order
+    assert await store.get_state("o-rt") == state
+    assert await store.get_state("missing") is None
+    assert await store.get_order("missing") is None
+
+
+async def test_update_applies_exactly_the_changes_when_the_condition_holds(store: StateStore) -> None:
+    order, state = order_pair("o-up")
+    await store.insert_order(order, state)
+    claimed = await claim_one(store, "o-up")
+    now = utcnow()
+    update = start_step(
+        claimed, "reserve", instance=claimed.locked_by, now=now,
+        timeout=timedelta(seconds=5), allowance=3,
+    )  # fmt: skip
+    after = await store.update_state("o-up", update.expect, update.changes)
+    assert after == apply(claimed, update.changes)
+    assert after.steps["reserve"].status is StepStatus.RUNNING
+    assert after.retry_budget.used == 3
+    assert await store.get_state("o-up") == after
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        Expect(locked_by="o-c:99"),
+        Expect(locked_by=None),
+        Expect(process_state=frozenset({ProcessState.PENDING})),
+        Expect(complete_by=None),
+        Expect(updated_at=utcnow() - timedelta(days=1)),
+    ],
+    ids=["locked_by", "locked_by-null", "process_state", "complete_by", "updated_at"],
+)
+async def test_update_changes_nothing_when_the_condition_fails(store: StateStore, wrong: Expect) -> None:
+    order, state = order_pair("o-c")
+    await store.insert_order(order, state)
+    claimed = await claim_one(store, "o-c")
+    changes = Changes(fields={"process_state": ProcessState.ERROR, "updated_at": utcnow()})
+    assert await store.update_state("o-c", wrong, changes) is None
+    assert await store.get_state("o-c") == claimed
+
+
+async def test_write_fenced_by_a_superseded_attempt_changes_nothing(store: StateStore) -> None:
+    order, state = order_pair("o-fence")
+    await store.insert_order(order, state)
+    first = await claim_one(store, "o-fence", timeout=0.001)
+    assert first.locked_by == "o-fence:1"
+
+    # The first attempt's deadline passes; the supervisor recovers; a second attempt claims.
+    await asyncio.sleep(0.01)  # let a 1 ms deadline pass in wall-clock time (not a sync wait)
+    rec = recover(first, now=utcnow(), policy=RecoveryPolicy(1_000, lambda n: timedelta(0)))
+    assert await store.update_state("o-fence", rec.expect, rec.changes) is not None
+    second = await claim_one(store, "o-fence")
+    assert second.locked_by == "o-fence:2"
+
+    # The first attempt wakes up and tries to record a result: nothing changes.
+    late = complete_step(
+        first, ORDER_WORKFLOW, "reserve", instance="o-fence:1", now=utcnow(),
+        result={"reservation": "r1"}, attempts_used=1,
+    )  # fmt: skip
+    assert await store.update_state("o-fence", late.expect, late.changes) is None
+    assert await store.get_state("o-fence") == second
+
+
+async def test_claim_takes_only_due_unlocked_pending_records(store: StateStore) -> None:
+    now = utcnow()
+    due, due_state = order_pair("o-due", now=now)
+    later, later_state = order_pair("o-later", now=now, due_in=timedelta(hours=1))
+    for o, s in ((due, due_state), (later, later_state)):
+        await store.insert_order(o, s)
+
+    deadline = now + timedelta(seconds=30)
+    claimed = await store.claim(now=now, limit=10, owner="sched-a", complete_by=deadline)
+    assert [r.order_id for r in claimed] == ["o-due"]
+    record = claimed[0]
+    assert record.process_state is ProcessState.PROCESSING
+    assert (record.attempt, record.locked_by, record.owner) == (1, "o-due:1", "sched-a")
+    assert record.complete_by == deadline
+    assert await store.claim(now=now, limit=10, owner="sched-b", complete_by=deadline) == []
+
+
+async def test_claim_respects_its_limit(store: StateStore) -> None:
+    for i in range(7):
+        await store.insert_order(*order_pair(f"o-lim-{i}"))
+    now = utcnow()
+    first = await store.claim(now=now, limit=5, owner="a", complete_by=now + timedelta(seconds=9))
+    rest = await store.claim(now=now, limit=5, owner="b", complete_by=now + timedelta(seconds=9))
+    assert len(first) == 5
+    assert len(rest) == 2
+    assert {r.order_id for r in first}.isdisjoint({r.order_id for r in rest})
+
+
+async def test_twenty_concurrent_claimers_claim_each_of_200_records_exactly_once(store: StateStore) -> None:
+    now = utcnow()
+    for i in range(200):
+        await store.insert_order(*order_pair(f"o-cc-{i:03d}", now=now))
+
+    async def claimer(name: str) -> list[str]:
+        got: list[str] = []
+        idle_rounds = 0
+        while idle_rounds < 3:
+            t = utcnow()
+            batch = await store.claim(now=t, limit=8, owner=name, complete_by=t + timedelta(seconds=60))
+            got += [r.order_id for r in batch]
+            idle_rounds = 0 if batch else idle_rounds + 1
+        return got
+
+    results = await asyncio.gather(*(claimer(f"sched-{i}") for i in range(20)))
+    claimed = [order_id for batch in results for order_id in batch]
+    assert len(claimed) == 200
+    assert len(set(claimed)) == 200
+    counts = await store.count_by_state()
+    assert counts[ProcessState.PROCESSING] == 200
+    assert counts[ProcessState.PENDING] == 0
+
+
+async def test_two_supervisors_racing_on_one_expired_record_recover_it_once(store: StateStore) -> None:
+    order, state = order_pair("o-race")
+    await store.insert_order(order, state)
+    claimed = await claim_one(store, "o-race", timeout=0.001)
+    await asyncio.sleep(0.01)  # let a 1 ms deadline pass in wall-clock time
+    seen = await store.get_state("o-race")
+    now = utcnow()
+    updates = [recover(seen, now=now, policy=POLICY) for _ in range(2)]
+    results = await asyncio.gather(
+        *(store.update_state("o-race", u.expect, u.changes) for u in updates)
+    )
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1
+    after = await store.get_state("o-race")
+    assert after.process_state is ProcessState.PENDING
+    assert after.failure_count == 1
+    assert after.locked_by is None
+    assert claimed.attempt == after.attempt == 1
+
+
+async def test_recovery_at_the_threshold_parks_the_order_in_error(store: StateStore) -> None:
+    order, state = order_pair("o-park")
+    await store.insert_order(order, state)
+    policy = RecoveryPolicy(failure_threshold=1, backoff=lambda n: timedelta(0))
+    await claim_one(store, "o-park", timeout=0.001)
+    await asyncio.sleep(0.01)  # let a 1 ms deadline pass in wall-clock time
+    seen = await store.get_state("o-park")
+    update = recover(seen, now=utcnow(), policy=policy)
+    after = await store.update_state("o-park", update.expect, update.changes)
+    assert after.process_state is ProcessState.ERROR
+    assert after.error.kind is ErrorKind.RECOVERY_LIMIT
+
+
+async def test_scan_pages_through_expired_records_in_deadline_order(store: StateStore) -> None:
+    base = utcnow() - timedelta(minutes=10)
+    for i in range(25):
+        order, state = order_pair(f"o-scan-{i:02d}")
+        await store.insert_order(order, state)
+        await store.update_state(
+            order.order_id,
+            Expect(),
+            Changes(fields={"process_state": ProcessState.PROCESSING, "locked_by": f"{order.order_id}:1",
+                            "complete_by": base + timedelta(seconds=i % 5), "updated_at": base}),
+        )  # fmt: skip
+    live, live_state = order_pair("o-scan-live")
+    await store.insert_order(live, live_state)
+    await store.update_state(
+        "o-scan-live", Expect(),
+        Changes(fields={"process_state": ProcessState.PROCESSING,
+                        "complete_by": utcnow() + timedelta(hours=1)}),
+    )  # fmt: skip
+
+    now = utcnow()
+    states = frozenset({ProcessState.PROCESSING})
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    while True:
+        page = await store.scan_expired(now=now, states=states, limit=10, after=cursor)
+        seen += [r.order_id for r in page.records]
+        pages += 1
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert pages == 3
+    assert len(seen) == 25
+    assert len(set(seen)) == 25
+    assert "o-scan-live" not in seen
+    keys = [(base + timedelta(seconds=int(s[-2:]) % 5), s) for s in seen]
+    assert keys == sorted(keys)
+
+    recent = await store.scan_expired(
+        now=now, states=states, limit=100, not_before=base + timedelta(seconds=4)
+    )
+    assert sorted(r.order_id for r in recent.records) == [f"o-scan-{i:02d}" for i in range(4, 25, 5)]
+    nothing = await store.scan_expired(now=now, states=frozenset({ProcessState.COMPENSATING}), limit=10)
+    assert nothing.records == [] and nothing.next_cursor is None
+
+
+async def test_count_by_state_counts_every_state(store: StateStore) -> None:
+    for i in range(3):
+        await store.insert_order(*order_pair(f"o-n-{i}"))
+    await store.update_state(
+        "o-n-0", Expect(process_state=frozenset({ProcessState.PENDING})),
+        Changes(fields={"process_state": ProcessState.ERROR,
+                        "error": ErrorInfo(kind=ErrorKind.PERMANENT, message="x", at=utcnow())}),
+    )  # fmt: skip
+    counts = await store.count_by_state()
+    assert counts[ProcessState.PENDING] == 2
+    assert counts[ProcessState.ERROR] == 1
+    assert set(counts) == set(ProcessState)
+
+
+async def test_init_is_idempotent(store: StateStore) -> None:
+    await store.insert_order(*order_pair("o-init"))
+    await store.init()
+    await store.init()
+    assert (await store.get_state("o-init")).process_state is ProcessState.PENDING
+
+
+def test_any_is_the_default_expectation() -> None:
+    assert Expect().locked_by is ANY

@@ -1,0 +1,79 @@
+"""An in-process stand-in for a MongoDB server: mongomock behind PyMongo's async API.
+
+It is NOT MongoDB. It lets the MongoDB adapter's code run through the contract suite where no
+MongoDB server can be reached; the tests that use it carry the `mongodb_standin` marker and say so
+in their ids. Each call yields to the event loop first, so concurrent callers interleave between
+operations (each single-document operation stays atomic, as in MongoDB).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import mongomock
+
+
+class _Cursor:
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+
+    def sort(self, *args: Any, **kwargs: Any) -> _Cursor:
+        self._cursor = self._cursor.sort(*args, **kwargs)
+        return self
+
+    def limit(self, n: int) -> _Cursor:
+        self._cursor = self._cursor.limit(n)
+        return self
+
+    async def to_list(self, length: int | None = None) -> list[Any]:
+        await asyncio.sleep(0)
+        docs = list(self._cursor)
+        return docs if length is None else docs[:length]
+
+
+class _Collection:
+    def __init__(self, collection: Any) -> None:
+        self._c = collection
+
+    def find(self, *args: Any, **kwargs: Any) -> _Cursor:
+        return _Cursor(self._c.find(*args, **kwargs))
+
+    async def create_index(self, keys: Any, **kwargs: Any) -> str:
+        # mongomock ignores partial filters and TTLs: drop what it cannot take.
+        kwargs.pop("partialFilterExpression", None)
+        kwargs.pop("expireAfterSeconds", None)
+        return str(self._c.create_index(keys, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._c, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(0)
+            return method(*args, **kwargs)
+
+        return call
+
+
+class _Client:
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    async def drop_database(self, name: str) -> None:
+        self._client.drop_database(name)
+
+
+class StandInDatabase:
+    """The part of `AsyncDatabase` the adapter uses."""
+
+    def __init__(self, name: str) -> None:
+        self._mm = mongomock.MongoClient(tz_aware=True)
+        self.name = name
+        self._db = self._mm[name]
+        self.client = _Client(self._mm)
+
+    def __getitem__(self, name: str) -> _Collection:
+        return _Collection(self._db[name])
+
+    async def command(self, name: str) -> dict[str, Any]:
+        return {"ok": 1.0}
