@@ -1,0 +1,34 @@
+"""Robust connections to RabbitMQ, and what the server supports."""
+
+from __future__ import annotations
+
+import aio_pika
+from aio_pika.abc import AbstractRobustConnection
+
+from shared.broker.topology import supports_quorum
+from shared.errors import ServiceUnavailable
+from shared.store.urls import redact
+
+
+async def connect(url: str, *, timeout: float, name: str) -> AbstractRobustConnection:
+    """Connect, or raise `ServiceUnavailable` with a one-line reason."""
+    try:
+        return await aio_pika.connect_robust(
+            url, timeout=timeout, client_properties={"connection_name": name}
+        )
+    except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as exc:
+        reason = str(exc) or type(exc).__name__
+        raise ServiceUnavailable(f"RabbitMQ at {redact(url)} is unreachable: {reason}") from exc
+
+
+def server_version(connection: AbstractRobustConnection) -> str:
+    transport = connection.transport
+    if transport is None:
+        return "0"
+    props = transport.connection.server_properties
+    version = props.get("version", b"0")
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
+def quorum_available(connection: AbstractRobustConnection) -> bool:
+    return supports_quorum(server_version(connection))

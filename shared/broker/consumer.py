@@ -1,0 +1,293 @@
+"""Consuming with manual acks, MessageId dedupe through the inbox, and dead-letters with reasons.
+
+A handler never touches the channel: it returns, or raises. This adapter maps the outcome:
+
+| outcome                             | message                                   | inbox     |
+|-------------------------------------|-------------------------------------------|-----------|
+| returned                            | ack                                       | done      |
+| `ContractViolation` (or bad body)   | dead-letter with the reason, then ack     | done      |
+| any other error, under the limit    | requeue after a backoff                   | released  |
+| any other error, at the limit       | dead-letter (`redelivery-limit`), ack     | released  |
+| duplicate `message_id`              | ack, handler not called                   | -         |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+
+from shared.broker.publisher import Publisher
+from shared.broker.topology import Names
+from shared.domain.journal import InboxOutcome
+from shared.domain.messages import Contract, decode
+from shared.domain.timing import utcnow
+from shared.errors import ContractViolation, PublishError
+from shared.store.port import StateStore
+
+log = logging.getLogger(__name__)
+
+REASON = "x-orderflow-reason"
+ERROR = "x-orderflow-error"
+SOURCE_QUEUE = "x-orderflow-source-queue"
+DEAD_LETTERED_AT = "x-orderflow-dead-lettered-at"
+DELIVERIES = "x-orderflow-deliveries"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What a handler gets: the validated contract and the envelope around it."""
+
+    message: Contract
+    message_id: str
+    correlation_id: str | None
+    reply_to: str | None
+    headers: dict[str, Any]
+    deliveries: int
+    """1 on the first delivery; more when the broker redelivers."""
+
+
+Handler = Callable[[Delivery], Awaitable[None]]
+PoisonHook = Callable[[str, str, AbstractIncomingMessage], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ConsumerPolicy:
+    prefetch: int
+    redelivery_limit: int
+    max_message_bytes: int
+    dedupe_window: timedelta
+    claim_ttl: timedelta
+    handler_timeout: float
+    requeue_backoff_cap: float = 5.0
+    busy_poll: float = 0.5
+
+
+@dataclass
+class _Stats:
+    handled: int = 0
+    duplicates: int = 0
+    dead_lettered: int = 0
+    requeued: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+def delivery_count(message: AbstractIncomingMessage) -> int:
+    """Deliveries so far, this one included (quorum queues count returns in a header)."""
+    returned = (message.headers or {}).get("x-delivery-count")
+    if isinstance(returned, int):
+        return returned + 1
+    return 2 if message.redelivered else 1
+
+
+class Consumer:
+    """Consumes one input queue of the hub with one handler."""
+
+    def __init__(
+        self,
+        *,
+        channel: AbstractChannel,
+        queue: str,
+        names: Names,
+        handler: Handler,
+        store: StateStore | None,
+        dead_letter_publisher: Publisher,
+        policy: ConsumerPolicy,
+        holder: str,
+        on_poison: PoisonHook | None = None,
+    ) -> None:
+        self._channel = channel
+        self._queue_name = queue
+        self._names = names
+        self._handler = handler
+        self._store = store
+        self._dead = dead_letter_publisher
+        self._policy = policy
+        self._holder = holder
+        self._on_poison = on_poison
+        self._queue: AbstractQueue | None = None
+        self._tag: str | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+        self.stats = _Stats()
+
+    async def start(self) -> None:
+        await self._channel.set_qos(prefetch_count=self._policy.prefetch)
+        self._queue = await self._channel.get_queue(self._queue_name, ensure=True)
+        self._tag = await self._queue.consume(self._on_message, no_ack=False)
+
+    async def stop(self, drain_timeout: float = 10.0) -> None:
+        """Stop taking messages, let the ones in hand finish (bounded), cancel the rest."""
+        if self._queue is not None and self._tag is not None:
+            with contextlib.suppress(Exception):
+                await self._queue.cancel(self._tag)
+            self._tag = None
+        if self._inflight:
+            _, pending = await asyncio.wait(self._inflight, timeout=drain_timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        try:
+            await self._process(message)
+        except Exception:
+            # Last line of defence: the message goes back, the consumer stays up.
+            log.exception("unexpected failure handling a message; requeueing it")
+            with contextlib.suppress(Exception):
+                await message.nack(requeue=True)
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
+
+    async def _process(self, message: AbstractIncomingMessage) -> None:
+        deliveries = delivery_count(message)
+        if not message.message_id:
+            await self._dead_letter(message, "missing-message-id", "no message_id property")
+            return
+        try:
+            contract = decode(message.type, message.body, max_bytes=self._policy.max_message_bytes)
+        except ContractViolation as exc:
+            await self._dead_letter(message, exc.reason, str(exc))
+            return
+        if deliveries > self._policy.redelivery_limit:
+            await self._dead_letter(
+                message, "redelivery-limit", f"delivered {deliveries} times without success"
+            )
+            return
+        delivery = Delivery(
+            message=contract,
+            message_id=message.message_id,
+            correlation_id=message.correlation_id,
+            reply_to=message.reply_to,
+            headers=dict(message.headers or {}),
+            deliveries=deliveries,
+        )
+        if self._store is None:
+            await self._handle(message, delivery, claimed=False)
+            return
+        outcome = await self._claim(message.message_id)
+        if outcome is InboxOutcome.DUPLICATE:
+            self.stats.duplicates += 1
+            log.info("duplicate message dropped", extra={"message_id": message.message_id})
+            await message.ack()
+        elif outcome is InboxOutcome.BUSY:
+            self.stats.requeued += 1
+            await message.nack(requeue=True)
+        else:
+            await self._handle(message, delivery, claimed=True)
+
+    async def _claim(self, message_id: str) -> InboxOutcome:
+        """Claim the message id; while another live consumer holds it, wait (bounded) for it."""
+        assert self._store is not None
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self._policy.claim_ttl.total_seconds() + 1
+        while True:
+            now = utcnow()
+            outcome = await self._store.inbox_claim(
+                self._queue_name,
+                message_id,
+                holder=self._holder,
+                now=now,
+                claim_until=now + self._policy.claim_ttl,
+            )
+            if outcome is not InboxOutcome.BUSY or loop.time() >= give_up:
+                return outcome
+            await asyncio.sleep(self._policy.busy_poll)
+
+    async def _handle(
+        self, message: AbstractIncomingMessage, delivery: Delivery, *, claimed: bool
+    ) -> None:
+        try:
+            async with asyncio.timeout(self._policy.handler_timeout):
+                await self._handler(delivery)
+        except ContractViolation as exc:
+            await self._dead_letter(message, exc.reason, str(exc))
+            if claimed:
+                await self._complete(delivery.message_id)
+            return
+        except Exception as exc:
+            if claimed:
+                await self._release(delivery.message_id)
+            await self._retry_later(message, delivery.deliveries, exc)
+            return
+        if claimed:
+            await self._complete(delivery.message_id)
+        self.stats.handled += 1
+        await message.ack()
+
+    async def _complete(self, message_id: str) -> None:
+        assert self._store is not None
+        await self._store.inbox_complete(
+            self._queue_name,
+            message_id,
+            holder=self._holder,
+            keep_until=utcnow() + self._policy.dedupe_window,
+        )
+
+    async def _release(self, message_id: str) -> None:
+        assert self._store is not None
+        with contextlib.suppress(Exception):
+            await self._store.inbox_release(self._queue_name, message_id, holder=self._holder)
+
+    async def _retry_later(
+        self, message: AbstractIncomingMessage, deliveries: int, exc: Exception
+    ) -> None:
+        if deliveries >= self._policy.redelivery_limit:
+            await self._dead_letter(message, "redelivery-limit", f"last error: {exc!r}")
+            return
+        log.warning(
+            "handler failed; requeueing",
+            extra={"message_id": message.message_id, "deliveries": deliveries, "error": repr(exc)},
+        )
+        self.stats.requeued += 1
+        await asyncio.sleep(min(self._policy.requeue_backoff_cap, 0.05 * 2**deliveries))
+        await message.nack(requeue=True)
+
+    async def _dead_letter(self, message: AbstractIncomingMessage, reason: str, error: str) -> None:
+        """Copy the message to its dead-letter queue with the reason, then ack the original."""
+        headers = dict(message.headers or {})
+        headers |= {
+            REASON: reason,
+            ERROR: error[:1000],
+            SOURCE_QUEUE: self._queue_name,
+            DEAD_LETTERED_AT: utcnow().isoformat(),
+            DELIVERIES: delivery_count(message),
+        }
+        copy = aio_pika.Message(
+            message.body,
+            headers=headers,
+            message_id=message.message_id,
+            correlation_id=message.correlation_id,
+            reply_to=message.reply_to,
+            type=message.type,
+            content_type=message.content_type,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        try:
+            await self._dead.publish_raw(
+                copy, exchange=self._names.dead_letters, routing_key=self._queue_name
+            )
+        except PublishError:
+            log.exception("could not dead-letter a message; requeueing it instead")
+            await message.nack(requeue=True)
+            return
+        self.stats.dead_lettered += 1
+        self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
+        log.warning(
+            "message dead-lettered",
+            extra={"message_id": message.message_id, "reason": reason, "error": error[:200]},
+        )
+        await message.ack()
+        if self._on_poison is not None:
+            with contextlib.suppress(Exception):
+                await self._on_poison(reason, error, message)

@@ -1,0 +1,135 @@
+"""Queue and exchange names per task hub, their arguments, and declaring them (DESIGN §5)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel
+
+from shared.domain.workflow import AGENTS
+
+QUORUM_SINCE = (3, 8)
+"""The first RabbitMQ release with quorum queues."""
+
+
+@dataclass(frozen=True)
+class Names:
+    """Every queue and exchange name of one task hub: all start with `<hub>.`."""
+
+    hub: str
+
+    @property
+    def exchange(self) -> str:
+        """Direct exchange for orders and agent requests (routing key = queue name)."""
+        return f"{self.hub}.direct"
+
+    @property
+    def dead_letters(self) -> str:
+        """Direct exchange for dead-lettered messages (routing key = source queue name)."""
+        return f"{self.hub}.dlx"
+
+    @property
+    def alerts(self) -> str:
+        """Fanout exchange every alert is published on, and the durable queue that keeps them."""
+        return f"{self.hub}.alerts"
+
+    @property
+    def orders(self) -> str:
+        return f"{self.hub}.orders"
+
+    def agent(self, name: str) -> str:
+        return f"{self.hub}.agent.{name}"
+
+    @staticmethod
+    def dlq(queue: str) -> str:
+        return f"{queue}.dlq"
+
+    def reply_queue(self, process: str) -> str:
+        """A private, per-process reply queue: it dies with its process, and so do late replies."""
+        return f"{self.hub}.reply.{process}.{uuid.uuid4().hex[:12]}"
+
+    def input_queues(self, agents: tuple[str, ...] = AGENTS) -> list[str]:
+        return [self.orders, *(self.agent(a) for a in agents)]
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    quorum: bool
+    delivery_limit: int
+    orders_max_length: int
+
+
+def parse_version(version: str) -> tuple[int, ...]:
+    parts = []
+    for part in version.split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def supports_quorum(server_version: str) -> bool:
+    return parse_version(server_version) >= QUORUM_SINCE
+
+
+def input_queue_arguments(names: Names, queue: str, policy: QueuePolicy) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "x-dead-letter-exchange": names.dead_letters,
+        "x-dead-letter-routing-key": queue,
+    }
+    if policy.quorum:
+        # The consumer dead-letters at `delivery_limit` with its own reason; the broker's limit,
+        # one above it, is the backstop for a consumer that dies on every delivery.
+        args |= {"x-queue-type": "quorum", "x-delivery-limit": policy.delivery_limit + 1}
+    if queue == names.orders:
+        # Admission control: a full backlog refuses publishers instead of growing without bound.
+        args |= {"x-max-length": policy.orders_max_length, "x-overflow": "reject-publish"}
+    return args
+
+
+def durable_queue_arguments(policy: QueuePolicy) -> dict[str, Any]:
+    return {"x-queue-type": "quorum"} if policy.quorum else {}
+
+
+async def declare_topology(
+    channel: AbstractChannel, names: Names, policy: QueuePolicy, agents: tuple[str, ...] = AGENTS
+) -> None:
+    """Declare every exchange and durable queue of the hub. Idempotent with the same policy."""
+    direct = await channel.declare_exchange(
+        names.exchange, aio_pika.ExchangeType.DIRECT, durable=True
+    )
+    dead = await channel.declare_exchange(
+        names.dead_letters, aio_pika.ExchangeType.DIRECT, durable=True
+    )
+    alerts = await channel.declare_exchange(
+        names.alerts, aio_pika.ExchangeType.FANOUT, durable=True
+    )
+    for queue_name in names.input_queues(agents):
+        dlq = await channel.declare_queue(
+            names.dlq(queue_name), durable=True, arguments=durable_queue_arguments(policy)
+        )
+        await dlq.bind(dead, routing_key=queue_name)
+        queue = await channel.declare_queue(
+            queue_name, durable=True, arguments=input_queue_arguments(names, queue_name, policy)
+        )
+        await queue.bind(direct, routing_key=queue_name)
+    kept = await channel.declare_queue(
+        names.alerts, durable=True, arguments=durable_queue_arguments(policy)
+    )
+    await kept.bind(alerts)
+
+
+async def delete_topology(
+    channel: AbstractChannel, names: Names, agents: tuple[str, ...] = AGENTS
+) -> None:
+    """Remove every queue and exchange of the hub (tests and maintenance)."""
+    for queue_name in names.input_queues(agents):
+        await channel.queue_delete(queue_name)
+        await channel.queue_delete(names.dlq(queue_name))
+    await channel.queue_delete(names.alerts)
+    for exchange in (names.exchange, names.dead_letters, names.alerts):
+        await channel.exchange_delete(exchange)

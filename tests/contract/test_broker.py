@@ -1,0 +1,273 @@
+"""Contract: the broker layer against the real RabbitMQ (inbox on the real PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import aio_pika
+import pytest
+
+from shared.broker.connection import connect, quorum_available
+from shared.broker.consumer import REASON, SOURCE_QUEUE, Consumer, ConsumerPolicy, Delivery
+from shared.broker.publisher import Publisher
+from shared.broker.topology import Names, QueuePolicy, declare_topology, delete_topology
+from shared.domain.messages import StepAction, StepOutcome, StepReply
+from shared.errors import InvalidMessage, PublishRejected, PublishUnroutable, TransientError
+from shared.store.postgres import PostgresStore
+from tests.conftest import POSTGRES_URL, RABBITMQ_URL, service_missing
+from tests.support.waiting import eventually
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
+
+ORDERS_MAX = 3
+LIMIT = 3
+
+
+@dataclass
+class Broker:
+    names: Names
+    connection: aio_pika.abc.AbstractRobustConnection
+    publisher: Publisher
+    store: PostgresStore
+    consumers: list[Consumer] = field(default_factory=list)
+
+    async def consume(self, queue: str, handler, **policy) -> Consumer:
+        channel = await self.connection.channel()
+        defaults = {
+            "prefetch": 10, "redelivery_limit": LIMIT, "max_message_bytes": 4096,
+            "dedupe_window": timedelta(hours=1), "claim_ttl": timedelta(seconds=5),
+            "handler_timeout": 5.0, "requeue_backoff_cap": 0.05,
+        }  # fmt: skip
+        consumer = Consumer(
+            channel=channel, queue=queue, names=self.names, handler=handler, store=self.store,
+            dead_letter_publisher=self.publisher, policy=ConsumerPolicy(**(defaults | policy)),
+            holder=f"test-{uuid.uuid4().hex[:6]}",
+        )  # fmt: skip
+        await consumer.start()
+        self.consumers.append(consumer)
+        return consumer
+
+    async def dead_letters(self, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
+        channel = await self.connection.channel()
+        dlq = await channel.get_queue(self.names.dlq(queue))
+        got = []
+        while (message := await dlq.get(no_ack=True, fail=False)) is not None:
+            got.append(message)
+        await channel.close()
+        return got
+
+
+@pytest.fixture
+async def broker(hub: str) -> AsyncIterator[Broker]:
+    try:
+        connection = await connect(RABBITMQ_URL, timeout=5, name="contract-tests")
+    except Exception as exc:
+        service_missing("RabbitMQ", exc)
+    try:
+        store = await PostgresStore.connect(POSTGRES_URL, hub, pool_size=5, timeout=5, command_timeout=10)
+    except Exception as exc:
+        await connection.close()
+        service_missing("PostgreSQL", exc)
+    await store.init()
+    names = Names(hub)
+    policy = QueuePolicy(quorum=quorum_available(connection), delivery_limit=LIMIT,
+                         orders_max_length=ORDERS_MAX)  # fmt: skip
+    channel = await connection.channel()
+    await declare_topology(channel, names, policy)
+    b = Broker(names, connection, await Publisher.open(connection, timeout=5), store)
+    try:
+        yield b
+    finally:
+        for consumer in b.consumers:
+            await consumer.stop(drain_timeout=2)
+        await delete_topology(channel, names)
+        await store.drop()
+        await store.close()
+        await connection.close()
+
+
+def reply(order_id: str = "o-1") -> StepReply:
+    return StepReply(
+        order_id=order_id, step="reserve", action=StepAction.DO, fencing_token=f"{order_id}:1",
+        idempotency_key=f"{order_id}:reserve", outcome=StepOutcome.OK, attempts_used=1,
+    )  # fmt: skip
+
+
+async def send(b: Broker, queue: str, contract=None, *, message_id: str | None = None) -> str:
+    message_id = message_id or uuid.uuid4().hex
+    await b.publisher.publish(contract or reply(), exchange=b.names.exchange, routing_key=queue,
+                              message_id=message_id)  # fmt: skip
+    return message_id
+
+
+async def test_topology_declaration_is_idempotent(broker: Broker) -> None:
+    channel = await broker.connection.channel()
+    policy = QueuePolicy(quorum=quorum_available(broker.connection), delivery_limit=LIMIT,
+                         orders_max_length=ORDERS_MAX)  # fmt: skip
+    await declare_topology(channel, broker.names, policy)
+    await declare_topology(channel, broker.names, policy)
+    assert quorum_available(broker.connection)
+    for q in broker.names.input_queues():
+        await channel.get_queue(q, ensure=True)
+        await channel.get_queue(broker.names.dlq(q), ensure=True)
+    await channel.close()
+
+
+async def test_unroutable_message_is_an_error_the_publisher_sees(broker: Broker) -> None:
+    with pytest.raises(PublishUnroutable):
+        await send(broker, f"{broker.names.hub}.no-such-queue")
+
+
+async def test_full_orders_queue_makes_the_publisher_see_a_rejection(broker: Broker) -> None:
+    accepted = 0
+    with pytest.raises(PublishRejected):
+        for _ in range(ORDERS_MAX + 2):
+            await send(broker, broker.names.orders)
+            accepted += 1
+    # A quorum queue applies its limit once it is reached, so it may take one message more than
+    # `x-max-length` (a classic queue takes exactly that many).
+    assert ORDERS_MAX <= accepted <= ORDERS_MAX + 1
+
+
+async def test_duplicate_message_id_is_handled_once(broker: Broker) -> None:
+    queue = broker.names.agent("inventory")
+    seen: list[str] = []
+
+    async def handler(d: Delivery) -> None:
+        seen.append(d.message_id)
+
+    consumer = await broker.consume(queue, handler)
+    first = await send(broker, queue)
+    for _ in range(3):
+        await send(broker, queue, message_id=first)
+    other = await send(broker, queue)
+
+    async def settled() -> bool:
+        return consumer.stats.handled + consumer.stats.duplicates == 5
+
+    await eventually(settled, what="five deliveries settled")
+    assert sorted(seen) == sorted([first, other])
+    assert consumer.stats.duplicates == 3
+
+
+POISON = {
+    "malformed": (b"{not json", "step.reply"),
+    "unknown-type": (reply().to_json(), "no.such.type"),
+    "unsupported-schema-version": (
+        json.dumps({**json.loads(reply().to_json()), "schema_version": 99}).encode(),
+        "step.reply",
+    ),
+    "invalid": (json.dumps({"schema_version": 1, "order_id": "x"}).encode(), "step.reply"),
+    "too-large": (b"{" + b" " * 5000 + b"}", "step.reply"),
+}
+
+
+@pytest.mark.parametrize("reason", list(POISON))
+async def test_poison_message_is_dead_lettered_with_its_reason_and_the_consumer_goes_on(
+    broker: Broker, reason: str
+) -> None:
+    queue = broker.names.agent("payment")
+    handled: list[str] = []
+
+    async def handler(d: Delivery) -> None:
+        handled.append(d.message_id)
+
+    consumer = await broker.consume(queue, handler)
+    body, type_ = POISON[reason]
+    poison = aio_pika.Message(body, message_id="poison-1", type=type_, content_type="application/json")
+    await broker.publisher.publish_raw(poison, exchange=broker.names.exchange, routing_key=queue)
+    good = await send(broker, queue)
+
+    async def good_handled() -> bool:
+        return good in handled
+
+    await eventually(good_handled, what="the next message handled")
+    dead = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
+    assert [m.message_id for m in dead] == ["poison-1"]
+    assert dead[0].headers[REASON] == reason
+    assert dead[0].headers[SOURCE_QUEUE] == queue
+    assert dead[0].body == body
+    assert consumer.stats.dead_lettered == 1
+
+
+async def test_a_failing_handler_is_retried_up_to_the_limit_then_dead_lettered(broker: Broker) -> None:
+    queue = broker.names.agent("inventory")
+    calls: list[int] = []
+
+    async def handler(d: Delivery) -> None:
+        calls.append(d.deliveries)
+        raise TransientError("remote down")
+
+    await broker.consume(queue, handler)
+    await send(broker, queue, message_id="always-fails")
+    dead = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
+    assert dead[0].headers[REASON] == "redelivery-limit"
+    assert "remote down" in dead[0].headers["x-orderflow-error"]
+    assert calls == list(range(1, LIMIT + 1))
+
+
+async def test_a_handler_that_fails_once_is_handled_on_redelivery(broker: Broker) -> None:
+    queue = broker.names.agent("inventory")
+    calls: list[int] = []
+
+    async def handler(d: Delivery) -> None:
+        calls.append(d.deliveries)
+        if len(calls) == 1:
+            raise TransientError("blip")
+
+    consumer = await broker.consume(queue, handler)
+    await send(broker, queue, message_id="fails-once")
+
+    async def handled() -> bool:
+        return consumer.stats.handled == 1
+
+    await eventually(handled, what="the redelivery handled")
+    assert calls == [1, 2]
+    assert await broker.dead_letters(queue) == []
+
+
+async def test_a_contract_violation_from_the_handler_dead_letters_once(broker: Broker) -> None:
+    queue = broker.names.orders
+    calls: list[str] = []
+
+    async def handler(d: Delivery) -> None:
+        calls.append(d.message_id)
+        raise InvalidMessage("order data conflicts with the recorded order", reason="conflict")
+
+    consumer = await broker.consume(queue, handler)
+    await send(broker, queue, message_id="conflicting")
+    dead = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
+    assert dead[0].headers[REASON] == "conflict"
+    await send(broker, queue, message_id="conflicting")
+
+    async def dropped() -> bool:
+        return consumer.stats.duplicates == 1
+
+    await eventually(dropped, what="the repeat dropped as a duplicate")
+    assert calls == ["conflicting"]
+
+
+async def test_stop_drains_the_message_in_hand(broker: Broker) -> None:
+    queue = broker.names.agent("payment")
+    started = asyncio.Event()
+    release = asyncio.Event()
+    finished: list[str] = []
+
+    async def handler(d: Delivery) -> None:
+        started.set()
+        await release.wait()
+        finished.append(d.message_id)
+
+    consumer = await broker.consume(queue, handler)
+    await send(broker, queue, message_id="slow")
+    await asyncio.wait_for(started.wait(), 10)
+    stopping = asyncio.create_task(consumer.stop(drain_timeout=10))
+    release.set()
+    await asyncio.wait_for(stopping, 10)
+    assert finished == ["slow"]
+    assert consumer.stats.handled == 1
