@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import ConfigurationError
@@ -74,12 +74,23 @@ class Settings(BaseSettings):
     """Admission control: publishers are refused beyond this backlog on `<hub>.orders`."""
     inbox_ttl_s: float = Field(default=24 * 3600.0, gt=0)
     """Duplicate-detection window: a message id seen within it is handled once."""
-    inbox_claim_ttl_s: float = Field(default=60.0, gt=0)
+    inbox_claim_ttl_s: float = Field(default=30.0, gt=0)
     """How long a consumer's claim on a message id lasts before another may take it over."""
+    handler_timeout_s: float = Field(default=20.0, gt=0)
+    """Upper bound on handling one message (keep it below the inbox claim TTL)."""
 
     # -- logging
-    log_level: str = "INFO"
+    log_level: str = Field(default="INFO", pattern=r"^(?i:debug|info|warning|error|critical)$")
     """Python log level name."""
+
+    @model_validator(mode="after")
+    def _handler_fits_in_claim(self) -> Settings:
+        if self.handler_timeout_s >= self.inbox_claim_ttl_s:
+            raise ValueError(
+                "ORDERFLOW_HANDLER_TIMEOUT_S must be below ORDERFLOW_INBOX_CLAIM_TTL_S, or a slow "
+                "handler's message could be taken over and handled twice at once"
+            )
+        return self
 
     @field_validator("store_url")
     @classmethod
@@ -87,6 +98,7 @@ class Settings(BaseSettings):
         scheme = urlsplit(value).scheme
         if scheme not in STORE_SCHEMES:
             raise ValueError(f"store URL scheme {scheme!r} is not one of mongodb://, postgresql://")
+        _check_port(value)
         return value
 
     @field_validator("rabbitmq_url")
@@ -95,6 +107,7 @@ class Settings(BaseSettings):
         parts = urlsplit(value)
         if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
             raise ValueError("RabbitMQ URL must look like amqp://user:password@host:5672/vhost")
+        _check_port(value)
         return value
 
     @property
@@ -106,6 +119,13 @@ class Settings(BaseSettings):
         return timedelta(seconds=self.step_timeout_s)
 
 
+def _check_port(url: str) -> None:
+    for host in urlsplit(url).netloc.rpartition("@")[2].split(","):
+        _, colon, port = host.rpartition(":")
+        if colon and not port.isdigit():
+            raise ValueError(f"port {port!r} is not a number")
+
+
 def load_settings(**overrides: object) -> Settings:
     """Read the environment once; a bad value becomes a one-line `ConfigurationError`."""
     try:
@@ -114,4 +134,5 @@ def load_settings(**overrides: object) -> Settings:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         env = f"ORDERFLOW_{field.upper()}" if field else "settings"
-        raise ConfigurationError(f"{env}: {err['msg']}") from None
+        message = str(err["msg"]).removeprefix("Value error, ")
+        raise ConfigurationError(f"{env}: {message}") from None

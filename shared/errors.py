@@ -83,3 +83,9 @@ class ConfigurationError(OrderflowError):
 
 class ServiceUnavailable(TransientError):
     """A server orderflow depends on cannot be reached."""
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception as one short line, for an operator's terminal."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"

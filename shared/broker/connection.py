@@ -6,7 +6,7 @@ import aio_pika
 from aio_pika.abc import AbstractRobustConnection
 
 from shared.broker.topology import supports_quorum
-from shared.errors import ServiceUnavailable
+from shared.errors import ServiceUnavailable, one_line
 from shared.store.urls import redact
 
 
@@ -17,8 +17,9 @@ async def connect(url: str, *, timeout: float, name: str) -> AbstractRobustConne
             url, timeout=timeout, client_properties={"connection_name": name}
         )
     except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as exc:
-        reason = str(exc) or type(exc).__name__
-        raise ServiceUnavailable(f"RabbitMQ at {redact(url)} is unreachable: {reason}") from exc
+        raise ServiceUnavailable(
+            f"RabbitMQ at {redact(url)} is unreachable: {one_line(exc)}"
+        ) from exc
 
 
 def server_version(connection: AbstractRobustConnection) -> str:

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, ReturnDocument
+from pymongo.errors import ConfigurationError as PyMongoConfigurationError
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
 from shared.domain.journal import (
@@ -26,7 +27,7 @@ from shared.domain.journal import (
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.states import ProcessState
 from shared.domain.updates import ANY, Changes, Expect
-from shared.errors import ServiceUnavailable
+from shared.errors import ConfigurationError, ServiceUnavailable, one_line
 from shared.store.codec import plain, state_from
 from shared.store.port import InsertOutcome, ScanCursor, ScanPage, page_of
 from shared.store.urls import redact
@@ -73,15 +74,18 @@ class MongoStore:
     async def connect(
         cls, url: str, database: str, *, pool_size: int, timeout: float, command_timeout: float
     ) -> MongoStore:
-        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-            url,
-            tz_aware=True,
-            maxPoolSize=pool_size,
-            serverSelectionTimeoutMS=int(timeout * 1000),
-            connectTimeoutMS=int(timeout * 1000),
-            timeoutMS=int(command_timeout * 1000),
-            retryWrites=False,  # the retry budget is ours: no layer retries on its own
-        )
+        try:
+            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+                url,
+                tz_aware=True,
+                maxPoolSize=pool_size,
+                serverSelectionTimeoutMS=int(timeout * 1000),
+                connectTimeoutMS=int(timeout * 1000),
+                timeoutMS=int(command_timeout * 1000),
+                retryWrites=False,  # the retry budget is ours: no layer retries on its own
+            )
+        except (PyMongoConfigurationError, ValueError) as exc:
+            raise ConfigurationError(f"store URL {redact(url)}: {one_line(exc)}") from exc
         store = cls(client[database], client)
         try:
             await store.ping()
@@ -119,7 +123,9 @@ class MongoStore:
         try:
             await self._db.command("ping")
         except PyMongoError as exc:
-            raise ServiceUnavailable(f"MongoDB does not answer: {exc}") from exc
+            # PyMongo appends its whole topology description; the first sentence says it all.
+            reason = one_line(exc).split(" (configured timeouts")[0]
+            raise ServiceUnavailable(f"MongoDB does not answer: {reason}") from exc
 
     async def close(self) -> None:
         if self._client is not None:

@@ -20,7 +20,7 @@ from shared.domain.journal import (
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.states import ProcessState
 from shared.domain.updates import ANY, Changes, Expect
-from shared.errors import ServiceUnavailable
+from shared.errors import ConfigurationError, ServiceUnavailable, one_line
 from shared.store.codec import jsonable, state_from
 from shared.store.port import InsertOutcome, ScanCursor, ScanPage, page_of
 from shared.store.urls import redact
@@ -69,8 +69,12 @@ class PostgresStore:
                 command_timeout=command_timeout,
                 init=_init_connection,
             )
+        except (ValueError, asyncpg.InterfaceError) as exc:
+            raise ConfigurationError(f"store URL {redact(url)}: {one_line(exc)}") from exc
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-            raise ServiceUnavailable(f"PostgreSQL at {redact(url)} is unreachable: {exc}") from exc
+            raise ServiceUnavailable(
+                f"PostgreSQL at {redact(url)} is unreachable: {one_line(exc)}"
+            ) from exc
         return cls(pool, schema)
 
     async def init(self) -> None:
@@ -84,7 +88,7 @@ class PostgresStore:
         try:
             await self._pool.fetchval("SELECT 1")
         except (OSError, asyncpg.PostgresError) as exc:
-            raise ServiceUnavailable(f"PostgreSQL does not answer: {exc}") from exc
+            raise ServiceUnavailable(f"PostgreSQL does not answer: {one_line(exc)}") from exc
 
     async def close(self) -> None:
         await self._pool.close()

@@ -13,7 +13,7 @@ from shared.domain.workflow import ORDER_WORKFLOW, new_state_record
 
 def order_data(order_id: str | None = None, **overrides: Any) -> OrderData:
     fields: dict[str, Any] = {
-        "order_id": order_id or f"o-{uuid.uuid4().hex[:16]}",
+        "order_id": order_id if order_id is not None else f"o-{uuid.uuid4().hex[:16]}",
         "customer_id": "c-42",
         "lines": [OrderLine(sku="sku-1", quantity=2, unit_price_cents=1250)],
         "currency": "EUR",

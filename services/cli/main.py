@@ -1,0 +1,97 @@
+"""The `orderflow` command: every process and every operator action starts here."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Coroutine
+from importlib.metadata import version
+from typing import Any, TypeVar
+
+import click
+
+from shared.bootstrap import initialise
+from shared.config import Settings, load_settings
+from shared.errors import ConfigurationError, OrderflowError, ServiceUnavailable, one_line
+
+T = TypeVar("T")
+
+EXIT_FAILURE = 1
+EXIT_CONFIGURATION = 2
+EXIT_UNAVAILABLE = 3
+
+
+class OrderflowGroup(click.Group):
+    """Turns orderflow's errors into one line on stderr and an exit code, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ConfigurationError as exc:
+            _fail(f"configuration: {exc}", EXIT_CONFIGURATION)
+        except ServiceUnavailable as exc:
+            _fail(str(exc), EXIT_UNAVAILABLE)
+        except OrderflowError as exc:
+            _fail(one_line(exc), EXIT_FAILURE)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except Exception as exc:
+            if os.environ.get("ORDERFLOW_DEBUG") == "1":
+                raise
+            _fail(
+                f"unexpected {type(exc).__name__}: {one_line(exc)} "
+                "(set ORDERFLOW_DEBUG=1 for a traceback)",
+                EXIT_FAILURE,
+            )
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"orderflow: error: {message}", err=True)
+    sys.exit(code)
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def settings_from(ctx: click.Context) -> Settings:
+    settings = ctx.find_object(Settings)
+    if settings is None:  # pragma: no cover - the group always sets it
+        raise ConfigurationError("settings were not loaded")
+    return settings
+
+
+@click.group(cls=OrderflowGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(version("orderflow"), prog_name="orderflow")
+@click.option("--hub", help="Task hub name (overrides ORDERFLOW_HUB).")
+@click.option("--store-url", help="Store URL (overrides ORDERFLOW_STORE_URL).")
+@click.option("--rabbitmq-url", help="AMQP URL (overrides ORDERFLOW_RABBITMQ_URL).")
+@click.pass_context
+def main(
+    ctx: click.Context, hub: str | None, store_url: str | None, rabbitmq_url: str | None
+) -> None:
+    """orderflow: resilient order processing (Scheduler-Agent-Supervisor).
+
+    Settings come from ORDERFLOW_* environment variables; see the README for every one.
+    Exit codes: 0 ok, 1 failure, 2 bad configuration, 3 a server is unreachable.
+    """
+    # One-shot commands report failures as one line; library chatter would only repeat them.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for chatty in ("aio_pika", "aiormq"):
+        logging.getLogger(chatty).setLevel(logging.CRITICAL)
+    overrides = {"hub": hub, "store_url": store_url, "rabbitmq_url": rabbitmq_url}
+    ctx.obj = load_settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+@main.command()
+@click.pass_context
+def init(ctx: click.Context) -> None:
+    """Create the store's schema and indexes and declare the hub's queues. Idempotent."""
+    report = run(initialise(settings_from(ctx)))
+    kind = "quorum" if report.quorum else "classic"
+    click.echo(f"store: {report.store_kind}, hub {report.hub!r}: schema and indexes ready")
+    click.echo(
+        f"broker: RabbitMQ {report.broker_version}, {len(report.queues)} {kind} queues ready"
+    )

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import pytest
+
+from shared.config import Settings, load_settings
+from shared.errors import ConfigurationError
+
+
+def test_defaults_follow_the_design(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ORDERFLOW_RABBITMQ_URL", "ORDERFLOW_STORE_URL", "ORDERFLOW_HUB", "ORDERFLOW_REMOTE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    s = load_settings()
+    assert s.rabbitmq_url == "amqp://guest:guest@localhost:5672/"
+    assert s.store_url == "mongodb://localhost:27017"
+    assert (s.hub, s.store_kind, s.remote_url) == ("orderflow", "mongodb", "http://127.0.0.1:8080")
+
+
+def test_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORDERFLOW_STORE_URL", "postgresql://u@db/x")
+    monkeypatch.setenv("ORDERFLOW_HUB", "shop2")
+    monkeypatch.setenv("ORDERFLOW_STEP_TIMEOUT_S", "2.5")
+    s = load_settings()
+    assert (s.store_kind, s.hub, s.step_timeout.total_seconds()) == ("postgresql", "shop2", 2.5)
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "says"),
+    [
+        ("ORDERFLOW_STORE_URL", "redis://x", "ORDERFLOW_STORE_URL"),
+        ("ORDERFLOW_STORE_URL", "postgresql://h:port/x", "not a number"),
+        ("ORDERFLOW_RABBITMQ_URL", "http://x", "ORDERFLOW_RABBITMQ_URL"),
+        ("ORDERFLOW_HUB", "Has Spaces", "ORDERFLOW_HUB"),
+        ("ORDERFLOW_PREFETCH", "0", "ORDERFLOW_PREFETCH"),
+        ("ORDERFLOW_HANDLER_TIMEOUT_S", "99", "INBOX_CLAIM_TTL_S"),
+    ],
+)
+def test_bad_values_become_one_line_configuration_errors(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, says: str
+) -> None:
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+    assert says in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_settings_are_not_read_at_import_time() -> None:
+    import shared.config as config
+
+    assert not any(isinstance(v, Settings) for v in vars(config).values())

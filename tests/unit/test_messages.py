@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from shared.domain.messages import (
+    CONTRACTS,
+    MessageType,
+    OrderStatus,
+    OrderStatusUpdate,
+    StepAction,
+    StepRequest,
+    SubmitOrder,
+    decode,
+)
+from shared.domain.states import ProcessState
+from shared.errors import (
+    InvalidMessage,
+    MalformedMessage,
+    MessageTooLarge,
+    UnknownMessageType,
+    UnsupportedSchemaVersion,
+)
+from tests.support.factories import order_data
+
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def samples():
+    return [
+        SubmitOrder(order=order_data("o-1"), reply_to="app.status"),
+        StepRequest(
+            order_id="o-1", step="charge", action=StepAction.DO, operation="payment.charge",
+            fencing_token="o-1:2", idempotency_key="o-1:charge", complete_by=NOW,
+            attempts_allowed=3, payload={"amount_cents": 2500}, reply_to="h.reply.s1.abc",
+        ),
+        OrderStatusUpdate(order_id="o-1", status=OrderStatus.COMPLETED,
+                          process_state=ProcessState.PROCESSED, at=NOW),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("message", samples(), ids=lambda m: m.message_type)
+def test_every_contract_round_trips_through_json(message) -> None:
+    body = message.to_json()
+    assert json.loads(body)["schema_version"] == 1
+    assert decode(message.message_type.value, body, max_bytes=65536) == message
+
+
+def test_every_message_type_has_a_contract() -> None:
+    assert set(CONTRACTS) == set(MessageType)
+
+
+@pytest.mark.parametrize(
+    ("type_", "body", "error", "reason"),
+    [
+        ("order.submit", b"{", MalformedMessage, "malformed"),
+        ("order.submit", b"[1, 2]", MalformedMessage, "malformed"),
+        ("order.submit", b"\xff\xfe", MalformedMessage, "malformed"),
+        ("no.such", b"{}", UnknownMessageType, "unknown-type"),
+        (None, b"{}", UnknownMessageType, "unknown-type"),
+        ("order.submit", b'{"schema_version": 2}', UnsupportedSchemaVersion, "unsupported-schema-version"),
+        ("order.submit", b'{"order": {}}', UnsupportedSchemaVersion, "unsupported-schema-version"),
+        ("order.submit", b'{"schema_version": 1, "order": {"order_id": "x"}}', InvalidMessage, "invalid"),
+        ("order.submit", b"{" + b" " * 100 + b"}", MessageTooLarge, "too-large"),
+    ],
+    ids=["truncated", "array", "not-utf8", "unknown", "no-type", "v2", "no-version", "invalid", "large"],
+)
+def test_decode_says_why_a_body_is_refused(type_, body, error, reason) -> None:
+    with pytest.raises(error) as caught:
+        decode(type_, body, max_bytes=64)
+    assert caught.value.reason == reason
+
+
+def test_invalid_message_names_the_fields() -> None:
+    body = json.dumps({"schema_version": 1, "order": {"order_id": "x"}, "extra": 1}).encode()
+    with pytest.raises(InvalidMessage) as caught:
+        decode("order.submit", body, max_bytes=65536)
+    assert "order.customer_id" in str(caught.value)
+    assert "extra" in str(caught.value)

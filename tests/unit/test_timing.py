@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from shared.domain.timing import deadline, instance_id, is_expired, parse_instance_id, recovery_backoff
+from shared.domain.timing import utcnow
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+S = timedelta(seconds=1)
+
+
+@pytest.mark.parametrize(("order_id", "attempt", "expected"), [("o-1", 1, "o-1:1"), ("a.b_c", 12, "a.b_c:12")])
+def test_instance_id_round_trips(order_id: str, attempt: int, expected: str) -> None:
+    assert instance_id(order_id, attempt) == expected
+    assert parse_instance_id(expected) == (order_id, attempt)
+
+
+@pytest.mark.parametrize("bad", ["o-1", "o-1:", ":3", "o-1:x"])
+def test_parse_instance_id_refuses_what_is_not_one(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_instance_id(bad)
+
+
+def test_attempts_are_numbered_from_one() -> None:
+    with pytest.raises(ValueError):
+        instance_id("o", 0)
+
+
+def test_deadline_and_expiry() -> None:
+    assert deadline(T0, 10 * S) == T0 + 10 * S
+    with pytest.raises(ValueError):
+        deadline(T0, timedelta(0))
+    assert is_expired(T0, T0)
+    assert not is_expired(T0 + S, T0)
+    assert not is_expired(None, T0)
+
+
+def test_utcnow_is_aware_and_millisecond_precise() -> None:
+    now = utcnow()
+    assert now.tzinfo is not None
+    assert now.microsecond % 1000 == 0
+
+
+class Fixed(random.Random):
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self._value = value
+
+    def random(self) -> float:
+        return self._value
+
+
+POLICY = {"base": S, "cap": 30 * S, "cooldown_after": 6, "cooldown": 300 * S}
+
+
+@pytest.mark.parametrize(
+    ("failures", "low", "high"),
+    [(1, 0.5, 1), (2, 1, 2), (3, 2, 4), (5, 8, 16), (6, 15, 30)],
+)
+def test_backoff_grows_exponentially_with_equal_jitter(failures: int, low: float, high: float) -> None:
+    assert recovery_backoff(failures, rng=Fixed(0.0), **POLICY) == low * S
+    assert recovery_backoff(failures, rng=Fixed(1.0), **POLICY) == high * S
+
+
+def test_backoff_is_capped_and_cools_down_past_the_count() -> None:
+    assert recovery_backoff(6, rng=Fixed(1.0), **POLICY) == 30 * S
+    assert recovery_backoff(7, rng=Fixed(0.3), **POLICY) == 300 * S
+
+
+def test_backoff_needs_a_failure() -> None:
+    with pytest.raises(ValueError):
+        recovery_backoff(0, **POLICY)

@@ -1,0 +1,142 @@
+"""The conditional updates each transition asks for: what they expect and what they set."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from shared.domain.models import ErrorInfo
+from shared.domain.states import ErrorKind, ProcessState, StepStatus
+from shared.domain.timing import utcnow
+from shared.domain.updates import (
+    Changes,
+    Expect,
+    RecoveryPolicy,
+    apply,
+    complete_step,
+    fail,
+    matches,
+    recover,
+    start_step,
+)
+from shared.domain.workflow import ORDER_WORKFLOW
+from shared.errors import IllegalTransition
+from tests.support.factories import order_pair
+
+S = timedelta(seconds=1)
+
+
+def claimed(attempt: int = 1, budget: int = 10):
+    _, state = order_pair("o-1", retry_budget=budget)
+    now = utcnow()
+    return state.model_copy(update={
+        "process_state": ProcessState.PROCESSING, "attempt": attempt,
+        "locked_by": f"o-1:{attempt}", "complete_by": now + 10 * S,
+    })  # fmt: skip
+
+
+def test_start_step_reserves_its_allowance_and_sets_a_deadline() -> None:
+    record = claimed()
+    now = utcnow()
+    u = start_step(record, "reserve", instance="o-1:1", now=now, timeout=5 * S, allowance=3)
+    assert u.expect == Expect(process_state=frozenset({ProcessState.PROCESSING}), locked_by="o-1:1")
+    after = apply(record, u.changes)
+    step = after.steps["reserve"]
+    assert (step.status, step.attempts, step.allowance) == (StepStatus.RUNNING, 1, 3)
+    assert after.complete_by == now + 5 * S
+    assert after.retry_budget.used == 3
+
+
+def test_start_step_refuses_an_allowance_beyond_the_budget_and_a_completed_step() -> None:
+    record = claimed(budget=2)
+    with pytest.raises(ValueError):
+        start_step(record, "reserve", instance="o-1:1", now=utcnow(), timeout=S, allowance=3)
+    done = apply(record, complete_step(
+        record, ORDER_WORKFLOW, "reserve", instance="o-1:1", now=utcnow(), result={}, attempts_used=0,
+    ).changes)  # fmt: skip
+    with pytest.raises(ValueError):
+        start_step(done, "reserve", instance="o-1:1", now=utcnow(), timeout=S, allowance=1)
+
+
+def test_complete_step_gives_back_unspent_attempts() -> None:
+    record = claimed()
+    running = apply(record, start_step(record, "reserve", instance="o-1:1", now=utcnow(),
+                                       timeout=S, allowance=3).changes)  # fmt: skip
+    u = complete_step(running, ORDER_WORKFLOW, "reserve", instance="o-1:1", now=utcnow(),
+                      result={"reservation": "r-1"}, attempts_used=1)  # fmt: skip
+    after = apply(running, u.changes)
+    assert after.retry_budget.used == 1
+    assert after.steps["reserve"].status is StepStatus.COMPLETED
+    assert after.process_state is ProcessState.PROCESSING
+    assert after.locked_by == "o-1:1"
+
+
+def test_completing_the_last_step_makes_the_order_processed_and_unlocked() -> None:
+    record = claimed()
+    u = complete_step(record, ORDER_WORKFLOW, "ship", instance="o-1:1", now=utcnow(),
+                      result={}, attempts_used=1)  # fmt: skip
+    after = apply(record, u.changes)
+    assert (after.process_state, after.locked_by, after.complete_by) == (ProcessState.PROCESSED, None, None)
+
+
+@pytest.mark.parametrize(("compensate", "target"), [(False, ProcessState.ERROR), (True, ProcessState.COMPENSATING)])
+def test_fail_parks_or_compensates(compensate: bool, target: ProcessState) -> None:
+    record = claimed()
+    err = ErrorInfo(kind=ErrorKind.PERMANENT, message="card declined", at=utcnow())
+    u = fail(record, "charge", instance="o-1:1", now=utcnow(), error=err, attempts_used=1, compensate=compensate)
+    after = apply(record, u.changes)
+    assert after.process_state is target
+    assert after.error == err
+    assert after.steps["charge"].status is StepStatus.FAILED
+    assert after.locked_by is None
+
+
+def test_no_transition_from_a_state_the_table_does_not_allow() -> None:
+    record = claimed().model_copy(update={"process_state": ProcessState.PROCESSED})
+    with pytest.raises(IllegalTransition):
+        start_step(record, "reserve", instance="o-1:1", now=utcnow(), timeout=S, allowance=1)
+    with pytest.raises(IllegalTransition):
+        complete_step(record, ORDER_WORKFLOW, "ship", instance="o-1:1", now=utcnow(), result={},
+                      attempts_used=1)  # fmt: skip
+
+
+def test_recover_expects_what_the_supervisor_saw_and_backs_off() -> None:
+    record = claimed()
+    running = apply(record, start_step(record, "reserve", instance="o-1:1", now=utcnow() - 20 * S,
+                                       timeout=S, allowance=2).changes)  # fmt: skip
+    now = utcnow()
+    policy = RecoveryPolicy(failure_threshold=3, backoff=lambda n: n * 10 * S)
+    u = recover(running, now=now, policy=policy)
+    assert u.expect.locked_by == "o-1:1"
+    assert u.expect.complete_by == running.complete_by
+    after = apply(running, u.changes)
+    assert (after.process_state, after.locked_by, after.failure_count) == (ProcessState.PENDING, None, 1)
+    assert after.next_attempt_at == now + 10 * S
+    assert after.steps["reserve"].status is StepStatus.NOT_STARTED
+    assert after.steps["reserve"].error.kind is ErrorKind.DEADLINE
+    assert after.retry_budget.used == 2, "a timed-out request's reserved attempts count as spent"
+
+
+def test_recover_refuses_a_live_attempt() -> None:
+    with pytest.raises(ValueError):
+        recover(claimed(), now=utcnow(), policy=RecoveryPolicy(3, lambda n: S))
+
+
+def test_matches_checks_every_named_field() -> None:
+    record = claimed()
+    assert matches(record, Expect())
+    assert matches(record, Expect(locked_by="o-1:1", complete_by=record.complete_by,
+                                  updated_at=record.updated_at,
+                                  process_state=frozenset({ProcessState.PROCESSING})))  # fmt: skip
+    assert not matches(record, Expect(locked_by="o-1:2"))
+    assert not matches(record, Expect(locked_by=None))
+    assert not matches(record, Expect(complete_by=None))
+    assert not matches(record, Expect(updated_at=record.updated_at - S))
+    assert not matches(record, Expect(process_state=frozenset({ProcessState.PENDING})))
+
+
+def test_changes_refuse_immutable_fields() -> None:
+    for field in ("order_id", "created_at", "schema_version", "steps", "nonsense"):
+        with pytest.raises(ValueError):
+            Changes(fields={field: None})
