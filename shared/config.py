@@ -10,14 +10,20 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import ConfigurationError
 
-STORE_SCHEMES = {"mongodb": "mongodb", "mongodb+srv": "mongodb", "postgresql": "postgresql",
-                 "postgres": "postgresql"}  # fmt: skip
+STORE_SCHEMES = {
+    "mongodb": "mongodb",
+    "mongodb+srv": "mongodb",
+    "postgresql": "postgresql",
+    "postgres": "postgresql",
+}
 
 
 class Settings(BaseSettings):
     """Every setting of every process. Field docs are the documented defaults (README)."""
 
-    model_config = SettingsConfigDict(env_prefix="ORDERFLOW_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="ORDERFLOW_", extra="ignore", frozen=True, use_attribute_docstrings=True
+    )
 
     # -- where things are
     rabbitmq_url: str = "amqp://guest:guest@localhost:5672/"

@@ -12,7 +12,9 @@ import uuid
 import pytest
 
 REQUIRE_SERVICES = os.environ.get("ORDERFLOW_REQUIRE_SERVICES") == "1"
-POSTGRES_URL = os.environ.get("ORDERFLOW_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+POSTGRES_URL = os.environ.get(
+    "ORDERFLOW_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
 RABBITMQ_URL = os.environ.get("ORDERFLOW_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
 MONGODB_URL = os.environ.get("ORDERFLOW_TEST_MONGODB_URL")
 

@@ -45,7 +45,9 @@ class Publisher:
         self._exchanges: dict[str, AbstractExchange] = {}
 
     @classmethod
-    async def open(cls, connection: aio_pika.abc.AbstractConnection, *, timeout: float) -> Publisher:
+    async def open(
+        cls, connection: aio_pika.abc.AbstractConnection, *, timeout: float
+    ) -> Publisher:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         return cls(channel, timeout=timeout)
 

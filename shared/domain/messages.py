@@ -41,7 +41,7 @@ class MessageType(StrEnum):
 class Contract(BaseModel):
     model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
     message_type: ClassVar[MessageType]
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1] = 1
 
     def to_json(self) -> bytes:
         return self.model_dump_json().encode()

@@ -57,7 +57,7 @@ def recovery_backoff(
         raise ValueError("backoff is computed after at least one failure")
     if failure_count > cooldown_after:
         return cooldown
-    exp = base * (2 ** (failure_count - 1))
+    exp = base * (1 << min(failure_count - 1, 40))
     delay = min(cap, exp)
-    jitter = (rng or random).random()
+    jitter: float = (rng or random).random()
     return delay / 2 + (delay / 2) * jitter

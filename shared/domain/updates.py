@@ -39,8 +39,8 @@ class Expect:
     """The condition of a conditional update: what the record must still look like."""
 
     process_state: frozenset[ProcessState] | Literal[_Any.ANY] = ANY
-    locked_by: str | None | Literal[_Any.ANY] = ANY
-    complete_by: datetime | None | Literal[_Any.ANY] = ANY
+    locked_by: str | Literal[_Any.ANY] | None = ANY
+    complete_by: datetime | Literal[_Any.ANY] | None = ANY
     updated_at: datetime | Literal[_Any.ANY] = ANY
 
 
@@ -99,9 +99,14 @@ def start_step(
     if current.status is StepStatus.COMPLETED:
         raise ValueError(f"step {step} is a checkpoint: it never runs again")
     running = current.model_copy(
-        update={"status": StepStatus.RUNNING, "attempts": current.attempts + 1,
-                "allowance": allowance, "started_at": now, "error": None}
-    )  # fmt: skip
+        update={
+            "status": StepStatus.RUNNING,
+            "attempts": current.attempts + 1,
+            "allowance": allowance,
+            "started_at": now,
+            "error": None,
+        }
+    )
     return Update(
         _fenced(instance),
         Changes(
@@ -137,9 +142,14 @@ def complete_step(
     target = ProcessState.PROCESSED if last else ProcessState.PROCESSING
     check_transition(Action.COMPLETE_STEP, record.process_state, target)
     done = record.steps[step].model_copy(
-        update={"status": StepStatus.COMPLETED, "allowance": 0, "completed_at": now,
-                "result": result, "error": None}
-    )  # fmt: skip
+        update={
+            "status": StepStatus.COMPLETED,
+            "allowance": 0,
+            "completed_at": now,
+            "result": result,
+            "error": None,
+        }
+    )
     fields: dict[str, Any] = {
         "retry_budget": _settle_budget(record, step, attempts_used),
         "updated_at": now,
@@ -199,11 +209,12 @@ def recover(record: StateRecord, *, now: datetime, policy: RecoveryPolicy) -> Up
         kind=ErrorKind.DEADLINE, message=f"no reply by {record.complete_by.isoformat()}", at=now
     )
     steps = {
-        name: state.model_copy(update={"status": StepStatus.NOT_STARTED, "allowance": 0,
-                                       "error": timed_out})
+        name: state.model_copy(
+            update={"status": StepStatus.NOT_STARTED, "allowance": 0, "error": timed_out}
+        )
         for name, state in record.steps.items()
         if state.status is StepStatus.RUNNING
-    }  # fmt: skip
+    }
     fields: dict[str, Any] = {
         "process_state": target,
         "locked_by": None,

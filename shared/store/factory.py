@@ -10,11 +10,12 @@ from shared.store.postgres import PostgresStore
 
 async def open_store(settings: Settings) -> StateStore:
     """Connect to the store `ORDERFLOW_STORE_URL` names, in the hub's schema or database."""
-    common = {
-        "pool_size": settings.store_pool_size,
-        "timeout": settings.connect_timeout_s,
-        "command_timeout": settings.store_command_timeout_s,
-    }
-    if settings.store_kind == "postgresql":
-        return await PostgresStore.connect(settings.store_url, settings.hub, **common)
-    return await MongoStore.connect(settings.store_url, settings.hub, **common)
+    connect = PostgresStore.connect if settings.store_kind == "postgresql" else MongoStore.connect
+    store: StateStore = await connect(
+        settings.store_url,
+        settings.hub,
+        pool_size=settings.store_pool_size,
+        timeout=settings.connect_timeout_s,
+        command_timeout=settings.store_command_timeout_s,
+    )
+    return store

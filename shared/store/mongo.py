@@ -8,6 +8,7 @@ are two insert-if-absent writes that share no transaction (DESIGN §4).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from datetime import datetime
 from typing import Any
@@ -148,15 +149,13 @@ class MongoStore:
             outcome = InsertOutcome.EXISTS
         # A crash between the two writes leaves an order without its state record; the
         # redelivered message comes through here and completes the pair.
-        try:
+        with contextlib.suppress(DuplicateKeyError):
             await self._state.insert_one(_state_doc(state))
-        except DuplicateKeyError:
-            pass
         return outcome
 
     async def get_order(self, order_id: str) -> OrderRecord | None:
         doc = await self._orders.find_one({"_id": order_id})
-        return None if doc is None else _load(OrderRecord, doc)  # type: ignore[no-any-return]
+        return None if doc is None else _load(OrderRecord, doc)
 
     async def get_state(self, order_id: str) -> StateRecord | None:
         doc = await self._state.find_one({"_id": order_id})
@@ -186,11 +185,18 @@ class MongoStore:
             attempt = candidate["attempt"] + 1
             doc = await self._state.find_one_and_update(
                 {"_id": candidate["_id"], "attempt": candidate["attempt"], **due},
-                {"$set": {"process_state": "Processing", "attempt": attempt,
-                          "locked_by": f"{candidate['_id']}:{attempt}", "owner": owner,
-                          "complete_by": complete_by, "updated_at": now}},
+                {
+                    "$set": {
+                        "process_state": "Processing",
+                        "attempt": attempt,
+                        "locked_by": f"{candidate['_id']}:{attempt}",
+                        "owner": owner,
+                        "complete_by": complete_by,
+                        "updated_at": now,
+                    }
+                },
                 return_document=ReturnDocument.AFTER,
-            )  # fmt: skip
+            )
             return None if doc is None else _load_state(doc)
 
         claimed = await asyncio.gather(*(take(c) for c in picked))
@@ -208,8 +214,10 @@ class MongoStore:
         window: dict[str, Any] = {"$lte": now}
         if not_before is not None:
             window["$gte"] = not_before
-        query: dict[str, Any] = {"process_state": {"$in": [s.value for s in states]},
-                                 "complete_by": window}  # fmt: skip
+        query: dict[str, Any] = {
+            "process_state": {"$in": [s.value for s in states]},
+            "complete_by": window,
+        }
         if after is not None:
             query["$or"] = [
                 {"complete_by": {"$gt": after.complete_by}},
@@ -327,10 +335,16 @@ class MongoStore:
             # matches nothing, the upsert collides on _id, and the lease stays theirs.
             await self._lease.update_one(
                 {"_id": name, "$or": [{"expires_at": {"$lte": now}}, {"holder": holder}]},
-                {"$set": {"name": name, "holder": holder, "expires_at": expires_at,
-                          "acquired_at": now}},
+                {
+                    "$set": {
+                        "name": name,
+                        "holder": holder,
+                        "expires_at": expires_at,
+                        "acquired_at": now,
+                    }
+                },
                 upsert=True,
-            )  # fmt: skip
+            )
         except DuplicateKeyError:
             return False
         return True
@@ -350,7 +364,7 @@ class MongoStore:
 
     async def lease_get(self, name: str) -> Lease | None:
         doc = await self._lease.find_one({"_id": name})
-        return None if doc is None else _load(Lease, doc)  # type: ignore[no-any-return]
+        return None if doc is None else _load(Lease, doc)
 
     # -- alerts
     async def raise_alert(self, alert: Alert) -> bool:

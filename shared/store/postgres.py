@@ -27,10 +27,24 @@ from shared.store.urls import redact
 
 _JSON_COLUMNS = frozenset({"steps", "retry_budget", "error", "data"})
 _STATE_COLUMNS = (
-    "order_id", "process_state", "locked_by", "owner", "complete_by", "failure_count", "attempt",
-    "workflow", "workflow_version", "schema_version", "steps", "retry_budget", "reply_to",
-    "next_attempt_at", "error", "created_at", "updated_at",
-)  # fmt: skip
+    "order_id",
+    "process_state",
+    "locked_by",
+    "owner",
+    "complete_by",
+    "failure_count",
+    "attempt",
+    "workflow",
+    "workflow_version",
+    "schema_version",
+    "steps",
+    "retry_budget",
+    "reply_to",
+    "next_attempt_at",
+    "error",
+    "created_at",
+    "updated_at",
+)
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

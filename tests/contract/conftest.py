@@ -70,7 +70,9 @@ async def _open(kind: str, hub: str, mongodb_url: str | None) -> StateStore:
 
 
 @pytest.fixture(params=STORE_KINDS)
-async def store(request: pytest.FixtureRequest, hub: str, mongodb_url: str | None) -> AsyncIterator[StateStore]:
+async def store(
+    request: pytest.FixtureRequest, hub: str, mongodb_url: str | None
+) -> AsyncIterator[StateStore]:
     s = await _open(request.param, hub, mongodb_url)
     await s.init()
     try:

@@ -39,15 +39,24 @@ class Broker:
     async def consume(self, queue: str, handler, **policy) -> Consumer:
         channel = await self.connection.channel()
         defaults = {
-            "prefetch": 10, "redelivery_limit": LIMIT, "max_message_bytes": 4096,
-            "dedupe_window": timedelta(hours=1), "claim_ttl": timedelta(seconds=5),
-            "handler_timeout": 5.0, "requeue_backoff_cap": 0.05,
-        }  # fmt: skip
+            "prefetch": 10,
+            "redelivery_limit": LIMIT,
+            "max_message_bytes": 4096,
+            "dedupe_window": timedelta(hours=1),
+            "claim_ttl": timedelta(seconds=5),
+            "handler_timeout": 5.0,
+            "requeue_backoff_cap": 0.05,
+        }
         consumer = Consumer(
-            channel=channel, queue=queue, names=self.names, handler=handler, store=self.store,
-            dead_letter_publisher=self.publisher, policy=ConsumerPolicy(**(defaults | policy)),
+            channel=channel,
+            queue=queue,
+            names=self.names,
+            handler=handler,
+            store=self.store,
+            dead_letter_publisher=self.publisher,
+            policy=ConsumerPolicy(**(defaults | policy)),
             holder=f"test-{uuid.uuid4().hex[:6]}",
-        )  # fmt: skip
+        )
         await consumer.start()
         self.consumers.append(consumer)
         return consumer
@@ -69,14 +78,17 @@ async def broker(hub: str) -> AsyncIterator[Broker]:
     except Exception as exc:
         service_missing("RabbitMQ", exc)
     try:
-        store = await PostgresStore.connect(POSTGRES_URL, hub, pool_size=5, timeout=5, command_timeout=10)
+        store = await PostgresStore.connect(
+            POSTGRES_URL, hub, pool_size=5, timeout=5, command_timeout=10
+        )
     except Exception as exc:
         await connection.close()
         service_missing("PostgreSQL", exc)
     await store.init()
     names = Names(hub)
-    policy = QueuePolicy(quorum=quorum_available(connection), delivery_limit=LIMIT,
-                         orders_max_length=ORDERS_MAX)  # fmt: skip
+    policy = QueuePolicy(
+        quorum=quorum_available(connection), delivery_limit=LIMIT, orders_max_length=ORDERS_MAX
+    )
     channel = await connection.channel()
     await declare_topology(channel, names, policy)
     b = Broker(names, connection, await Publisher.open(connection, timeout=5), store)
@@ -93,22 +105,31 @@ async def broker(hub: str) -> AsyncIterator[Broker]:
 
 def reply(order_id: str = "o-1") -> StepReply:
     return StepReply(
-        order_id=order_id, step="reserve", action=StepAction.DO, fencing_token=f"{order_id}:1",
-        idempotency_key=f"{order_id}:reserve", outcome=StepOutcome.OK, attempts_used=1,
-    )  # fmt: skip
+        order_id=order_id,
+        step="reserve",
+        action=StepAction.DO,
+        fencing_token=f"{order_id}:1",
+        idempotency_key=f"{order_id}:reserve",
+        outcome=StepOutcome.OK,
+        attempts_used=1,
+    )
 
 
 async def send(b: Broker, queue: str, contract=None, *, message_id: str | None = None) -> str:
     message_id = message_id or uuid.uuid4().hex
-    await b.publisher.publish(contract or reply(), exchange=b.names.exchange, routing_key=queue,
-                              message_id=message_id)  # fmt: skip
+    await b.publisher.publish(
+        contract or reply(), exchange=b.names.exchange, routing_key=queue, message_id=message_id
+    )
     return message_id
 
 
 async def test_topology_declaration_is_idempotent(broker: Broker) -> None:
     channel = await broker.connection.channel()
-    policy = QueuePolicy(quorum=quorum_available(broker.connection), delivery_limit=LIMIT,
-                         orders_max_length=ORDERS_MAX)  # fmt: skip
+    policy = QueuePolicy(
+        quorum=quorum_available(broker.connection),
+        delivery_limit=LIMIT,
+        orders_max_length=ORDERS_MAX,
+    )
     await declare_topology(channel, broker.names, policy)
     await declare_topology(channel, broker.names, policy)
     assert quorum_available(broker.connection)
@@ -179,7 +200,9 @@ async def test_poison_message_is_dead_lettered_with_its_reason_and_the_consumer_
 
     consumer = await broker.consume(queue, handler)
     body, type_ = POISON[reason]
-    poison = aio_pika.Message(body, message_id="poison-1", type=type_, content_type="application/json")
+    poison = aio_pika.Message(
+        body, message_id="poison-1", type=type_, content_type="application/json"
+    )
     await broker.publisher.publish_raw(poison, exchange=broker.names.exchange, routing_key=queue)
     good = await send(broker, queue)
 
@@ -195,7 +218,9 @@ async def test_poison_message_is_dead_lettered_with_its_reason_and_the_consumer_
     assert consumer.stats.dead_lettered == 1
 
 
-async def test_a_failing_handler_is_retried_up_to_the_limit_then_dead_lettered(broker: Broker) -> None:
+async def test_a_failing_handler_is_retried_up_to_the_limit_then_dead_lettered(
+    broker: Broker,
+) -> None:
     queue = broker.names.agent("inventory")
     calls: list[int] = []
 

@@ -25,10 +25,19 @@ async def test_history_reads_back_in_append_order(store: StateStore) -> None:
     t = utcnow()
     events = [
         HistoryEvent(order_id="o-h", type=H.ORDER_SUBMITTED, at=t),
-        HistoryEvent(order_id="o-h", type=H.EXECUTION_STARTED, at=t, attempt=1, instance_id="o-h:1"),
-        HistoryEvent(order_id="o-h", type=H.STEP_SCHEDULED, at=t + timedelta(milliseconds=1),
-                     attempt=1, instance_id="o-h:1", step="reserve", data={"complete_by": "x"}),
-    ]  # fmt: skip
+        HistoryEvent(
+            order_id="o-h", type=H.EXECUTION_STARTED, at=t, attempt=1, instance_id="o-h:1"
+        ),
+        HistoryEvent(
+            order_id="o-h",
+            type=H.STEP_SCHEDULED,
+            at=t + timedelta(milliseconds=1),
+            attempt=1,
+            instance_id="o-h:1",
+            step="reserve",
+            data={"complete_by": "x"},
+        ),
+    ]
     for e in events:
         await store.append_history(e)
     await store.append_history(HistoryEvent(order_id="o-other", type=H.ORDER_SUBMITTED, at=t))
@@ -43,15 +52,22 @@ async def test_history_reads_back_in_append_order(store: StateStore) -> None:
 async def test_compensation_log_is_ordered_idempotent_and_done_is_final(store: StateStore) -> None:
     t = utcnow()
     for step, undo in (("reserve", "inventory.release"), ("charge", "payment.refund")):
-        entry = CompensationEntry(order_id="o-comp", step=step, undo=undo,
-                                  idempotency_key=f"o-comp:{step}:undo", recorded_at=t)  # fmt: skip
+        entry = CompensationEntry(
+            order_id="o-comp",
+            step=step,
+            undo=undo,
+            idempotency_key=f"o-comp:{step}:undo",
+            recorded_at=t,
+        )
         assert await store.append_compensation(entry) is True
         assert await store.append_compensation(entry) is False
     log = await store.read_compensation("o-comp")
     assert [e.step for e in log] == ["reserve", "charge"]
     assert all(e.status is UndoStatus.PENDING for e in log)
 
-    assert await store.mark_compensation("o-comp", "charge", status=UndoStatus.FAILED, at=t, error="503")
+    assert await store.mark_compensation(
+        "o-comp", "charge", status=UndoStatus.FAILED, at=t, error="503"
+    )
     assert await store.mark_compensation("o-comp", "charge", status=UndoStatus.DONE, at=t)
     assert not await store.mark_compensation("o-comp", "charge", status=UndoStatus.FAILED, at=t)
     charge = (await store.read_compensation("o-comp"))[1]
@@ -85,7 +101,9 @@ async def test_inbox_claim_of_a_dead_holder_and_a_passed_window_expire(store: St
     takeover = {"now": later, "claim_until": later + timedelta(seconds=30)}
     assert await store.inbox_claim("q", "m3", holder="b", **takeover) is InboxOutcome.CLAIMED
     assert not await store.inbox_complete("q", "m3", holder="dead", keep_until=later)
-    assert await store.inbox_complete("q", "m3", holder="b", keep_until=later + timedelta(seconds=5))
+    assert await store.inbox_complete(
+        "q", "m3", holder="b", keep_until=later + timedelta(seconds=5)
+    )
     much_later = later + timedelta(seconds=6)
     again = {"now": much_later, "claim_until": much_later + timedelta(seconds=30)}
     assert await store.inbox_claim("q", "m3", holder="c", **again) is InboxOutcome.CLAIMED
@@ -96,16 +114,26 @@ async def test_inbox_purge_deletes_only_expired_entries(store: StateStore) -> No
     await store.inbox_claim("q", "old", holder="a", now=now, claim_until=now - timedelta(seconds=1))
     await store.inbox_claim("q", "new", holder="a", now=now, claim_until=now + timedelta(hours=1))
     assert await store.inbox_purge(now=now) == 1
-    assert await store.inbox_claim("q", "new", holder="b", now=now,
-                                   claim_until=now + timedelta(hours=1)) is InboxOutcome.BUSY  # fmt: skip
+    assert (
+        await store.inbox_claim(
+            "q", "new", holder="b", now=now, claim_until=now + timedelta(hours=1)
+        )
+        is InboxOutcome.BUSY
+    )
 
 
-async def test_concurrent_claims_of_one_message_id_let_exactly_one_through(store: StateStore) -> None:
+async def test_concurrent_claims_of_one_message_id_let_exactly_one_through(
+    store: StateStore,
+) -> None:
     now = utcnow()
     outcomes = await asyncio.gather(
-        *(store.inbox_claim("q", "m-race", holder=f"h{i}", now=now,
-                            claim_until=now + timedelta(seconds=30)) for i in range(10))
-    )  # fmt: skip
+        *(
+            store.inbox_claim(
+                "q", "m-race", holder=f"h{i}", now=now, claim_until=now + timedelta(seconds=30)
+            )
+            for i in range(10)
+        )
+    )
     assert outcomes.count(InboxOutcome.CLAIMED) == 1
     assert outcomes.count(InboxOutcome.BUSY) == 9
 
@@ -121,8 +149,12 @@ async def test_lease_has_one_holder_until_it_expires(store: StateStore) -> None:
     assert (lease.holder, lease.expires_at, lease.acquired_at) == ("a", now + 2 * ttl, now)
 
     after_expiry = now + 3 * ttl
-    assert not await store.lease_renew("leader", holder="a", now=after_expiry, expires_at=after_expiry + ttl)
-    assert await store.lease_acquire("leader", holder="b", now=after_expiry, expires_at=after_expiry + ttl)
+    assert not await store.lease_renew(
+        "leader", holder="a", now=after_expiry, expires_at=after_expiry + ttl
+    )
+    assert await store.lease_acquire(
+        "leader", holder="b", now=after_expiry, expires_at=after_expiry + ttl
+    )
     assert (await store.lease_get("leader")).holder == "b"
     assert not await store.lease_release("leader", holder="a")
     assert await store.lease_release("leader", holder="b")
@@ -132,18 +164,35 @@ async def test_lease_has_one_holder_until_it_expires(store: StateStore) -> None:
 async def test_concurrent_lease_acquires_elect_exactly_one_leader(store: StateStore) -> None:
     now = utcnow()
     results = await asyncio.gather(
-        *(store.lease_acquire("leader", holder=f"s{i}", now=now,
-                              expires_at=now + timedelta(seconds=10)) for i in range(8))
-    )  # fmt: skip
+        *(
+            store.lease_acquire(
+                "leader", holder=f"s{i}", now=now, expires_at=now + timedelta(seconds=10)
+            )
+            for i in range(8)
+        )
+    )
     assert results.count(True) == 1
 
 
 async def test_alerts_are_stored_once_and_listed_newest_first(store: StateStore) -> None:
     t = utcnow()
-    old = Alert(alert_id="a1", kind=AlertKind.ORDER_ERROR, severity=Severity.CRITICAL,
-                message="order o-1 in Error", at=t - timedelta(hours=1), order_id="o-1")
-    new = Alert(alert_id="a2", kind=AlertKind.POISON_MESSAGE, severity=Severity.WARNING,
-                message="malformed body", at=t, source="submission", data={"queue": "x.orders"})  # fmt: skip
+    old = Alert(
+        alert_id="a1",
+        kind=AlertKind.ORDER_ERROR,
+        severity=Severity.CRITICAL,
+        message="order o-1 in Error",
+        at=t - timedelta(hours=1),
+        order_id="o-1",
+    )
+    new = Alert(
+        alert_id="a2",
+        kind=AlertKind.POISON_MESSAGE,
+        severity=Severity.WARNING,
+        message="malformed body",
+        at=t,
+        source="submission",
+        data={"queue": "x.orders"},
+    )
     assert await store.raise_alert(old)
     assert await store.raise_alert(new)
     assert not await store.raise_alert(old)

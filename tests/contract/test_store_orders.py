@@ -10,8 +10,16 @@ import pytest
 from shared.domain.models import ErrorInfo
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
 from shared.domain.timing import utcnow
-from shared.domain.updates import ANY, Changes, Expect, RecoveryPolicy, apply, complete_step
-from shared.domain.updates import recover, start_step
+from shared.domain.updates import (
+    ANY,
+    Changes,
+    Expect,
+    RecoveryPolicy,
+    apply,
+    complete_step,
+    recover,
+    start_step,
+)
 from shared.domain.workflow import ORDER_WORKFLOW
 from shared.store.port import InsertOutcome, StateStore
 from tests.support.factories import order_pair
@@ -49,15 +57,21 @@ async def test_records_round_trip_exactly(store: StateStore) -> None:
     assert await store.get_order("missing") is None
 
 
-async def test_update_applies_exactly_the_changes_when_the_condition_holds(store: StateStore) -> None:
+async def test_update_applies_exactly_the_changes_when_the_condition_holds(
+    store: StateStore,
+) -> None:
     order, state = order_pair("o-up")
     await store.insert_order(order, state)
     claimed = await claim_one(store, "o-up")
     now = utcnow()
     update = start_step(
-        claimed, "reserve", instance=claimed.locked_by, now=now,
-        timeout=timedelta(seconds=5), allowance=3,
-    )  # fmt: skip
+        claimed,
+        "reserve",
+        instance=claimed.locked_by,
+        now=now,
+        timeout=timedelta(seconds=5),
+        allowance=3,
+    )
     after = await store.update_state("o-up", update.expect, update.changes)
     assert after == apply(claimed, update.changes)
     assert after.steps["reserve"].status is StepStatus.RUNNING
@@ -76,7 +90,9 @@ async def test_update_applies_exactly_the_changes_when_the_condition_holds(store
     ],
     ids=["locked_by", "locked_by-null", "process_state", "complete_by", "updated_at"],
 )
-async def test_update_changes_nothing_when_the_condition_fails(store: StateStore, wrong: Expect) -> None:
+async def test_update_changes_nothing_when_the_condition_fails(
+    store: StateStore, wrong: Expect
+) -> None:
     order, state = order_pair("o-c")
     await store.insert_order(order, state)
     claimed = await claim_one(store, "o-c")
@@ -100,9 +116,14 @@ async def test_write_fenced_by_a_superseded_attempt_changes_nothing(store: State
 
     # The first attempt wakes up and tries to record a result: nothing changes.
     late = complete_step(
-        first, ORDER_WORKFLOW, "reserve", instance="o-fence:1", now=utcnow(),
-        result={"reservation": "r1"}, attempts_used=1,
-    )  # fmt: skip
+        first,
+        ORDER_WORKFLOW,
+        "reserve",
+        instance="o-fence:1",
+        now=utcnow(),
+        result={"reservation": "r1"},
+        attempts_used=1,
+    )
     assert await store.update_state("o-fence", late.expect, late.changes) is None
     assert await store.get_state("o-fence") == second
 
@@ -135,7 +156,9 @@ async def test_claim_respects_its_limit(store: StateStore) -> None:
     assert {r.order_id for r in first}.isdisjoint({r.order_id for r in rest})
 
 
-async def test_twenty_concurrent_claimers_claim_each_of_200_records_exactly_once(store: StateStore) -> None:
+async def test_twenty_concurrent_claimers_claim_each_of_200_records_exactly_once(
+    store: StateStore,
+) -> None:
     now = utcnow()
     for i in range(200):
         await store.insert_order(*order_pair(f"o-cc-{i:03d}", now=now))
@@ -145,7 +168,9 @@ async def test_twenty_concurrent_claimers_claim_each_of_200_records_exactly_once
         idle_rounds = 0
         while idle_rounds < 3:
             t = utcnow()
-            batch = await store.claim(now=t, limit=8, owner=name, complete_by=t + timedelta(seconds=60))
+            batch = await store.claim(
+                now=t, limit=8, owner=name, complete_by=t + timedelta(seconds=60)
+            )
             got += [r.order_id for r in batch]
             idle_rounds = 0 if batch else idle_rounds + 1
         return got
@@ -159,7 +184,9 @@ async def test_twenty_concurrent_claimers_claim_each_of_200_records_exactly_once
     assert counts[ProcessState.PENDING] == 0
 
 
-async def test_two_supervisors_racing_on_one_expired_record_recover_it_once(store: StateStore) -> None:
+async def test_two_supervisors_racing_on_one_expired_record_recover_it_once(
+    store: StateStore,
+) -> None:
     order, state = order_pair("o-race")
     await store.insert_order(order, state)
     claimed = await claim_one(store, "o-race", timeout=0.001)
@@ -200,16 +227,27 @@ async def test_scan_pages_through_expired_records_in_deadline_order(store: State
         await store.update_state(
             order.order_id,
             Expect(),
-            Changes(fields={"process_state": ProcessState.PROCESSING, "locked_by": f"{order.order_id}:1",
-                            "complete_by": base + timedelta(seconds=i % 5), "updated_at": base}),
-        )  # fmt: skip
+            Changes(
+                fields={
+                    "process_state": ProcessState.PROCESSING,
+                    "locked_by": f"{order.order_id}:1",
+                    "complete_by": base + timedelta(seconds=i % 5),
+                    "updated_at": base,
+                }
+            ),
+        )
     live, live_state = order_pair("o-scan-live")
     await store.insert_order(live, live_state)
     await store.update_state(
-        "o-scan-live", Expect(),
-        Changes(fields={"process_state": ProcessState.PROCESSING,
-                        "complete_by": utcnow() + timedelta(hours=1)}),
-    )  # fmt: skip
+        "o-scan-live",
+        Expect(),
+        Changes(
+            fields={
+                "process_state": ProcessState.PROCESSING,
+                "complete_by": utcnow() + timedelta(hours=1),
+            }
+        ),
+    )
 
     now = utcnow()
     states = frozenset({ProcessState.PROCESSING})
@@ -233,8 +271,12 @@ async def test_scan_pages_through_expired_records_in_deadline_order(store: State
     recent = await store.scan_expired(
         now=now, states=states, limit=100, not_before=base + timedelta(seconds=4)
     )
-    assert sorted(r.order_id for r in recent.records) == [f"o-scan-{i:02d}" for i in range(4, 25, 5)]
-    nothing = await store.scan_expired(now=now, states=frozenset({ProcessState.COMPENSATING}), limit=10)
+    assert sorted(r.order_id for r in recent.records) == [
+        f"o-scan-{i:02d}" for i in range(4, 25, 5)
+    ]
+    nothing = await store.scan_expired(
+        now=now, states=frozenset({ProcessState.COMPENSATING}), limit=10
+    )
     assert nothing.records == [] and nothing.next_cursor is None
 
 
@@ -242,10 +284,15 @@ async def test_count_by_state_counts_every_state(store: StateStore) -> None:
     for i in range(3):
         await store.insert_order(*order_pair(f"o-n-{i}"))
     await store.update_state(
-        "o-n-0", Expect(process_state=frozenset({ProcessState.PENDING})),
-        Changes(fields={"process_state": ProcessState.ERROR,
-                        "error": ErrorInfo(kind=ErrorKind.PERMANENT, message="x", at=utcnow())}),
-    )  # fmt: skip
+        "o-n-0",
+        Expect(process_state=frozenset({ProcessState.PENDING})),
+        Changes(
+            fields={
+                "process_state": ProcessState.ERROR,
+                "error": ErrorInfo(kind=ErrorKind.PERMANENT, message="x", at=utcnow()),
+            }
+        ),
+    )
     counts = await store.count_by_state()
     assert counts[ProcessState.PENDING] == 2
     assert counts[ProcessState.ERROR] == 1

@@ -19,10 +19,13 @@ def order_data(order_id: str | None = None, **overrides: Any) -> OrderData:
         "currency": "EUR",
         "payment_token": "tok_visa_4242",
         "shipping_address": Address(
-            name="Ada Lovelace", line1="12 St James's Sq", city="London",
-            postal_code="SW1Y 4JH", country="GB",
+            name="Ada Lovelace",
+            line1="12 St James's Sq",
+            city="London",
+            postal_code="SW1Y 4JH",
+            country="GB",
         ),
-    }  # fmt: skip
+    }
     fields.update(overrides)
     return OrderData(**fields)
 

@@ -10,7 +10,10 @@ T = TypeVar("T")
 
 
 async def eventually(
-    probe: Callable[[], Awaitable[T]], *, timeout: float = 10.0, interval: float = 0.05,
+    probe: Callable[[], Awaitable[T]],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.05,
     what: str = "condition",
 ) -> T:
     """Call `probe` until it returns something truthy; fail after `timeout` seconds."""

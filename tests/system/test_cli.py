@@ -18,16 +18,23 @@ pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
 
 def orderflow(*args: str, hub: str = "unused", **env: str) -> subprocess.CompletedProcess[str]:
-    environment = os.environ | {
-        "ORDERFLOW_STORE_URL": POSTGRES_URL,
-        "ORDERFLOW_RABBITMQ_URL": RABBITMQ_URL,
-        "ORDERFLOW_HUB": hub,
-        "ORDERFLOW_CONNECT_TIMEOUT_S": "3",
-    } | env
+    environment = (
+        os.environ
+        | {
+            "ORDERFLOW_STORE_URL": POSTGRES_URL,
+            "ORDERFLOW_RABBITMQ_URL": RABBITMQ_URL,
+            "ORDERFLOW_HUB": hub,
+            "ORDERFLOW_CONNECT_TIMEOUT_S": "3",
+        }
+        | env
+    )
     return subprocess.run(
         [sys.executable, "-m", "services.cli", *args],
-        capture_output=True, text=True, env=environment, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=60,
+    )
 
 
 @pytest.fixture

@@ -7,7 +7,12 @@ from shared.errors import ConfigurationError
 
 
 def test_defaults_follow_the_design(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("ORDERFLOW_RABBITMQ_URL", "ORDERFLOW_STORE_URL", "ORDERFLOW_HUB", "ORDERFLOW_REMOTE_URL"):
+    for name in (
+        "ORDERFLOW_RABBITMQ_URL",
+        "ORDERFLOW_STORE_URL",
+        "ORDERFLOW_HUB",
+        "ORDERFLOW_REMOTE_URL",
+    ):
         monkeypatch.delenv(name, raising=False)
     s = load_settings()
     assert s.rabbitmq_url == "amqp://guest:guest@localhost:5672/"

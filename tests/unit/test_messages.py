@@ -32,13 +32,24 @@ def samples():
     return [
         SubmitOrder(order=order_data("o-1"), reply_to="app.status"),
         StepRequest(
-            order_id="o-1", step="charge", action=StepAction.DO, operation="payment.charge",
-            fencing_token="o-1:2", idempotency_key="o-1:charge", complete_by=NOW,
-            attempts_allowed=3, payload={"amount_cents": 2500}, reply_to="h.reply.s1.abc",
+            order_id="o-1",
+            step="charge",
+            action=StepAction.DO,
+            operation="payment.charge",
+            fencing_token="o-1:2",
+            idempotency_key="o-1:charge",
+            complete_by=NOW,
+            attempts_allowed=3,
+            payload={"amount_cents": 2500},
+            reply_to="h.reply.s1.abc",
         ),
-        OrderStatusUpdate(order_id="o-1", status=OrderStatus.COMPLETED,
-                          process_state=ProcessState.PROCESSED, at=NOW),
-    ]  # fmt: skip
+        OrderStatusUpdate(
+            order_id="o-1",
+            status=OrderStatus.COMPLETED,
+            process_state=ProcessState.PROCESSED,
+            at=NOW,
+        ),
+    ]
 
 
 @pytest.mark.parametrize("message", samples(), ids=lambda m: m.message_type)
@@ -60,12 +71,32 @@ def test_every_message_type_has_a_contract() -> None:
         ("order.submit", b"\xff\xfe", MalformedMessage, "malformed"),
         ("no.such", b"{}", UnknownMessageType, "unknown-type"),
         (None, b"{}", UnknownMessageType, "unknown-type"),
-        ("order.submit", b'{"schema_version": 2}', UnsupportedSchemaVersion, "unsupported-schema-version"),
+        (
+            "order.submit",
+            b'{"schema_version": 2}',
+            UnsupportedSchemaVersion,
+            "unsupported-schema-version",
+        ),
         ("order.submit", b'{"order": {}}', UnsupportedSchemaVersion, "unsupported-schema-version"),
-        ("order.submit", b'{"schema_version": 1, "order": {"order_id": "x"}}', InvalidMessage, "invalid"),
+        (
+            "order.submit",
+            b'{"schema_version": 1, "order": {"order_id": "x"}}',
+            InvalidMessage,
+            "invalid",
+        ),
         ("order.submit", b"{" + b" " * 100 + b"}", MessageTooLarge, "too-large"),
     ],
-    ids=["truncated", "array", "not-utf8", "unknown", "no-type", "v2", "no-version", "invalid", "large"],
+    ids=[
+        "truncated",
+        "array",
+        "not-utf8",
+        "unknown",
+        "no-type",
+        "v2",
+        "no-version",
+        "invalid",
+        "large",
+    ],
 )
 def test_decode_says_why_a_body_is_refused(type_, body, error, reason) -> None:
     with pytest.raises(error) as caught:

@@ -26,8 +26,16 @@ def test_fingerprint_depends_on_the_data_only() -> None:
         {"lines": [OrderLine(sku="s", quantity=1, unit_price_cents=1)] * 101},
         {"customer_id": "c" * 65},
     ],
-    ids=["colon", "empty-id", "long-id", "currency", "card-number", "no-lines", "too-many-lines",
-         "long-customer"],
+    ids=[
+        "colon",
+        "empty-id",
+        "long-id",
+        "currency",
+        "card-number",
+        "no-lines",
+        "too-many-lines",
+        "long-customer",
+    ],
 )
 def test_order_data_refuses_what_breaks_its_limits(override: dict) -> None:
     with pytest.raises(ValidationError):

@@ -5,14 +5,22 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.domain.timing import deadline, instance_id, is_expired, parse_instance_id, recovery_backoff
-from shared.domain.timing import utcnow
+from shared.domain.timing import (
+    deadline,
+    instance_id,
+    is_expired,
+    parse_instance_id,
+    recovery_backoff,
+    utcnow,
+)
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)
 
 
-@pytest.mark.parametrize(("order_id", "attempt", "expected"), [("o-1", 1, "o-1:1"), ("a.b_c", 12, "a.b_c:12")])
+@pytest.mark.parametrize(
+    ("order_id", "attempt", "expected"), [("o-1", 1, "o-1:1"), ("a.b_c", 12, "a.b_c:12")]
+)
 def test_instance_id_round_trips(order_id: str, attempt: int, expected: str) -> None:
     assert instance_id(order_id, attempt) == expected
     assert parse_instance_id(expected) == (order_id, attempt)
@@ -60,7 +68,9 @@ POLICY = {"base": S, "cap": 30 * S, "cooldown_after": 6, "cooldown": 300 * S}
     ("failures", "low", "high"),
     [(1, 0.5, 1), (2, 1, 2), (3, 2, 4), (5, 8, 16), (6, 15, 30)],
 )
-def test_backoff_grows_exponentially_with_equal_jitter(failures: int, low: float, high: float) -> None:
+def test_backoff_grows_exponentially_with_equal_jitter(
+    failures: int, low: float, high: float
+) -> None:
     assert recovery_backoff(failures, rng=Fixed(0.0), **POLICY) == low * S
     assert recovery_backoff(failures, rng=Fixed(1.0), **POLICY) == high * S
 

@@ -30,10 +30,14 @@ S = timedelta(seconds=1)
 def claimed(attempt: int = 1, budget: int = 10):
     _, state = order_pair("o-1", retry_budget=budget)
     now = utcnow()
-    return state.model_copy(update={
-        "process_state": ProcessState.PROCESSING, "attempt": attempt,
-        "locked_by": f"o-1:{attempt}", "complete_by": now + 10 * S,
-    })  # fmt: skip
+    return state.model_copy(
+        update={
+            "process_state": ProcessState.PROCESSING,
+            "attempt": attempt,
+            "locked_by": f"o-1:{attempt}",
+            "complete_by": now + 10 * S,
+        }
+    )
 
 
 def test_start_step_reserves_its_allowance_and_sets_a_deadline() -> None:
@@ -52,19 +56,39 @@ def test_start_step_refuses_an_allowance_beyond_the_budget_and_a_completed_step(
     record = claimed(budget=2)
     with pytest.raises(ValueError):
         start_step(record, "reserve", instance="o-1:1", now=utcnow(), timeout=S, allowance=3)
-    done = apply(record, complete_step(
-        record, ORDER_WORKFLOW, "reserve", instance="o-1:1", now=utcnow(), result={}, attempts_used=0,
-    ).changes)  # fmt: skip
+    done = apply(
+        record,
+        complete_step(
+            record,
+            ORDER_WORKFLOW,
+            "reserve",
+            instance="o-1:1",
+            now=utcnow(),
+            result={},
+            attempts_used=0,
+        ).changes,
+    )
     with pytest.raises(ValueError):
         start_step(done, "reserve", instance="o-1:1", now=utcnow(), timeout=S, allowance=1)
 
 
 def test_complete_step_gives_back_unspent_attempts() -> None:
     record = claimed()
-    running = apply(record, start_step(record, "reserve", instance="o-1:1", now=utcnow(),
-                                       timeout=S, allowance=3).changes)  # fmt: skip
-    u = complete_step(running, ORDER_WORKFLOW, "reserve", instance="o-1:1", now=utcnow(),
-                      result={"reservation": "r-1"}, attempts_used=1)  # fmt: skip
+    running = apply(
+        record,
+        start_step(
+            record, "reserve", instance="o-1:1", now=utcnow(), timeout=S, allowance=3
+        ).changes,
+    )
+    u = complete_step(
+        running,
+        ORDER_WORKFLOW,
+        "reserve",
+        instance="o-1:1",
+        now=utcnow(),
+        result={"reservation": "r-1"},
+        attempts_used=1,
+    )
     after = apply(running, u.changes)
     assert after.retry_budget.used == 1
     assert after.steps["reserve"].status is StepStatus.COMPLETED
@@ -74,17 +98,32 @@ def test_complete_step_gives_back_unspent_attempts() -> None:
 
 def test_completing_the_last_step_makes_the_order_processed_and_unlocked() -> None:
     record = claimed()
-    u = complete_step(record, ORDER_WORKFLOW, "ship", instance="o-1:1", now=utcnow(),
-                      result={}, attempts_used=1)  # fmt: skip
+    u = complete_step(
+        record, ORDER_WORKFLOW, "ship", instance="o-1:1", now=utcnow(), result={}, attempts_used=1
+    )
     after = apply(record, u.changes)
-    assert (after.process_state, after.locked_by, after.complete_by) == (ProcessState.PROCESSED, None, None)
+    assert (after.process_state, after.locked_by, after.complete_by) == (
+        ProcessState.PROCESSED,
+        None,
+        None,
+    )
 
 
-@pytest.mark.parametrize(("compensate", "target"), [(False, ProcessState.ERROR), (True, ProcessState.COMPENSATING)])
+@pytest.mark.parametrize(
+    ("compensate", "target"), [(False, ProcessState.ERROR), (True, ProcessState.COMPENSATING)]
+)
 def test_fail_parks_or_compensates(compensate: bool, target: ProcessState) -> None:
     record = claimed()
     err = ErrorInfo(kind=ErrorKind.PERMANENT, message="card declined", at=utcnow())
-    u = fail(record, "charge", instance="o-1:1", now=utcnow(), error=err, attempts_used=1, compensate=compensate)
+    u = fail(
+        record,
+        "charge",
+        instance="o-1:1",
+        now=utcnow(),
+        error=err,
+        attempts_used=1,
+        compensate=compensate,
+    )
     after = apply(record, u.changes)
     assert after.process_state is target
     assert after.error == err
@@ -97,21 +136,36 @@ def test_no_transition_from_a_state_the_table_does_not_allow() -> None:
     with pytest.raises(IllegalTransition):
         start_step(record, "reserve", instance="o-1:1", now=utcnow(), timeout=S, allowance=1)
     with pytest.raises(IllegalTransition):
-        complete_step(record, ORDER_WORKFLOW, "ship", instance="o-1:1", now=utcnow(), result={},
-                      attempts_used=1)  # fmt: skip
+        complete_step(
+            record,
+            ORDER_WORKFLOW,
+            "ship",
+            instance="o-1:1",
+            now=utcnow(),
+            result={},
+            attempts_used=1,
+        )
 
 
 def test_recover_expects_what_the_supervisor_saw_and_backs_off() -> None:
     record = claimed()
-    running = apply(record, start_step(record, "reserve", instance="o-1:1", now=utcnow() - 20 * S,
-                                       timeout=S, allowance=2).changes)  # fmt: skip
+    running = apply(
+        record,
+        start_step(
+            record, "reserve", instance="o-1:1", now=utcnow() - 20 * S, timeout=S, allowance=2
+        ).changes,
+    )
     now = utcnow()
     policy = RecoveryPolicy(failure_threshold=3, backoff=lambda n: n * 10 * S)
     u = recover(running, now=now, policy=policy)
     assert u.expect.locked_by == "o-1:1"
     assert u.expect.complete_by == running.complete_by
     after = apply(running, u.changes)
-    assert (after.process_state, after.locked_by, after.failure_count) == (ProcessState.PENDING, None, 1)
+    assert (after.process_state, after.locked_by, after.failure_count) == (
+        ProcessState.PENDING,
+        None,
+        1,
+    )
     assert after.next_attempt_at == now + 10 * S
     assert after.steps["reserve"].status is StepStatus.NOT_STARTED
     assert after.steps["reserve"].error.kind is ErrorKind.DEADLINE
@@ -126,9 +180,15 @@ def test_recover_refuses_a_live_attempt() -> None:
 def test_matches_checks_every_named_field() -> None:
     record = claimed()
     assert matches(record, Expect())
-    assert matches(record, Expect(locked_by="o-1:1", complete_by=record.complete_by,
-                                  updated_at=record.updated_at,
-                                  process_state=frozenset({ProcessState.PROCESSING})))  # fmt: skip
+    assert matches(
+        record,
+        Expect(
+            locked_by="o-1:1",
+            complete_by=record.complete_by,
+            updated_at=record.updated_at,
+            process_state=frozenset({ProcessState.PROCESSING}),
+        ),
+    )
     assert not matches(record, Expect(locked_by="o-1:2"))
     assert not matches(record, Expect(locked_by=None))
     assert not matches(record, Expect(complete_by=None))
