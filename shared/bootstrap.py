@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import timedelta
 
-from aio_pika.abc import AbstractRobustConnection
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from shared.broker.connection import connect, quorum_available, server_version
-from shared.broker.consumer import ConsumerPolicy
+from shared.broker.consumer import Consumer, ConsumerPolicy, Handler
+from shared.broker.publisher import Publisher
 from shared.broker.topology import Names, QueuePolicy, declare_topology
 from shared.config import Settings
+from shared.domain.journal import AlertKind, Severity
+from shared.reporting import Reporter
 from shared.store.factory import open_store
 from shared.store.port import StateStore
 
@@ -36,6 +40,66 @@ def consumer_policy(settings: Settings) -> ConsumerPolicy:
 
 async def open_broker(settings: Settings, *, name: str) -> AbstractRobustConnection:
     return await connect(settings.rabbitmq_url, timeout=settings.connect_timeout_s, name=name)
+
+
+@dataclass
+class Runtime:
+    """What a running process holds: its settings and its connections."""
+
+    settings: Settings
+    name: str
+    store: StateStore
+    connection: AbstractRobustConnection
+    publisher: Publisher
+    names: Names
+
+    @classmethod
+    async def open(cls, settings: Settings, name: str) -> Runtime:
+        store = await open_store(settings)
+        try:
+            connection = await open_broker(settings, name=name)
+        except BaseException:
+            await store.close()
+            raise
+        publisher = await Publisher.open(connection, timeout=settings.publish_timeout_s)
+        return cls(settings, name, store, connection, publisher, Names(settings.hub))
+
+    def reporter(self) -> Reporter:
+        return Reporter(self.store, self.publisher, self.names, self.name)
+
+    async def consumer(self, queue: str, handler: Handler, *, dedupe: bool = True) -> Consumer:
+        channel = await self.connection.channel()
+        reporter = self.reporter()
+
+        async def on_poison(reason: str, error: str, message: AbstractIncomingMessage) -> None:
+            if reason == "conflict":
+                return  # the handler raised its own, more specific alert
+            await reporter.alert(
+                AlertKind.POISON_MESSAGE,
+                f"message {message.message_id} on {queue} dead-lettered ({reason}): {error}",
+                alert_id=f"poison:{queue}:{message.message_id}:{reason}",
+                severity=Severity.WARNING,
+                queue=queue,
+                reason=reason,
+            )
+
+        return Consumer(
+            channel=channel,
+            queue=queue,
+            names=self.names,
+            handler=handler,
+            store=self.store if dedupe else None,
+            dead_letter_publisher=self.publisher,
+            policy=consumer_policy(self.settings),
+            holder=self.name,
+            on_poison=on_poison,
+        )
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.connection.close()
+        with contextlib.suppress(Exception):
+            await self.store.close()
 
 
 @dataclass(frozen=True)

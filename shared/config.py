@@ -85,6 +85,54 @@ class Settings(BaseSettings):
     handler_timeout_s: float = Field(default=20.0, gt=0)
     """Upper bound on handling one message (keep it below the inbox claim TTL)."""
 
+    # -- the agents
+    agent_attempts_per_request: int = Field(default=3, ge=1, le=100)
+    """Remote attempts one step request may spend (never more than the order's budget left)."""
+    agent_http_timeout_s: float = Field(default=5.0, gt=0)
+    """Upper bound on one HTTP call to the remote service (the deadline may cut it shorter)."""
+    breaker_fail_max: int = Field(default=5, ge=1)
+    """Consecutive transient failures of one remote endpoint that open its circuit breaker."""
+    breaker_reset_s: float = Field(default=5.0, gt=0)
+    """How long an open circuit fails fast before it lets one trial call through."""
+
+    # -- the scheduler
+    scheduler_inflight: int = Field(default=200, ge=1, le=100_000)
+    """Orders one scheduler process runs at once."""
+    claim_batch: int = Field(default=50, ge=1, le=10_000)
+    """Records one claim takes at most."""
+    poll_interval_s: float = Field(default=0.2, gt=0)
+    """How long an idle starter waits before it looks for claimable records again."""
+    drain_timeout_s: float = Field(default=10.0, gt=0)
+    """On SIGTERM, how long a process lets the work in hand finish before it cancels it."""
+
+    # -- the submission process
+    backlog_threshold: int = Field(default=5000, ge=1)
+    """Submission stops taking orders while Pending + Processing exceeds this."""
+    backlog_check_s: float = Field(default=1.0, gt=0)
+    """How often submission counts the outstanding backlog."""
+
+    # -- the supervisor (reporting)
+    stuck_pending_s: float = Field(default=300.0, gt=0)
+    """A Pending record due for longer than this is reported as stuck."""
+
+    # -- the simulated remote service
+    remote_transient_error_rate: float = Field(default=0.0, ge=0, le=1)
+    """Share of calls answered 503 before any effect."""
+    remote_latency_ms: float = Field(default=0.0, ge=0)
+    """Added to every call."""
+    remote_hang_rate: float = Field(default=0.0, ge=0, le=1)
+    """Share of calls that hang for `remote_hang_s` before they apply (or are fenced off)."""
+    remote_hang_s: float = Field(default=30.0, ge=0)
+    """How long a hanging call hangs."""
+    remote_decline_rate: float = Field(default=0.0, ge=0, le=1)
+    """Share of orders whose payment is declined: permanent, the same for an order every time."""
+    remote_outage: bool = False
+    """When true every call fails with 503 (switchable at run time)."""
+    remote_seed: int | None = None
+    """Seed of the fault choices, for repeatable runs."""
+    remote_ledger_path: str = "orderflow-remote-ledger.sqlite3"
+    """The remote service's durable ledger of effects (SQLite)."""
+
     # -- logging
     log_level: str = Field(default="INFO", pattern=r"^(?i:debug|info|warning|error|critical)$")
     """Python log level name."""

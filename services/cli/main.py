@@ -12,6 +12,9 @@ from typing import Any, TypeVar
 
 import click
 
+from services.cli.inspect import audit, stats
+from services.cli.serve import serve
+from services.cli.submit import submit
 from shared.bootstrap import initialise
 from shared.config import Settings, load_settings
 from shared.errors import ConfigurationError, OrderflowError, ServiceUnavailable, one_line
@@ -95,3 +98,9 @@ def init(ctx: click.Context) -> None:
     click.echo(
         f"broker: RabbitMQ {report.broker_version}, {len(report.queues)} {kind} queues ready"
     )
+
+
+main.add_command(serve)
+main.add_command(submit)
+main.add_command(stats)
+main.add_command(audit)

@@ -122,6 +122,20 @@ class Consumer:
         self._queue = await self._channel.get_queue(self._queue_name, ensure=True)
         self._tag = await self._queue.consume(self._on_message, no_ack=False)
 
+    @property
+    def paused(self) -> bool:
+        return self._tag is None
+
+    async def pause(self) -> None:
+        """Stop taking new messages; the ones in hand finish normally."""
+        if self._queue is not None and self._tag is not None:
+            await self._queue.cancel(self._tag)
+            self._tag = None
+
+    async def resume(self) -> None:
+        if self._queue is not None and self._tag is None:
+            self._tag = await self._queue.consume(self._on_message, no_ack=False)
+
     async def stop(self, drain_timeout: float = 10.0) -> None:
         """Stop taking messages, let the ones in hand finish (bounded), cancel the rest."""
         if self._queue is not None and self._tag is not None:

@@ -233,6 +233,29 @@ class MongoStore:
             counts[state] = await self._state.count_documents({"process_state": state.value})
         return counts
 
+    async def count_in_states(self, states: frozenset[ProcessState]) -> int:
+        query = {"process_state": {"$in": [s.value for s in states]}}
+        return int(await self._state.count_documents(query))
+
+    async def find_stuck_pending(self, *, due_before: datetime, limit: int) -> list[StateRecord]:
+        query = {
+            "process_state": "Pending",
+            "locked_by": None,
+            "next_attempt_at": {"$lt": due_before},
+        }
+        cursor = self._state.find(query).sort("next_attempt_at", ASCENDING).limit(limit)
+        return [_load_state(d) for d in await cursor.to_list(None)]
+
+    async def list_states(self, *, after: str | None, limit: int) -> list[StateRecord]:
+        query = {} if after is None else {"_id": {"$gt": after}}
+        cursor = self._state.find(query).sort("_id", ASCENDING).limit(limit)
+        return [_load_state(d) for d in await cursor.to_list(None)]
+
+    async def list_order_ids(self, *, after: str | None, limit: int) -> list[str]:
+        query = {} if after is None else {"_id": {"$gt": after}}
+        cursor = self._orders.find(query, {"_id": 1}).sort("_id", ASCENDING).limit(limit)
+        return [str(d["_id"]) for d in await cursor.to_list(None)]
+
     # -- history
     async def append_history(self, event: HistoryEvent) -> None:
         await self._history.insert_one(plain(event.model_copy(update={"seq": None})))

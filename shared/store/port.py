@@ -108,6 +108,18 @@ class StateStore(Protocol):
 
     async def count_by_state(self) -> dict[ProcessState, int]: ...
 
+    async def count_in_states(self, states: frozenset[ProcessState]) -> int:
+        """How many records are in any of `states` (admission control's backlog)."""
+
+    async def find_stuck_pending(self, *, due_before: datetime, limit: int) -> list[StateRecord]:
+        """Unlocked Pending records that were due before `due_before`, oldest first."""
+
+    async def list_states(self, *, after: str | None, limit: int) -> list[StateRecord]:
+        """State records in order_id order, after `after` (for audits and listings)."""
+
+    async def list_order_ids(self, *, after: str | None, limit: int) -> list[str]:
+        """Order ids of the order records, in order, after `after`."""
+
     # -- history: the task hub's timeline
     async def append_history(self, event: HistoryEvent) -> None: ...
 

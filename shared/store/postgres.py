@@ -252,6 +252,38 @@ class PostgresStore:
         counts.update({ProcessState(r["process_state"]): r["n"] for r in rows})
         return counts
 
+    async def count_in_states(self, states: frozenset[ProcessState]) -> int:
+        n = await self._pool.fetchval(
+            f"SELECT count(*) FROM {self._s}.state WHERE process_state = ANY($1)",
+            [s.value for s in states],
+        )
+        return int(n)
+
+    async def find_stuck_pending(self, *, due_before: datetime, limit: int) -> list[StateRecord]:
+        rows = await self._pool.fetch(
+            f"SELECT * FROM {self._s}.state WHERE process_state = 'Pending' "
+            "AND locked_by IS NULL AND next_attempt_at < $1 ORDER BY next_attempt_at LIMIT $2",
+            due_before,
+            limit,
+        )
+        return [state_from(dict(r)) for r in rows]
+
+    async def list_states(self, *, after: str | None, limit: int) -> list[StateRecord]:
+        rows = await self._pool.fetch(
+            f"SELECT * FROM {self._s}.state WHERE order_id > $1 ORDER BY order_id LIMIT $2",
+            after or "",
+            limit,
+        )
+        return [state_from(dict(r)) for r in rows]
+
+    async def list_order_ids(self, *, after: str | None, limit: int) -> list[str]:
+        rows = await self._pool.fetch(
+            f"SELECT order_id FROM {self._s}.orders WHERE order_id > $1 ORDER BY order_id LIMIT $2",
+            after or "",
+            limit,
+        )
+        return [r["order_id"] for r in rows]
+
     # -- history
     async def append_history(self, event: HistoryEvent) -> None:
         await self._pool.execute(

@@ -308,3 +308,28 @@ async def test_init_is_idempotent(store: StateStore) -> None:
 
 def test_any_is_the_default_expectation() -> None:
     assert Expect().locked_by is ANY
+
+
+async def test_listing_and_counting_for_admission_audit_and_stuck_reports(
+    store: StateStore,
+) -> None:
+    now = utcnow()
+    for i in range(5):
+        await store.insert_order(*order_pair(f"o-l-{i}", now=now - timedelta(minutes=i)))
+    await store.claim(now=now, limit=2, owner="a", complete_by=now + timedelta(seconds=30))
+    pending_processing = frozenset({ProcessState.PENDING, ProcessState.PROCESSING})
+    assert await store.count_in_states(pending_processing) == 5
+    assert await store.count_in_states(frozenset({ProcessState.PROCESSING})) == 2
+
+    stuck = await store.find_stuck_pending(due_before=now - timedelta(seconds=90), limit=10)
+    assert all(r.process_state is ProcessState.PENDING for r in stuck)
+    assert [r.order_id for r in stuck] == sorted(
+        (r.order_id for r in stuck), key=lambda o: -int(o[-1])
+    )
+    assert {r.order_id for r in stuck} <= {"o-l-2", "o-l-3", "o-l-4"}
+
+    first = await store.list_states(after=None, limit=3)
+    rest = await store.list_states(after=first[-1].order_id, limit=3)
+    assert [r.order_id for r in first + rest] == [f"o-l-{i}" for i in range(5)]
+    ids = await store.list_order_ids(after="o-l-1", limit=10)
+    assert ids == ["o-l-2", "o-l-3", "o-l-4"]

@@ -1,0 +1,211 @@
+"""An agent: runs one kind of step against the remote service, within its allowance and deadline.
+
+DESIGN §6: tenacity retries transient failures only, stopped by the request's attempt allowance
+and its deadline; a pybreaker circuit breaker per remote endpoint fails fast while the endpoint is
+down; no new side effect starts after the deadline. The agent answers ok or a non-transient error;
+after transient failures it has spent its allowance and stays silent, and the supervisor recovers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pybreaker
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from services.remote.client import RemoteClient, RemoteFenced
+from shared.broker.consumer import Delivery
+from shared.broker.publisher import Publisher
+from shared.config import Settings
+from shared.domain.messages import StepOutcome, StepReply, StepRequest
+from shared.domain.states import ErrorKind
+from shared.domain.timing import utcnow
+from shared.errors import (
+    InvalidMessage,
+    PermanentError,
+    PublishError,
+    PublishUnroutable,
+    TransientError,
+)
+
+log = logging.getLogger(__name__)
+
+DEADLINE_MARGIN_S = 0.02
+"""Too little time left to start a call and hear its answer: do not start it."""
+
+
+class DeadlinePassed(TransientError):
+    """The request's deadline came before the step could be done."""
+
+
+@dataclass
+class Outcome:
+    result: dict[str, Any] | None = None
+    error: PermanentError | None = None
+    attempts: int = 0
+
+
+def _before_deadline(complete_by: datetime) -> Any:
+    def stop(state: RetryCallState) -> bool:
+        return (complete_by - utcnow()).total_seconds() <= DEADLINE_MARGIN_S
+
+    return stop
+
+
+class Agent:
+    def __init__(
+        self, name: str, client: RemoteClient, publisher: Publisher, settings: Settings
+    ) -> None:
+        self.name = name
+        self._client = client
+        self._publisher = publisher
+        self._settings = settings
+        self._breakers: dict[str, pybreaker.CircuitBreaker] = {}
+
+    def breaker(self, operation: str) -> pybreaker.CircuitBreaker:
+        if operation not in self._breakers:
+            self._breakers[operation] = pybreaker.CircuitBreaker(
+                fail_max=self._settings.breaker_fail_max,
+                reset_timeout=self._settings.breaker_reset_s,
+                exclude=[PermanentError],
+                name=operation,
+            )
+        return self._breakers[operation]
+
+    def open_circuits(self) -> list[str]:
+        return [op for op, b in self._breakers.items() if b.current_state == pybreaker.STATE_OPEN]
+
+    async def handle(self, delivery: Delivery) -> None:
+        request = delivery.message
+        if not isinstance(request, StepRequest):
+            raise InvalidMessage(f"agent {self.name} takes step requests only", reason="wrong-type")
+        if not request.operation.startswith(f"{self.name}."):
+            raise InvalidMessage(f"{request.operation} is not an operation of agent {self.name}")
+        context = {
+            "order_id": request.order_id,
+            "step": request.step,
+            "instance_id": request.fencing_token,
+            "operation": request.operation,
+        }
+        if utcnow() >= request.complete_by:
+            log.info(
+                "deadline passed before the agent got the request; no side effect", extra=context
+            )
+            return
+        outcome = await self._run(request)
+        if outcome.error is None and outcome.result is None:
+            log.info(
+                "transient failures spent the allowance; staying silent",
+                extra=context | {"attempts": outcome.attempts},
+            )
+            return
+        await self._reply(request, delivery, outcome)
+
+    async def _run(self, request: StepRequest) -> Outcome:
+        outcome = Outcome()
+        breaker = self.breaker(request.operation)
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(request.attempts_allowed)
+            | _before_deadline(request.complete_by),
+            wait=wait_exponential_jitter(initial=0.05, max=1.0, jitter=0.05),
+            retry=retry_if_exception_type(TransientError),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    outcome.result = await self._attempt(request, breaker, outcome)
+        except PermanentError as exc:
+            outcome.error = exc
+        except (TransientError, pybreaker.CircuitBreakerError) as exc:
+            log.info("remote call failed", extra={"order_id": request.order_id, "error": repr(exc)})
+        return outcome
+
+    async def _attempt(
+        self, request: StepRequest, breaker: pybreaker.CircuitBreaker, outcome: Outcome
+    ) -> dict[str, Any]:
+        left = (request.complete_by - utcnow()).total_seconds()
+        if left <= DEADLINE_MARGIN_S:
+            raise DeadlinePassed(f"deadline {request.complete_by.isoformat()} passed")
+        # An open breaker raises on entry: it fails fast and spends no attempt. When its reset
+        # time has come it lets this call through as the trial.
+        with breaker.calling():
+            outcome.attempts += 1
+            answer = await self._client.call(
+                request.operation,
+                order_id=request.order_id,
+                idempotency_key=request.idempotency_key,
+                fencing_token=request.fencing_token,
+                payload=request.payload,
+                timeout=min(left, self._settings.agent_http_timeout_s),
+            )
+        return {"outcome": answer.get("outcome"), **dict(answer.get("result") or {})}
+
+    async def _reply(self, request: StepRequest, delivery: Delivery, outcome: Outcome) -> None:
+        if outcome.error is not None:
+            kind = ErrorKind.PERMANENT
+            message = str(outcome.error)
+            if isinstance(outcome.error, RemoteFenced):
+                message = f"superseded: {message}"
+            reply = StepReply(
+                order_id=request.order_id,
+                step=request.step,
+                action=request.action,
+                fencing_token=request.fencing_token,
+                idempotency_key=request.idempotency_key,
+                outcome=StepOutcome.ERROR,
+                attempts_used=outcome.attempts,
+                error_kind=kind,
+                error_message=message[:2000],
+            )
+        else:
+            reply = StepReply(
+                order_id=request.order_id,
+                step=request.step,
+                action=request.action,
+                fencing_token=request.fencing_token,
+                idempotency_key=request.idempotency_key,
+                outcome=StepOutcome.OK,
+                attempts_used=outcome.attempts,
+                result=outcome.result,
+            )
+        try:
+            await self._publisher.publish(
+                reply,
+                exchange="",
+                routing_key=request.reply_to,
+                message_id=f"{delivery.message_id}:reply",
+                correlation_id=delivery.message_id,
+            )
+        except PublishUnroutable:
+            # The scheduler that asked is gone: late replies are ignored by design.
+            log.info(
+                "reply queue is gone; dropping the reply", extra={"order_id": request.order_id}
+            )
+        except PublishError:
+            log.exception("could not publish a reply", extra={"order_id": request.order_id})
+
+
+async def serve_agent(name: str, runtime: Any, stop: asyncio.Event) -> None:
+    """Consume `<hub>.agent.<name>` until `stop`, then drain."""
+    settings = runtime.settings
+    client = RemoteClient.open(settings.remote_url, pool=max(10, settings.prefetch * 2))
+    agent = Agent(name, client, runtime.publisher, settings)
+    consumer = await runtime.consumer(runtime.names.agent(name), agent.handle)
+    await consumer.start()
+    log.info("agent ready", extra={"agent": name})
+    try:
+        await stop.wait()
+    finally:
+        await consumer.stop(drain_timeout=settings.drain_timeout_s)
+        await client.close()

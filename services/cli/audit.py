@@ -1,0 +1,154 @@
+"""`orderflow audit`: check the invariants of DESIGN §8 against the store and the remote ledger."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from shared.domain.models import StateRecord
+from shared.domain.states import ProcessState
+from shared.domain.workflow import get_workflow
+from shared.store.port import StateStore
+
+SETTLED = {
+    ProcessState.PROCESSED,
+    ProcessState.COMPENSATED,
+    ProcessState.ERROR,
+    ProcessState.COMPENSATION_FAILED,
+}
+LIVE = {ProcessState.PROCESSING, ProcessState.COMPENSATING}
+PAGE = 5000
+
+
+@dataclass
+class AuditReport:
+    orders: int = 0
+    effects: int = 0
+    by_state: dict[str, int] = field(default_factory=dict)
+    violations: list[dict[str, Any]] = field(default_factory=list)
+
+    def violate(self, invariant: int, order_id: str | None, message: str) -> None:
+        self.violations.append({"invariant": invariant, "order_id": order_id, "message": message})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "orders": self.orders,
+            "effects": self.effects,
+            "by_state": self.by_state,
+            "violations": self.violations,
+            "ok": not self.violations,
+        }
+
+
+async def _all_states(store: StateStore) -> list[StateRecord]:
+    states: list[StateRecord] = []
+    after: str | None = None
+    while batch := await store.list_states(after=after, limit=PAGE):
+        states += batch
+        after = batch[-1].order_id
+    return states
+
+
+async def _all_order_ids(store: StateStore) -> list[str]:
+    ids: list[str] = []
+    after: str | None = None
+    while batch := await store.list_order_ids(after=after, limit=PAGE):
+        ids += batch
+        after = batch[-1]
+    return ids
+
+
+async def audit(
+    store: StateStore, effects: list[dict[str, Any]], *, now: datetime, grace: timedelta
+) -> AuditReport:
+    report = AuditReport(effects=len(effects))
+    states = {s.order_id: s for s in await _all_states(store)}
+    order_ids = await _all_order_ids(store)
+    report.orders = len(order_ids)
+    counts: dict[str, int] = defaultdict(int)
+    for s in states.values():
+        counts[s.process_state.value] += 1
+    report.by_state = dict(sorted(counts.items()))
+    _check_no_order_lost(report, order_ids, states, now=now, grace=grace)
+    _check_effects(report, states, effects)
+    return report
+
+
+def _check_no_order_lost(
+    report: AuditReport,
+    order_ids: list[str],
+    states: dict[str, StateRecord],
+    *,
+    now: datetime,
+    grace: timedelta,
+) -> None:
+    for order_id in order_ids:
+        state = states.get(order_id)
+        if state is None:
+            report.violate(1, order_id, "order recorded without a state record")
+            continue
+        if state.process_state in LIVE:
+            if state.complete_by is None:
+                report.violate(
+                    1,
+                    order_id,
+                    f"{state.process_state} with no deadline: no supervisor can find it",
+                )
+            elif state.complete_by < now - grace:
+                late = (now - state.complete_by).total_seconds()
+                report.violate(
+                    1,
+                    order_id,
+                    f"{state.process_state} with a deadline {late:.0f}s "
+                    "past: is a supervisor running?",
+                )
+    for order_id in set(states) - set(order_ids):
+        report.violate(1, order_id, "state record without its order record")
+
+
+Applied = dict[tuple[str, str], list[dict[str, Any]]]
+
+
+def _check_effects(
+    report: AuditReport, states: dict[str, StateRecord], effects: list[dict[str, Any]]
+) -> None:
+    applied: Applied = defaultdict(list)
+    for effect in effects:
+        if effect["order_id"] not in states:
+            report.violate(
+                2,
+                effect["order_id"],
+                f"ledger effect {effect['idempotency_key']} for an order the store does not know",
+            )
+        if effect["outcome"] == "applied":
+            applied[(effect["order_id"], effect["operation"])].append(effect)
+    for (order_id, operation), made in applied.items():
+        if len(made) > 1:
+            keys = ", ".join(e["idempotency_key"] for e in made)
+            report.violate(2, order_id, f"{len(made)} effects of {operation}: {keys}")
+    for order_id, state in states.items():
+        for message in _missing_effects(state, applied):
+            report.violate(2, order_id, message)
+
+
+def _missing_effects(state: StateRecord, applied: Applied) -> list[str]:
+    """A Processed order made every step's effect; a Compensated one undid each it made."""
+    workflow = get_workflow(state.workflow, state.workflow_version)
+    order_id = state.order_id
+    if workflow is None:
+        return []
+    if state.process_state is ProcessState.PROCESSED:
+        return [
+            f"Processed without an effect of {step.operation}"
+            for step in workflow.steps
+            if not applied.get((order_id, step.operation))
+        ]
+    if state.process_state is ProcessState.COMPENSATED:
+        return [
+            f"Compensated but {step.operation} was never undone ({step.undo})"
+            for step in workflow.steps
+            if applied.get((order_id, step.operation)) and not applied.get((order_id, step.undo))
+        ]
+    return []

@@ -1,0 +1,145 @@
+"""`orderflow serve <kind>`: run one process of the topology until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+
+import click
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from services.agents.agent import serve_agent
+from services.remote.app import serve_remote
+from services.scheduler.service import serve_scheduler
+from services.submission.service import serve_submission
+from services.supervisor.service import serve_supervisor
+from shared.bootstrap import Runtime
+from shared.config import Settings
+from shared.domain.workflow import AGENTS
+from shared.errors import ServiceUnavailable
+from shared.telemetry import configure_logging
+
+log = logging.getLogger(__name__)
+
+Service = Callable[[Runtime, asyncio.Event], Awaitable[None]]
+STARTUP_TIMEOUT_S = 60.0
+
+
+def process_name(kind: str, name: str | None) -> str:
+    return name or f"{kind}-{socket.gethostname()}-{os.getpid()}"
+
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+
+def _log_retry(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome is not None else None
+    log.warning("servers not reachable yet; retrying", extra={"error": str(error)})
+
+
+async def _connect(settings: Settings, name: str, stop: asyncio.Event) -> Runtime:
+    """Servers may still be starting (or restarting): retry with backoff, bounded."""
+    async for attempt in AsyncRetrying(
+        stop=stop_after_delay(STARTUP_TIMEOUT_S),
+        wait=wait_exponential(multiplier=0.2, max=5),
+        retry=retry_if_exception_type(ServiceUnavailable),
+        reraise=True,
+        before_sleep=_log_retry,
+    ):
+        with attempt:
+            return await Runtime.open(settings, name)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _run(settings: Settings, kind: str, name: str, service: Service) -> None:
+    stop = asyncio.Event()
+    _stop_on_signals(stop)
+    runtime = await _connect(settings, name, stop)
+    try:
+        await service(runtime, stop)
+    finally:
+        await runtime.close()
+        log.info("stopped", extra={"kind": kind})
+
+
+def _serve(ctx: click.Context, kind: str, name: str | None, service: Service) -> None:
+    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
+    pname = process_name(kind, name)
+    configure_logging(level=settings.log_level, process=pname, hub=settings.hub)
+    asyncio.run(_run(settings, kind, pname, service))
+
+
+name_option = click.option("--name", help="Process name in logs, history and leases.")
+
+
+@click.group()
+def serve() -> None:
+    """Run one orderflow process until SIGTERM or Ctrl-C (then drain and exit)."""
+
+
+@serve.command()
+@name_option
+@click.pass_context
+def submission(ctx: click.Context, name: str | None) -> None:
+    """Record orders from <hub>.orders."""
+    _serve(ctx, "submission", name, serve_submission)
+
+
+@serve.command()
+@name_option
+@click.pass_context
+def scheduler(ctx: click.Context, name: str | None) -> None:
+    """Claim orders and run their workflows."""
+    _serve(ctx, "scheduler", name, serve_scheduler)
+
+
+@serve.command()
+@name_option
+@click.pass_context
+def supervisor(ctx: click.Context, name: str | None) -> None:
+    """Recover attempts whose deadline passed (one leader at a time)."""
+    _serve(ctx, "supervisor", name, serve_supervisor)
+
+
+@serve.command()
+@click.argument("agent_name", type=click.Choice(AGENTS))
+@name_option
+@click.pass_context
+def agent(ctx: click.Context, agent_name: str, name: str | None) -> None:
+    """Run one agent: inventory, payment or shipping."""
+
+    async def service(runtime: Runtime, stop: asyncio.Event) -> None:
+        await serve_agent(agent_name, runtime, stop)
+
+    _serve(ctx, f"agent-{agent_name}", name, service)
+
+
+@serve.command()
+@name_option
+@click.pass_context
+def remote(ctx: click.Context, name: str | None) -> None:
+    """Run the simulated remote service (inventory, payment, shipping) on ORDERFLOW_REMOTE_URL."""
+    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
+    configure_logging(
+        level=settings.log_level, process=process_name("remote", name), hub=settings.hub
+    )
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+        await serve_remote(settings, stop)
+
+    asyncio.run(run())

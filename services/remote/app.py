@@ -1,0 +1,222 @@
+"""The simulated remote service: inventory, payment and shipping over HTTP, with fault knobs.
+
+`POST /<service>/<action>` with `{"order_id", "idempotency_key", "fencing_token", "payload"}`:
+- 200 `{"outcome": "applied"|"noop", "result", "seq", "replayed"}`
+- 422 `{"outcome": "declined", ...}`: a permanent business failure (same answer on every repeat)
+- 409 `{"outcome": "stale-fencing-token"}`: the attempt was superseded
+- 503 `{"error": "transient"|"outage"}`: try again later; no effect was made
+`GET /ledger?order_id=&after=&limit=`, `GET|PUT /admin/faults`, `GET /health`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+from dataclasses import asdict, dataclass, fields
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from services.remote.ledger import Effect, Ledger, StaleFencingToken
+from shared.config import Settings
+
+log = logging.getLogger(__name__)
+
+UNDO_OF = {
+    "inventory.release": "inventory.reserve",
+    "payment.refund": "payment.charge",
+    "shipping.cancel": "shipping.create",
+}
+OPERATIONS = frozenset({*UNDO_OF, *UNDO_OF.values()})
+
+
+class RemoteCall(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    order_id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=140)]
+    fencing_token: Annotated[str, StringConstraints(min_length=1, max_length=100)]
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass
+class Faults:
+    transient_error_rate: float = 0.0
+    latency_ms: float = 0.0
+    hang_rate: float = 0.0
+    hang_s: float = 30.0
+    decline_rate: float = 0.0
+    outage: bool = False
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> Faults:
+        return cls(
+            transient_error_rate=s.remote_transient_error_rate,
+            latency_ms=s.remote_latency_ms,
+            hang_rate=s.remote_hang_rate,
+            hang_s=s.remote_hang_s,
+            decline_rate=s.remote_decline_rate,
+            outage=s.remote_outage,
+        )
+
+    def update(self, changes: dict[str, Any]) -> None:
+        known = {f.name: f.type for f in fields(self)}
+        for name, value in changes.items():
+            if name not in known:
+                raise ValueError(f"unknown fault knob {name!r}; known: {sorted(known)}")
+            if name == "outage":
+                if not isinstance(value, bool):
+                    raise ValueError("outage must be true or false")
+            elif (
+                not isinstance(value, int | float)
+                or value < 0
+                or (name.endswith("rate") and value > 1)
+            ):
+                raise ValueError(f"{name} must be a number (a rate between 0 and 1)")
+        for name, value in changes.items():
+            setattr(self, name, value)
+
+
+def declined(order_id: str, rate: float) -> bool:
+    """Deterministic per order: the same orders are declined on every run and every retry."""
+    digest = hashlib.sha256(f"decline:{order_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < rate
+
+
+class RemoteService:
+    def __init__(self, ledger: Ledger, faults: Faults, rng: random.Random) -> None:
+        self.ledger = ledger
+        self.faults = faults
+        self.rng = rng
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024)
+        app.add_routes(
+            [
+                web.post("/{service}/{action}", self.call),
+                web.get("/ledger", self.ledger_page),
+                web.get("/admin/faults", self.get_faults),
+                web.put("/admin/faults", self.put_faults),
+                web.get("/health", self.health),
+            ]
+        )
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "outage": self.faults.outage})
+
+    async def get_faults(self, request: web.Request) -> web.Response:
+        return web.json_response(asdict(self.faults))
+
+    async def put_faults(self, request: web.Request) -> web.Response:
+        try:
+            changes = await request.json()
+            if not isinstance(changes, dict):
+                raise ValueError("body must be a JSON object")
+            self.faults.update(changes)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        log.info("fault knobs changed", extra={"faults": asdict(self.faults)})
+        return web.json_response(asdict(self.faults))
+
+    async def ledger_page(self, request: web.Request) -> web.Response:
+        try:
+            after = int(request.query.get("after", "0"))
+            limit = min(10_000, int(request.query.get("limit", "1000")))
+        except ValueError:
+            return web.json_response({"error": "after and limit must be integers"}, status=400)
+        order_id = request.query.get("order_id")
+        effects = (
+            self.ledger.effects_of(order_id)
+            if order_id
+            else self.ledger.page(after=after, limit=limit)
+        )
+        return web.json_response({"effects": [e.to_json() for e in effects]})
+
+    async def call(self, request: web.Request) -> web.Response:
+        operation = f"{request.match_info['service']}.{request.match_info['action']}"
+        if operation not in OPERATIONS:
+            return web.json_response({"error": f"no operation {operation}"}, status=404)
+        try:
+            body = RemoteCall.model_validate_json(await request.read())
+        except ValidationError as exc:
+            return web.json_response({"error": str(exc.errors()[:3])}, status=400)
+        if self.faults.outage:
+            return web.json_response({"error": "outage"}, status=503)
+        if self.faults.latency_ms:
+            await asyncio.sleep(self.faults.latency_ms / 1000)
+        if self.rng.random() < self.faults.transient_error_rate:
+            return web.json_response({"error": "transient"}, status=503)
+        try:
+            if self.rng.random() < self.faults.hang_rate:
+                self.ledger.observe_fence(body.order_id, body.fencing_token)
+                await asyncio.sleep(self.faults.hang_s)
+            effect, made = self._apply(operation, body)
+        except StaleFencingToken as exc:
+            return web.json_response(
+                {"outcome": "stale-fencing-token", "error": str(exc)}, status=409
+            )
+        return _answer(effect, replayed=not made)
+
+    def _apply(self, operation: str, body: RemoteCall) -> tuple[Effect, bool]:
+        existing = self.ledger.find(body.idempotency_key)
+        if existing is not None:
+            return existing, False
+        outcome, result = self._decide(operation, body)
+        return self.ledger.record(
+            idempotency_key=body.idempotency_key,
+            operation=operation,
+            order_id=body.order_id,
+            fencing_token=body.fencing_token,
+            outcome=outcome,
+            result=result,
+        )
+
+    def _decide(self, operation: str, body: RemoteCall) -> tuple[str, dict[str, Any]]:
+        if operation in UNDO_OF:
+            done = [
+                e
+                for e in self.ledger.effects_of(body.order_id)
+                if e.operation == UNDO_OF[operation] and e.outcome == "applied"
+            ]
+            if not done:
+                return "noop", {"undid": None}
+            return "applied", {"undid": done[0].seq}
+        if operation == "payment.charge" and declined(body.order_id, self.faults.decline_rate):
+            return "declined", {"reason": "card declined"}
+        ref = hashlib.sha256(body.idempotency_key.encode()).hexdigest()[:12]
+        kept = {k: v for k, v in body.payload.items() if k != "payment_token"}
+        return "applied", {"ref": f"{operation.split('.')[1]}-{ref}", **kept}
+
+
+def _answer(effect: Effect, *, replayed: bool) -> web.Response:
+    payload = {
+        "outcome": effect.outcome,
+        "result": effect.result,
+        "seq": effect.seq,
+        "replayed": replayed,
+    }
+    status = 422 if effect.outcome == "declined" else 200
+    return web.json_response(payload, status=status)
+
+
+async def serve_remote(settings: Settings, stop: asyncio.Event) -> None:
+    """Run the remote service on the host and port of `ORDERFLOW_REMOTE_URL` until `stop`."""
+    url = urlsplit(settings.remote_url)
+    ledger = Ledger(settings.remote_ledger_path)
+    service = RemoteService(
+        ledger, Faults.from_settings(settings), random.Random(settings.remote_seed)
+    )
+    runner = web.AppRunner(service.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, url.hostname or "127.0.0.1", url.port or 80)
+    await site.start()
+    log.info("remote service listening", extra={"url": settings.remote_url})
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        ledger.close()

@@ -1,0 +1,129 @@
+"""An HTTP client of the remote service: what agents call, and what audits read."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+
+from shared.errors import PermanentError, TransientError, one_line
+
+
+class RemoteTransient(TransientError):
+    """The remote service did not make the effect this time: 5xx, timeout, no connection."""
+
+
+class RemoteDeclined(PermanentError):
+    """A business failure the remote service will repeat (e.g. a declined card)."""
+
+
+class RemoteFenced(PermanentError):
+    """The remote service refused a superseded attempt's fencing token."""
+
+
+class RemoteRejected(PermanentError):
+    """The remote service refused the request itself (4xx): a contract bug, not bad luck."""
+
+
+def path_of(operation: str) -> str:
+    service, _, action = operation.partition(".")
+    return f"/{service}/{action}"
+
+
+class RemoteClient:
+    """One pooled HTTP session; every call carries its own timeout."""
+
+    def __init__(self, base_url: str, session: aiohttp.ClientSession) -> None:
+        self._base = base_url.rstrip("/")
+        self._session = session
+
+    @classmethod
+    def open(cls, base_url: str, *, pool: int = 100) -> RemoteClient:
+        connector = aiohttp.TCPConnector(limit=pool, keepalive_timeout=30)
+        return cls(base_url, aiohttp.ClientSession(connector=connector))
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def call(
+        self,
+        operation: str,
+        *,
+        order_id: str,
+        idempotency_key: str,
+        fencing_token: str,
+        payload: dict[str, Any],
+        timeout: float,
+    ) -> dict[str, Any]:
+        body = {
+            "order_id": order_id,
+            "idempotency_key": idempotency_key,
+            "fencing_token": fencing_token,
+            "payload": payload,
+        }
+        try:
+            async with self._session.post(
+                self._base + path_of(operation),
+                json=body,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as response:
+                status = response.status
+                text = await response.text()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise RemoteTransient(f"{operation}: {type(exc).__name__} {one_line(exc)}") from exc
+        return _interpret(operation, status, text)
+
+    async def ledger(self, *, order_id: str | None = None) -> list[dict[str, Any]]:
+        """Every effect (or one order's), in ledger order."""
+        if order_id is not None:
+            page = await self._get("/ledger", order_id=order_id)
+            return list(page["effects"])
+        effects: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            page = await self._get("/ledger", after=str(after), limit="10000")
+            batch = page["effects"]
+            effects += batch
+            if len(batch) < 10000:
+                return effects
+            after = batch[-1]["seq"]
+
+    async def faults(self) -> dict[str, Any]:
+        return await self._get("/admin/faults")
+
+    async def set_faults(self, **changes: Any) -> dict[str, Any]:
+        async with self._session.put(
+            self._base + "/admin/faults", json=changes, timeout=aiohttp.ClientTimeout(total=10)
+        ) as response:
+            data: dict[str, Any] = await response.json()
+            if response.status != 200:
+                raise RemoteRejected(str(data.get("error")))
+            return data
+
+    async def _get(self, path: str, **params: str) -> dict[str, Any]:
+        try:
+            async with self._session.get(
+                self._base + path, params=params, timeout=aiohttp.ClientTimeout(total=30)
+            ) as response:
+                response.raise_for_status()
+                data: dict[str, Any] = await response.json()
+                return data
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise RemoteTransient(f"remote service at {self._base}: {one_line(exc)}") from exc
+
+
+def _interpret(operation: str, status: int, text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        data = {"error": text[:200]}
+    if status == 200:
+        return dict(data)
+    if status == 422:
+        raise RemoteDeclined(f"{operation} declined: {data.get('result', {}).get('reason')}")
+    if status == 409:
+        raise RemoteFenced(f"{operation}: {data.get('error', 'stale fencing token')}")
+    if status >= 500 or status == 429:
+        raise RemoteTransient(f"{operation}: HTTP {status} {data.get('error', '')}".strip())
+    raise RemoteRejected(f"{operation}: HTTP {status} {data.get('error', '')}".strip())

@@ -1,0 +1,162 @@
+"""The remote service's durable ledger of effects, keyed by idempotency key (SQLite).
+
+One effect per key: a repeated key returns the first outcome and makes no second effect. Fencing
+tokens (`<order_id>:<attempt>`) only move forward per order: a request carrying an older attempt
+than one already seen is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS effects (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    idempotency_key TEXT NOT NULL UNIQUE,
+    operation TEXT NOT NULL,
+    order_id TEXT NOT NULL,
+    fencing_token TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    result TEXT NOT NULL,
+    at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS effects_by_order ON effects (order_id, seq);
+CREATE TABLE IF NOT EXISTS fences (order_id TEXT PRIMARY KEY, attempt INTEGER NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class Effect:
+    seq: int
+    idempotency_key: str
+    operation: str
+    order_id: str
+    fencing_token: str
+    outcome: str
+    """`applied`, `declined` (a permanent business failure) or `noop` (an undo of nothing)."""
+    result: dict[str, Any]
+    at: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "idempotency_key": self.idempotency_key,
+            "operation": self.operation,
+            "order_id": self.order_id,
+            "fencing_token": self.fencing_token,
+            "outcome": self.outcome,
+            "result": self.result,
+            "at": self.at,
+        }
+
+
+class StaleFencingToken(Exception):
+    """The request's attempt was superseded by a newer one for the same order."""
+
+
+def attempt_of(fencing_token: str) -> int:
+    _, _, attempt = fencing_token.rpartition(":")
+    return int(attempt) if attempt.isdigit() else 0
+
+
+class Ledger:
+    def __init__(self, path: str) -> None:
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # durable across a process crash
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def find(self, idempotency_key: str) -> Effect | None:
+        row = self._db.execute(
+            "SELECT * FROM effects WHERE idempotency_key = ?", (idempotency_key,)
+        ).fetchone()
+        return None if row is None else _effect(row)
+
+    def effects_of(self, order_id: str) -> list[Effect]:
+        rows = self._db.execute(
+            "SELECT * FROM effects WHERE order_id = ? ORDER BY seq", (order_id,)
+        ).fetchall()
+        return [_effect(r) for r in rows]
+
+    def page(self, *, after: int, limit: int) -> list[Effect]:
+        rows = self._db.execute(
+            "SELECT * FROM effects WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
+        ).fetchall()
+        return [_effect(r) for r in rows]
+
+    def record(
+        self,
+        *,
+        idempotency_key: str,
+        operation: str,
+        order_id: str,
+        fencing_token: str,
+        outcome: str,
+        result: dict[str, Any],
+    ) -> tuple[Effect, bool]:
+        """Record an effect unless its key has one; (the effect, True if this call made it).
+
+        Raises `StaleFencingToken` for a new effect whose attempt is older than one seen.
+        Everything happens in one transaction, so two requests never both make an effect.
+        """
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            existing = self.find(idempotency_key)
+            if existing is not None:
+                db.execute("COMMIT")
+                return existing, False
+            attempt = attempt_of(fencing_token)
+            row = db.execute(
+                "SELECT attempt FROM fences WHERE order_id = ?", (order_id,)
+            ).fetchone()
+            if row is not None and row[0] > attempt:
+                raise StaleFencingToken(f"attempt {attempt} of {order_id} superseded by {row[0]}")
+            db.execute(
+                "INSERT INTO fences VALUES (?, ?) ON CONFLICT (order_id) DO UPDATE "
+                "SET attempt = max(attempt, excluded.attempt)",
+                (order_id, attempt),
+            )
+            at = datetime.now(UTC).isoformat()
+            cur = db.execute(
+                "INSERT INTO effects (idempotency_key, operation, order_id, fencing_token, "
+                "outcome, result, at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    idempotency_key,
+                    operation,
+                    order_id,
+                    fencing_token,
+                    outcome,
+                    json.dumps(result),
+                    at,
+                ),
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        seq = cur.lastrowid or 0
+        effect = Effect(
+            seq, idempotency_key, operation, order_id, fencing_token, outcome, result, at
+        )
+        return effect, True
+
+    def observe_fence(self, order_id: str, fencing_token: str) -> None:
+        """Refuse now if the token is stale (used before a call hangs or waits)."""
+        row = self._db.execute(
+            "SELECT attempt FROM fences WHERE order_id = ?", (order_id,)
+        ).fetchone()
+        if row is not None and row[0] > attempt_of(fencing_token):
+            raise StaleFencingToken(f"attempt of {fencing_token} superseded by {row[0]}")
+
+
+def _effect(row: tuple[Any, ...]) -> Effect:
+    seq, key, operation, order_id, token, outcome, result, at = row
+    return Effect(seq, key, operation, order_id, token, outcome, json.loads(result), at)

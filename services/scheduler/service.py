@@ -1,0 +1,127 @@
+"""The scheduler process: a starter that claims due orders, one task per claimed order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+
+from services.scheduler.runner import OrderRunner
+from shared.bootstrap import Runtime
+from shared.broker.private import PrivateQueue, ReplyRouter
+from shared.domain.models import StateRecord
+from shared.domain.timing import utcnow
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+        self._settings = runtime.settings
+        self.name = runtime.name
+        self._router = ReplyRouter()
+        self._replies = PrivateQueue(
+            runtime.connection,
+            runtime.names.reply_queue(f"scheduler-{uuid.uuid4().hex[:6]}"),
+            self._router.deliver,
+            max_bytes=self._settings.max_message_bytes,
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._room = asyncio.Event()
+        self.started = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self._replies.start()
+        runner = OrderRunner(
+            store=self._rt.store,
+            publisher=self._rt.publisher,
+            names=self._rt.names,
+            router=self._router,
+            reply_queue=self._replies.name,
+            reporter=self._rt.reporter(),
+            settings=self._settings,
+        )
+        log.info("scheduler ready", extra={"reply_queue": self._replies.name})
+        try:
+            await self._starter(runner, stop)
+        finally:
+            await self._drain()
+            await self._replies.stop()
+
+    async def _starter(self, runner: OrderRunner, stop: asyncio.Event) -> None:
+        limit = self._settings.scheduler_inflight
+        failures = 0
+        while not stop.is_set():
+            free = limit - len(self._tasks)
+            if free <= 0:
+                self._room.clear()
+                await _wait_any(stop, self._room, timeout=self._settings.poll_interval_s)
+                continue
+            try:
+                claimed = await self._claim(min(free, self._settings.claim_batch))
+                failures = 0
+            except Exception:
+                failures += 1
+                log.exception("claiming failed; backing off")
+                await _wait_any(stop, timeout=min(5.0, 0.2 * 2**failures))
+                continue
+            for record in claimed:
+                self._spawn(runner, record)
+            if len(claimed) < min(free, self._settings.claim_batch):
+                await _wait_any(stop, timeout=self._settings.poll_interval_s)
+
+    async def _claim(self, limit: int) -> list[StateRecord]:
+        now = utcnow()
+        return await self._rt.store.claim(
+            now=now, limit=limit, owner=self.name, complete_by=now + self._settings.step_timeout
+        )
+
+    def _spawn(self, runner: OrderRunner, record: StateRecord) -> None:
+        self.started += 1
+        task = asyncio.create_task(self._guarded(runner, record), name=record.locked_by)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._room.set()
+
+    async def _guarded(self, runner: OrderRunner, record: StateRecord) -> None:
+        try:
+            await runner.run(record)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The record keeps its deadline; the supervisor will hand it to another attempt.
+            log.exception(
+                "order attempt failed",
+                extra={"order_id": record.order_id, "instance_id": record.locked_by},
+            )
+
+    async def _drain(self) -> None:
+        """Stop claiming (done), let running attempts finish within the drain timeout, cancel
+        the rest: their records keep their deadlines, and the supervisor recovers them."""
+        if not self._tasks:
+            return
+        log.info("draining", extra={"inflight": len(self._tasks)})
+        _, pending = await asyncio.wait(self._tasks, timeout=self._settings.drain_timeout_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
+    waiters = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*waiters, return_exceptions=True)
+
+
+async def serve_scheduler(runtime: Runtime, stop: asyncio.Event) -> None:
+    await Scheduler(runtime).run(stop)

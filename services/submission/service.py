@@ -1,0 +1,124 @@
+"""The submission process: records each order from `<hub>.orders`, idempotently (DESIGN §4).
+
+The order record and the state record are two insert-if-absent writes. A resubmission with the
+same data is accepted as it is; different data under a known order id overwrites nothing: the
+message is dead-lettered (`conflict`) and an alert raised. While the outstanding backlog
+(Pending + Processing) is over the threshold, submission stops taking orders (admission control):
+they wait in `<hub>.orders`, which refuses publishers once it is full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from shared.bootstrap import Runtime
+from shared.broker.consumer import Consumer, Delivery
+from shared.domain.journal import AlertKind, HistoryEventType, Severity
+from shared.domain.messages import OrderStatus, SubmitOrder
+from shared.domain.models import OrderRecord
+from shared.domain.states import ProcessState
+from shared.domain.timing import utcnow
+from shared.domain.workflow import ORDER_WORKFLOW, new_state_record
+from shared.errors import InvalidMessage
+from shared.reporting import Reporter
+from shared.store.port import InsertOutcome
+
+log = logging.getLogger(__name__)
+
+OUTSTANDING = frozenset({ProcessState.PENDING, ProcessState.PROCESSING})
+RESUME_AT = 0.9
+"""Resume taking orders once the backlog is back under this share of the threshold."""
+
+
+class Submission:
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+        self._report: Reporter = runtime.reporter()
+        self.paused = False
+
+    async def handle(self, delivery: Delivery) -> None:
+        message = delivery.message
+        if not isinstance(message, SubmitOrder):
+            raise InvalidMessage(
+                "the orders queue takes order.submit messages only", reason="wrong-type"
+            )
+        now = utcnow()
+        order = OrderRecord.of(message.order, now)
+        reply_to = message.reply_to or delivery.reply_to
+        state = new_state_record(
+            order,
+            ORDER_WORKFLOW,
+            now=now,
+            retry_budget=self._rt.settings.retry_budget,
+            reply_to=reply_to,
+        )
+        outcome = await self._rt.store.insert_order(order, state)
+        order_id = order.order_id
+        if outcome is InsertOutcome.CONFLICT:
+            await self._report.alert(
+                AlertKind.DUAL_WRITE_CONFLICT,
+                f"order {order_id} resubmitted with different data; the first order is kept",
+                alert_id=f"conflict:{order_id}:{order.fingerprint[:16]}",
+                order_id=order_id,
+                message_id=delivery.message_id,
+            )
+            raise InvalidMessage(
+                f"order {order_id} exists with different data; nothing was overwritten",
+                reason="conflict",
+            )
+        if outcome is InsertOutcome.CREATED:
+            await self._report.history(
+                order_id,
+                HistoryEventType.ORDER_SUBMITTED,
+                message_id=delivery.message_id,
+                reply_to=reply_to,
+            )
+        await self._report.status(
+            order_id,
+            reply_to,
+            OrderStatus.RECEIVED,
+            ProcessState.PENDING,
+            message_id=f"{order_id}:status:received",
+        )
+
+    async def admission(self, consumer: Consumer, stop: asyncio.Event) -> None:
+        """Pause the consumer while the backlog is over the threshold; resume under 90% of it."""
+        settings = self._rt.settings
+        threshold = settings.backlog_threshold
+        while not stop.is_set():
+            try:
+                backlog = await self._rt.store.count_in_states(OUTSTANDING)
+                if not self.paused and backlog > threshold:
+                    await consumer.pause()
+                    self.paused = True
+                    await self._report.alert(
+                        AlertKind.BACKLOG_OVER_THRESHOLD,
+                        f"backlog {backlog} over {threshold}: submission paused",
+                        alert_id=f"backlog:{utcnow().isoformat(timespec='seconds')}",
+                        severity=Severity.WARNING,
+                        backlog=backlog,
+                    )
+                elif self.paused and backlog <= threshold * RESUME_AT:
+                    await consumer.resume()
+                    self.paused = False
+                    log.info(
+                        "backlog back under the threshold: submission resumed",
+                        extra={"backlog": backlog},
+                    )
+            except Exception:
+                log.exception("admission check failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=settings.backlog_check_s)
+
+
+async def serve_submission(runtime: Runtime, stop: asyncio.Event) -> None:
+    submission = Submission(runtime)
+    consumer = await runtime.consumer(runtime.names.orders, submission.handle)
+    await consumer.start()
+    log.info("submission ready")
+    try:
+        await submission.admission(consumer, stop)
+    finally:
+        await consumer.stop(drain_timeout=runtime.settings.drain_timeout_s)

@@ -1,0 +1,149 @@
+"""The supervisor: one leader at a time recovers attempts whose deadline passed (DESIGN §4).
+
+Leadership is the store's lease, renewed every interval; a dead leader's lease expires and another
+supervisor takes it within one lease period. Each sweep pages through expired Processing records
+and recovers each with a conditional update that expects the `locked_by` and `complete_by` it saw,
+so a step restarted meanwhile, or a second supervisor, makes the recovery match nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from datetime import timedelta
+
+from shared.bootstrap import Runtime
+from shared.domain.journal import AlertKind, HistoryEventType, Severity
+from shared.domain.models import StateRecord
+from shared.domain.states import ProcessState
+from shared.domain.timing import recovery_backoff, utcnow
+from shared.domain.updates import RecoveryPolicy, recover
+from shared.store.port import ScanCursor
+
+log = logging.getLogger(__name__)
+
+LEASE = "supervisor"
+RECOVERABLE = frozenset({ProcessState.PROCESSING})
+
+
+class Supervisor:
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+        self._s = runtime.settings
+        self.name = runtime.name
+        self.leader = False
+        self.recoveries = 0
+        self._report = runtime.reporter()
+        self._rng = random.Random()
+        self._policy = RecoveryPolicy(
+            failure_threshold=self._s.failure_threshold, backoff=self._backoff
+        )
+
+    def _backoff(self, failures: int) -> timedelta:
+        return recovery_backoff(
+            failures,
+            base=timedelta(seconds=self._s.backoff_base_s),
+            cap=timedelta(seconds=self._s.backoff_cap_s),
+            cooldown_after=self._s.cooldown_after,
+            cooldown=timedelta(seconds=self._s.cooldown_s),
+            rng=self._rng,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        log.info("supervisor ready")
+        try:
+            while not stop.is_set():
+                try:
+                    if await self._hold_lease():
+                        await self._sweep(stop)
+                        await self._report_stuck()
+                except Exception:
+                    log.exception("supervisor round failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self._s.supervisor_interval_s)
+        finally:
+            if self.leader:
+                with contextlib.suppress(Exception):
+                    await self._rt.store.lease_release(LEASE, holder=self.name)
+
+    async def _hold_lease(self) -> bool:
+        now = utcnow()
+        expires = now + timedelta(seconds=self._s.lease_ttl_s)
+        store = self._rt.store
+        if self.leader:
+            held = await store.lease_renew(LEASE, holder=self.name, now=now, expires_at=expires)
+            if not held:
+                held = await store.lease_acquire(
+                    LEASE, holder=self.name, now=now, expires_at=expires
+                )
+        else:
+            held = await store.lease_acquire(LEASE, holder=self.name, now=now, expires_at=expires)
+        if held != self.leader:
+            log.info("leadership " + ("taken" if held else "lost"), extra={"supervisor": self.name})
+        self.leader = held
+        return held
+
+    async def _sweep(self, stop: asyncio.Event) -> None:
+        cursor: ScanCursor | None = None
+        while not stop.is_set():
+            page = await self._rt.store.scan_expired(
+                now=utcnow(), states=RECOVERABLE, limit=self._s.supervisor_scan_limit, after=cursor
+            )
+            for record in page.records:
+                await self._recover(record)
+            cursor = page.next_cursor
+            if cursor is None or not await self._hold_lease():
+                return
+
+    async def _recover(self, seen: StateRecord) -> None:
+        now = utcnow()
+        update = recover(seen, now=now, policy=self._policy)
+        after = await self._rt.store.update_state(seen.order_id, update.expect, update.changes)
+        if after is None:
+            return  # the attempt moved on, or another supervisor got there first
+        self.recoveries += 1
+        attempt, instance = seen.attempt, seen.locked_by
+        await self._report.history(
+            seen.order_id,
+            HistoryEventType.RECOVERED,
+            attempt=attempt,
+            instance_id=instance,
+            failure_count=after.failure_count,
+            to=after.process_state.value,
+            expired=seen.complete_by.isoformat() if seen.complete_by else None,
+        )
+        log.info("recovered", extra={"order_id": seen.order_id, "to": after.process_state.value})
+        if after.process_state is ProcessState.ERROR:
+            message = after.error.message if after.error else "recovery limit reached"
+            await self._report.history(
+                seen.order_id,
+                HistoryEventType.ERROR_RAISED,
+                attempt=attempt,
+                instance_id=instance,
+                kind="recovery-limit",
+            )
+            await self._report.alert(
+                AlertKind.ORDER_ERROR,
+                f"order {seen.order_id} in Error: {message}",
+                alert_id=f"order-error:{seen.order_id}:{seen.attempt}",
+                order_id=seen.order_id,
+                error_kind="recovery-limit",
+            )
+
+    async def _report_stuck(self) -> None:
+        cutoff = utcnow() - timedelta(seconds=self._s.stuck_pending_s)
+        for record in await self._rt.store.find_stuck_pending(due_before=cutoff, limit=100):
+            await self._report.alert(
+                AlertKind.STUCK_PENDING,
+                f"order {record.order_id} due since {record.next_attempt_at.isoformat()} and not "
+                "claimed: is a scheduler running?",
+                alert_id=f"stuck:{record.order_id}:{record.attempt}",
+                order_id=record.order_id,
+                severity=Severity.WARNING,
+            )
+
+
+async def serve_supervisor(runtime: Runtime, stop: asyncio.Event) -> None:
+    await Supervisor(runtime).run(stop)

@@ -1,0 +1,117 @@
+"""What processes tell others: the history timeline, alerts, and status messages."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from shared.broker.publisher import Publisher
+from shared.broker.topology import Names
+from shared.domain.journal import Alert, AlertKind, HistoryEvent, HistoryEventType, Severity
+from shared.domain.messages import AlertMessage, OrderStatus, OrderStatusUpdate
+from shared.domain.states import ProcessState
+from shared.domain.timing import utcnow
+from shared.errors import PublishError, PublishUnroutable
+from shared.store.port import StateStore
+
+log = logging.getLogger(__name__)
+
+
+class Reporter:
+    def __init__(self, store: StateStore, publisher: Publisher, names: Names, source: str) -> None:
+        self._store = store
+        self._publisher = publisher
+        self._names = names
+        self._source = source
+
+    async def history(
+        self,
+        order_id: str,
+        type_: HistoryEventType,
+        *,
+        attempt: int | None = None,
+        instance_id: str | None = None,
+        step: str | None = None,
+        **data: Any,
+    ) -> None:
+        event = HistoryEvent(
+            order_id=order_id,
+            type=type_,
+            at=utcnow(),
+            attempt=attempt,
+            instance_id=instance_id,
+            step=step,
+            data={"by": self._source, **data},
+        )
+        await self._store.append_history(event)
+
+    async def alert(
+        self,
+        kind: AlertKind,
+        message: str,
+        *,
+        alert_id: str,
+        severity: Severity = Severity.CRITICAL,
+        order_id: str | None = None,
+        **data: Any,
+    ) -> None:
+        """Store the alert (idempotent by id) and publish it on `<hub>.alerts`."""
+        alert = Alert(
+            alert_id=alert_id,
+            kind=kind,
+            severity=severity,
+            message=message[:2000],
+            at=utcnow(),
+            order_id=order_id,
+            source=self._source,
+            data=data,
+        )
+        log.warning(
+            "alert raised",
+            extra={"alert": kind.value, "order_id": order_id, "detail": message[:200]},
+        )
+        if not await self._store.raise_alert(alert):
+            return
+        try:
+            await self._publisher.publish(
+                AlertMessage(alert=alert),
+                exchange=self._names.alerts,
+                routing_key="",
+                message_id=f"alert:{alert_id}",
+            )
+        except PublishError:
+            # The stored alert is the record; the published copy is a notification.
+            log.exception("could not publish an alert", extra={"alert_id": alert_id})
+
+    async def status(
+        self,
+        order_id: str,
+        reply_to: str | None,
+        status: OrderStatus,
+        state: ProcessState,
+        *,
+        message_id: str,
+        detail: str | None = None,
+    ) -> None:
+        """Tell the submitting application, if it asked; a vanished reply queue is not an error."""
+        if not reply_to:
+            return
+        update = OrderStatusUpdate(
+            order_id=order_id,
+            status=status,
+            process_state=state,
+            at=utcnow(),
+            detail=detail[:2000] if detail else None,
+        )
+        try:
+            await self._publisher.publish(
+                update,
+                exchange="",
+                routing_key=reply_to,
+                message_id=message_id,
+                correlation_id=order_id,
+            )
+        except PublishUnroutable:
+            log.info("status reply queue is gone", extra={"order_id": order_id})
+        except PublishError:
+            log.exception("could not publish a status", extra={"order_id": order_id})
