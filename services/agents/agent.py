@@ -117,7 +117,7 @@ class Agent:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(request.attempts_allowed)
             | _before_deadline(request.complete_by),
-            wait=wait_exponential_jitter(initial=0.05, max=1.0, jitter=0.05),
+            wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
             retry=retry_if_exception_type(TransientError),
             reraise=True,
         )

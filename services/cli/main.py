@@ -15,6 +15,7 @@ import click
 from services.cli.inspect import audit, stats
 from services.cli.serve import serve
 from services.cli.submit import submit
+from services.cli.up import up
 from shared.bootstrap import initialise
 from shared.config import Settings, load_settings
 from shared.errors import ConfigurationError, OrderflowError, ServiceUnavailable, one_line
@@ -104,3 +105,4 @@ main.add_command(serve)
 main.add_command(submit)
 main.add_command(stats)
 main.add_command(audit)
+main.add_command(up)

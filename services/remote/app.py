@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import logging
 import random
+from collections import Counter
 from dataclasses import asdict, dataclass, fields
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -91,6 +92,8 @@ class RemoteService:
         self.ledger = ledger
         self.faults = faults
         self.rng = rng
+        self.calls: Counter[str] = Counter()
+        """Calls answered, by status code: what a fault run or a breaker test counts."""
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024)
@@ -100,6 +103,7 @@ class RemoteService:
                 web.get("/ledger", self.ledger_page),
                 web.get("/admin/faults", self.get_faults),
                 web.put("/admin/faults", self.put_faults),
+                web.get("/admin/stats", self.stats),
                 web.get("/health", self.health),
             ]
         )
@@ -107,6 +111,9 @@ class RemoteService:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "outage": self.faults.outage})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response({"calls": dict(self.calls), "total": self.calls.total()})
 
     async def get_faults(self, request: web.Request) -> web.Response:
         return web.json_response(asdict(self.faults))
@@ -137,6 +144,11 @@ class RemoteService:
         return web.json_response({"effects": [e.to_json() for e in effects]})
 
     async def call(self, request: web.Request) -> web.Response:
+        response = await self._call(request)
+        self.calls[str(response.status)] += 1
+        return response
+
+    async def _call(self, request: web.Request) -> web.Response:
         operation = f"{request.match_info['service']}.{request.match_info['action']}"
         if operation not in OPERATIONS:
             return web.json_response({"error": f"no operation {operation}"}, status=404)

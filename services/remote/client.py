@@ -89,6 +89,9 @@ class RemoteClient:
                 return effects
             after = batch[-1]["seq"]
 
+    async def stats(self) -> dict[str, Any]:
+        return await self._get("/admin/stats")
+
     async def faults(self) -> dict[str, Any]:
         return await self._get("/admin/faults")
 

@@ -36,6 +36,10 @@ class Submission:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self._report: Reporter = runtime.reporter()
+        self._threshold = runtime.settings.backlog_threshold
+        self._consumer: Consumer | None = None
+        self._backlog = 0
+        """The last count of outstanding orders, plus the orders recorded since."""
         self.paused = False
 
     async def handle(self, delivery: Delivery) -> None:
@@ -69,6 +73,9 @@ class Submission:
                 reason="conflict",
             )
         if outcome is InsertOutcome.CREATED:
+            self._backlog += 1
+            if self._backlog > self._threshold:
+                await self._pause()
             await self._report.history(
                 order_id,
                 HistoryEventType.ORDER_SUBMITTED,
@@ -83,39 +90,51 @@ class Submission:
             message_id=f"{order_id}:status:received",
         )
 
+    async def attach(self, consumer: Consumer) -> None:
+        self._consumer = consumer
+        self._backlog = await self._rt.store.count_in_states(OUTSTANDING)
+
+    async def _pause(self) -> None:
+        """Stop taking orders: at most the messages already in hand (the prefetch) follow."""
+        if self.paused or self._consumer is None:
+            return
+        self.paused = True
+        await self._consumer.pause()
+        await self._report.alert(
+            AlertKind.BACKLOG_OVER_THRESHOLD,
+            f"backlog {self._backlog} over {self._threshold}: submission paused",
+            alert_id=f"backlog:{utcnow().isoformat(timespec='seconds')}",
+            severity=Severity.WARNING,
+            backlog=self._backlog,
+        )
+
     async def admission(self, consumer: Consumer, stop: asyncio.Event) -> None:
-        """Pause the consumer while the backlog is over the threshold; resume under 90% of it."""
-        settings = self._rt.settings
-        threshold = settings.backlog_threshold
+        """Count the backlog every interval; pause over the threshold, resume under 90% of it.
+
+        Between counts, each recorded order adds to the estimate, so a burst pauses at once
+        instead of at the next count."""
         while not stop.is_set():
             try:
-                backlog = await self._rt.store.count_in_states(OUTSTANDING)
-                if not self.paused and backlog > threshold:
-                    await consumer.pause()
-                    self.paused = True
-                    await self._report.alert(
-                        AlertKind.BACKLOG_OVER_THRESHOLD,
-                        f"backlog {backlog} over {threshold}: submission paused",
-                        alert_id=f"backlog:{utcnow().isoformat(timespec='seconds')}",
-                        severity=Severity.WARNING,
-                        backlog=backlog,
-                    )
-                elif self.paused and backlog <= threshold * RESUME_AT:
+                self._backlog = await self._rt.store.count_in_states(OUTSTANDING)
+                if self._backlog > self._threshold:
+                    await self._pause()
+                elif self.paused and self._backlog <= self._threshold * RESUME_AT:
                     await consumer.resume()
                     self.paused = False
                     log.info(
                         "backlog back under the threshold: submission resumed",
-                        extra={"backlog": backlog},
+                        extra={"backlog": self._backlog},
                     )
             except Exception:
                 log.exception("admission check failed")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=settings.backlog_check_s)
+                await asyncio.wait_for(stop.wait(), timeout=self._rt.settings.backlog_check_s)
 
 
 async def serve_submission(runtime: Runtime, stop: asyncio.Event) -> None:
     submission = Submission(runtime)
     consumer = await runtime.consumer(runtime.names.orders, submission.handle)
+    await submission.attach(consumer)
     await consumer.start()
     log.info("submission ready")
     try:

@@ -1,0 +1,135 @@
+"""`orderflow up`: the whole topology on one machine, as separate OS processes.
+
+A local stand-in for docker-compose running the same commands: `orderflow serve …` per process,
+their output prefixed with their names. Nothing is restarted on its own (a process that dies stays
+dead, as a test of recovery may want); Ctrl-C or SIGTERM stops them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+
+import click
+
+from shared.bootstrap import initialise
+from shared.config import Settings
+from shared.domain.workflow import AGENTS
+
+GRACE_S = 5.0
+"""Beyond the drain timeout, how long `up` waits before it kills a process that will not stop."""
+
+
+def topology(
+    schedulers: int, supervisors: int, agents: int, remote: bool
+) -> list[tuple[str, list[str]]]:
+    procs: list[tuple[str, list[str]]] = []
+    if remote:
+        procs.append(("remote", ["serve", "remote"]))
+    procs.append(("submission", ["serve", "submission"]))
+    procs += [(f"scheduler-{i}", ["serve", "scheduler"]) for i in range(1, schedulers + 1)]
+    procs += [(f"supervisor-{i}", ["serve", "supervisor"]) for i in range(1, supervisors + 1)]
+    for name in AGENTS:
+        procs += [(f"{name}-{i}", ["serve", "agent", name]) for i in range(1, agents + 1)]
+    return procs
+
+
+async def _pump(label: str, stream: asyncio.StreamReader | None, width: int) -> None:
+    if stream is None:
+        return
+    while line := await stream.readline():
+        sys.stdout.write(f"{label:<{width}} | {line.decode(errors='replace')}")
+        sys.stdout.flush()
+
+
+async def run_up(settings: Settings, procs: list[tuple[str, list[str]]]) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    env = os.environ | {
+        "ORDERFLOW_HUB": settings.hub,
+        "ORDERFLOW_STORE_URL": settings.store_url,
+        "ORDERFLOW_RABBITMQ_URL": settings.rabbitmq_url,
+        "ORDERFLOW_REMOTE_URL": settings.remote_url,
+    }
+    width = max(len(label) for label, _ in procs)
+    children: dict[str, asyncio.subprocess.Process] = {}
+    pumps = []
+    for label, args in procs:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "services.cli", *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
+        )  # fmt: skip
+        children[label] = child
+        pumps.append(asyncio.create_task(_pump(label, child.stdout, width)))
+        click.echo(f"{'up':<{width}} | started {label} (pid {child.pid})")
+    watchers = [asyncio.create_task(_watch(label, c, width, stop)) for label, c in children.items()]
+    stopping = asyncio.create_task(stop.wait())
+    all_exited = asyncio.create_task(_all(watchers))
+    # Run until told to stop, or until every process has exited on its own.
+    await asyncio.wait([stopping, all_exited], return_when=asyncio.FIRST_COMPLETED)
+    alive = sum(c.returncode is None for c in children.values())
+    click.echo(f"{'up':<{width}} | stopping {alive} process(es)")
+    await _stop_all(children, timeout=settings.drain_timeout_s + GRACE_S)
+    stopping.cancel()
+    all_exited.cancel()
+    await asyncio.gather(*pumps, *watchers, return_exceptions=True)
+    return 0 if stop.is_set() else 1
+
+
+async def _all(tasks: list[asyncio.Task[None]]) -> bool:
+    await asyncio.gather(*tasks)
+    return True
+
+
+async def _watch(
+    label: str, child: asyncio.subprocess.Process, width: int, stop: asyncio.Event
+) -> None:
+    code = await child.wait()
+    note = "" if stop.is_set() else " (not restarted)"
+    click.echo(f"{'up':<{width}} | {label} exited with code {code}{note}")
+
+
+async def _stop_all(children: dict[str, asyncio.subprocess.Process], *, timeout: float) -> None:
+    for child in children.values():
+        if child.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
+    waits = [asyncio.create_task(c.wait()) for c in children.values()]
+    _, late = await asyncio.wait(waits, timeout=timeout)
+    if late:
+        for child in children.values():
+            if child.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.kill()
+        await asyncio.gather(*late, return_exceptions=True)
+
+
+@click.command()
+@click.option("--schedulers", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--supervisors", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--agents",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Processes per agent kind.",
+)
+@click.option(
+    "--remote/--no-remote",
+    default=True,
+    show_default=True,
+    help="Run the simulated remote service too (off: use ORDERFLOW_REMOTE_URL's).",
+)
+@click.pass_context
+def up(ctx: click.Context, schedulers: int, supervisors: int, agents: int, remote: bool) -> None:
+    """Initialise, then run the whole topology as separate processes until Ctrl-C/SIGTERM."""
+    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
+    report = asyncio.run(initialise(settings))
+    click.echo(f"up: hub {report.hub!r} on {report.store_kind}, RabbitMQ {report.broker_version}")
+    code = asyncio.run(run_up(settings, topology(schedulers, supervisors, agents, remote)))
+    sys.exit(code)

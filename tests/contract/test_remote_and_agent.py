@@ -1,0 +1,224 @@
+"""Contract: the remote service and an agent, in-process, over real HTTP and the real RabbitMQ."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from services.agents.agent import Agent
+from services.remote.app import Faults, RemoteService
+from services.remote.client import RemoteClient, RemoteDeclined, RemoteFenced, RemoteRejected
+from services.remote.ledger import Ledger
+from shared.broker.connection import connect
+from shared.broker.consumer import Delivery
+from shared.broker.private import PrivateQueue
+from shared.broker.publisher import Publisher
+from shared.config import load_settings
+from shared.domain.messages import StepAction, StepOutcome, StepReply, StepRequest
+from shared.domain.timing import utcnow
+from tests.conftest import RABBITMQ_URL, service_missing
+from tests.support.topology import free_port
+from tests.support.waiting import eventually
+
+
+class Remote:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.service: RemoteService
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, **faults: object) -> None:
+        self.service = RemoteService(Ledger(str(self.path)), Faults(**faults), random.Random(3))
+        self._runner = web.AppRunner(self.service.app())
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+        self.service.ledger.close()
+
+
+@pytest.fixture
+async def remote(tmp_path: Path) -> AsyncIterator[Remote]:
+    r = Remote(tmp_path / "ledger.sqlite3")
+    await r.start()
+    yield r
+    await r.stop()
+
+
+@pytest.fixture
+async def client(remote: Remote) -> AsyncIterator[RemoteClient]:
+    c = RemoteClient.open(remote.url)
+    yield c
+    await c.close()
+
+
+def call(client: RemoteClient, operation: str, order_id: str, token: str, key: str | None = None):
+    return client.call(
+        operation,
+        order_id=order_id,
+        idempotency_key=key or f"{order_id}:{operation}",
+        fencing_token=token,
+        payload={"amount_cents": 100},
+        timeout=5,
+    )
+
+
+async def test_a_repeated_key_returns_the_first_outcome_even_after_a_restart(
+    remote: Remote, client
+) -> None:
+    first = await call(client, "payment.charge", "o-1", "o-1:1")
+    again = await call(client, "payment.charge", "o-1", "o-1:1")
+    assert (first["replayed"], again["replayed"]) == (False, True)
+    assert again["seq"] == first["seq"]
+    await remote.stop()
+    await remote.start()
+    after_restart = await call(client, "payment.charge", "o-1", "o-1:2")
+    assert after_restart["seq"] == first["seq"] and after_restart["replayed"]
+    assert len(await client.ledger(order_id="o-1")) == 1
+
+
+async def test_stale_fencing_tokens_are_refused(client) -> None:
+    await call(client, "inventory.reserve", "o-2", "o-2:3")
+    with pytest.raises(RemoteFenced):
+        await call(client, "payment.charge", "o-2", "o-2:2")
+    await call(client, "payment.charge", "o-2", "o-2:3")
+    assert [e["operation"] for e in await client.ledger(order_id="o-2")] == [
+        "inventory.reserve",
+        "payment.charge",
+    ]
+
+
+async def test_declines_are_deterministic_and_undo_of_nothing_is_a_noop(
+    remote: Remote, client
+) -> None:
+    await client.set_faults(decline_rate=1.0)
+    with pytest.raises(RemoteDeclined):
+        await call(client, "payment.charge", "o-3", "o-3:1")
+    await client.set_faults(decline_rate=0.0)
+    with pytest.raises(RemoteDeclined):
+        await call(client, "payment.charge", "o-3", "o-3:1")  # the first outcome stands
+    refund = await call(client, "payment.refund", "o-3", "o-3:2", key="o-3:charge:undo")
+    assert refund["outcome"] == "noop"
+
+
+async def test_fault_knobs_are_validated(client) -> None:
+    with pytest.raises(RemoteRejected):
+        await client.set_faults(transient_error_rate=2)
+    with pytest.raises(RemoteRejected):
+        await client.set_faults(nonsense=1)
+    assert (await client.set_faults(latency_ms=5, outage=False))["latency_ms"] == 5
+
+
+# -- the agent against the remote service and a real reply queue
+
+
+class AgentRig:
+    def __init__(self, remote: Remote, connection, settings) -> None:
+        self.remote = remote
+        self.replies: list[StepReply] = []
+        self.connection = connection
+        self.settings = settings
+
+    async def start(self) -> None:
+        self.queue = PrivateQueue(
+            self.connection,
+            f"test.reply.{free_port()}",
+            lambda c, m: self.replies.append(c),
+            max_bytes=65536,
+        )
+        await self.queue.start()
+        self.client = RemoteClient.open(self.remote.url)
+        publisher = await Publisher.open(self.connection, timeout=5)
+        self.agent = Agent("payment", self.client, publisher, self.settings)
+
+    async def ask(self, order_id: str, *, allowed: int = 3, seconds: float = 5) -> None:
+        request = StepRequest(
+            order_id=order_id,
+            step="charge",
+            action=StepAction.DO,
+            operation="payment.charge",
+            fencing_token=f"{order_id}:1",
+            idempotency_key=f"{order_id}:charge",
+            complete_by=utcnow() + timedelta(seconds=seconds),
+            attempts_allowed=allowed,
+            payload={"amount_cents": 500},
+            reply_to=self.queue.name,
+        )
+        await self.agent.handle(
+            Delivery(
+                message=request,
+                message_id=f"m-{order_id}",
+                correlation_id=None,
+                reply_to=None,
+                headers={},
+                deliveries=1,
+            )
+        )
+
+    def calls(self) -> int:
+        return self.remote.service.calls.total()
+
+
+@pytest.fixture
+async def rig(remote: Remote) -> AsyncIterator[AgentRig]:
+    try:
+        connection = await connect(RABBITMQ_URL, timeout=5, name="agent-tests")
+    except Exception as exc:
+        service_missing("RabbitMQ", exc)
+    settings = load_settings(breaker_fail_max=3, breaker_reset_s=60)
+    r = AgentRig(remote, connection, settings)
+    await r.start()
+    yield r
+    await r.queue.stop()
+    await r.client.close()
+    await connection.close()
+
+
+async def test_agent_replies_ok_with_the_attempts_it_used(rig: AgentRig) -> None:
+    await rig.ask("o-ok")
+    replies = await eventually(lambda: asyncio.sleep(0, rig.replies), what="a reply")
+    assert replies[0].outcome is StepOutcome.OK and replies[0].attempts_used == 1
+
+
+async def test_agent_retries_transient_failures_within_its_allowance_then_stays_silent(
+    rig: AgentRig,
+) -> None:
+    rig.remote.service.faults.transient_error_rate = 1.0
+    await rig.ask("o-transient", allowed=2)
+    assert rig.calls() == 2
+    assert rig.replies == []
+
+
+async def test_agent_reports_a_decline_as_a_non_transient_error(rig: AgentRig) -> None:
+    rig.remote.service.faults.decline_rate = 1.0
+    await rig.ask("o-declined")
+    replies = await eventually(lambda: asyncio.sleep(0, rig.replies), what="a reply")
+    assert replies[0].outcome is StepOutcome.ERROR
+    assert "declined" in replies[0].error_message
+    assert rig.calls() == 1, "a permanent failure is not retried"
+
+
+async def test_agent_makes_no_call_after_the_deadline(rig: AgentRig) -> None:
+    await rig.ask("o-late", seconds=-1)
+    assert rig.calls() == 0 and rig.replies == []
+
+
+async def test_circuit_opens_after_consecutive_failures_and_fails_fast(rig: AgentRig) -> None:
+    rig.remote.service.faults.outage = True
+    await rig.ask("o-a", allowed=2)  # 2 failures
+    await rig.ask("o-b", allowed=2)  # the 3rd failure opens the circuit
+    assert rig.calls() == 3
+    assert rig.agent.open_circuits() == ["payment.charge"]
+    await rig.ask("o-c", allowed=3)
+    assert rig.calls() == 3, "an open circuit makes no call"
+    assert rig.replies == []

@@ -1,0 +1,205 @@
+"""Real orderflow processes for system and fault tests, each in a task hub of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from services.remote.client import RemoteClient
+from shared.broker.connection import connect
+from shared.broker.topology import Names, delete_topology
+from shared.domain.journal import HistoryEvent, HistoryEventType
+from shared.domain.states import SETTLED_STATES, ProcessState
+from shared.store.postgres import PostgresStore
+from tests.conftest import POSTGRES_URL, RABBITMQ_URL, service_missing
+from tests.support.waiting import eventually
+
+# Short timings so that recoveries happen in seconds, not minutes.
+FAST = {
+    "ORDERFLOW_STEP_TIMEOUT_S": "2",
+    "ORDERFLOW_SUPERVISOR_INTERVAL_S": "0.3",
+    "ORDERFLOW_LEASE_TTL_S": "2",
+    "ORDERFLOW_BACKOFF_BASE_S": "0.1",
+    "ORDERFLOW_BACKOFF_CAP_S": "1",
+    "ORDERFLOW_COOLDOWN_S": "2",
+    "ORDERFLOW_POLL_INTERVAL_S": "0.05",
+    "ORDERFLOW_DRAIN_TIMEOUT_S": "3",
+    "ORDERFLOW_BREAKER_RESET_S": "1",
+    "ORDERFLOW_CONNECT_TIMEOUT_S": "5",
+    "ORDERFLOW_LOG_LEVEL": "INFO",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Topology:
+    def __init__(self, hub: str, workdir: Path, env: dict[str, str]) -> None:
+        self.hub = hub
+        self.workdir = workdir
+        self.remote_url = f"http://127.0.0.1:{free_port()}"
+        self.env = (
+            os.environ
+            | FAST
+            | {
+                "ORDERFLOW_HUB": hub,
+                "ORDERFLOW_STORE_URL": POSTGRES_URL,
+                "ORDERFLOW_RABBITMQ_URL": RABBITMQ_URL,
+                "ORDERFLOW_REMOTE_URL": self.remote_url,
+                "ORDERFLOW_REMOTE_LEDGER_PATH": str(workdir / "ledger.sqlite3"),
+                "ORDERFLOW_REMOTE_SEED": "7",
+            }
+            | env
+        )
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.store: PostgresStore
+        self.remote: RemoteClient
+
+    # -- processes
+    def start(self, label: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
+        running = self.procs.get(label)
+        if running is not None and running.poll() is None:
+            raise RuntimeError(f"{label} is already running")
+        log = (self.workdir / f"{label}.log").open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env | env,
+        )
+        self.procs[label] = proc
+        return proc
+
+    def serve(self, label: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
+        return self.start(label, "serve", *args, "--name", f"{self.hub}-{label}", **env)
+
+    async def start_all(
+        self, *, schedulers: int = 1, supervisors: int = 1, **remote_env: str
+    ) -> None:
+        """Start every process not running yet."""
+        wanted = [("remote", ["remote"]), ("submission", ["submission"])]
+        wanted += [(f"scheduler-{i}", ["scheduler"]) for i in range(1, schedulers + 1)]
+        wanted += [(f"supervisor-{i}", ["supervisor"]) for i in range(1, supervisors + 1)]
+        wanted += [(agent, ["agent", agent]) for agent in ("inventory", "payment", "shipping")]
+        for label, args in wanted:
+            proc = self.procs.get(label)
+            if proc is None or proc.poll() is not None:
+                self.serve(label, *args, **(remote_env if label == "remote" else {}))
+        await self.wait_remote()
+
+    async def wait_remote(self) -> None:
+        async def healthy() -> bool:
+            try:
+                await self.remote.faults()
+            except Exception:
+                return False
+            return True
+
+        await eventually(healthy, timeout=20, what="the remote service answering")
+
+    def signal(self, label: str, sig: int) -> None:
+        self.procs[label].send_signal(sig)
+
+    def kill(self, label: str) -> None:
+        self.signal(label, signal.SIGKILL)
+        self.procs[label].wait(timeout=10)
+
+    def stop_all(self) -> dict[str, int | None]:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        codes: dict[str, int | None] = {}
+        for label, proc in self.procs.items():
+            try:
+                codes[label] = proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes[label] = None
+        return codes
+
+    def cli(self, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "services.cli", *args],
+            capture_output=True,
+            text=True,
+            env=self.env | env,
+            timeout=timeout,
+        )
+
+    def logs(self, label: str) -> str:
+        path = self.workdir / f"{label}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # -- observations
+    async def counts(self) -> dict[ProcessState, int]:
+        return await self.store.count_by_state()
+
+    async def wait_settled(self, n: int, *, timeout: float = 120) -> dict[ProcessState, int]:
+        async def settled() -> dict[ProcessState, int] | None:
+            counts = await self.counts()
+            done = sum(counts[s] for s in SETTLED_STATES)
+            return counts if done >= n else None
+
+        return await eventually(settled, timeout=timeout, interval=0.2, what=f"{n} settled orders")
+
+    async def history(
+        self, order_id: str, kind: HistoryEventType | None = None
+    ) -> list[HistoryEvent]:
+        events = await self.store.read_history(order_id)
+        return [e for e in events if kind is None or e.type is kind]
+
+    async def audit(self) -> dict[str, Any]:
+        result = self.cli("audit", "--json", "--grace", "30")
+        assert result.returncode in (0, 1), result.stderr
+        return dict(json.loads(result.stdout))
+
+
+@asynccontextmanager
+async def running_topology(hub: str, workdir: Path, **env: str) -> AsyncIterator[Topology]:
+    try:
+        probe = await PostgresStore.connect(
+            POSTGRES_URL, hub, pool_size=2, timeout=5, command_timeout=10
+        )
+        await probe.close()
+        amqp = await connect(RABBITMQ_URL, timeout=5, name="system-tests")
+    except Exception as exc:
+        service_missing("PostgreSQL and RabbitMQ", exc)
+    topo = Topology(hub, workdir, env)
+    init = topo.cli("init")
+    assert init.returncode == 0, init.stderr
+    topo.store = await PostgresStore.connect(
+        POSTGRES_URL, hub, pool_size=5, timeout=5, command_timeout=10
+    )
+    topo.remote = RemoteClient.open(topo.remote_url)
+    try:
+        yield topo
+    finally:
+        codes = topo.stop_all()
+        for label in topo.procs:
+            tail = "\n".join(topo.logs(label).splitlines()[-15:])
+            print(f"--- {label} (exit {codes.get(label)}) ---\n{tail}")
+        await topo.remote.close()
+        await topo.store.drop()
+        await topo.store.close()
+        await delete_topology(await amqp.channel(), Names(hub))
+        await amqp.close()
+
+
+async def all_orders(topo: Topology) -> list[Any]:
+    states = []
+    after = None
+    while batch := await topo.store.list_states(after=after, limit=1000):
+        states += batch
+        after = batch[-1].order_id
+    return states
