@@ -61,7 +61,12 @@ class Runtime:
         except BaseException:
             await store.close()
             raise
-        publisher = await Publisher.open(connection, timeout=settings.publish_timeout_s)
+        publisher = await Publisher.open(
+            connection,
+            timeout=settings.publish_timeout_s,
+            duplicate_rate=settings.fault_duplicate_rate,
+            seed=settings.fault_seed,
+        )
         return cls(settings, name, store, connection, publisher, Names(settings.hub))
 
     def reporter(self) -> Reporter:

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.domain.states import ErrorKind
 from shared.errors import ConfigurationError
 
 STORE_SCHEMES = {
@@ -50,6 +51,13 @@ class Settings(BaseSettings):
     """A step's `complete_by` is its start plus this."""
     retry_budget: int = Field(default=12, ge=1, le=1000)
     """Remote attempts an order may spend end to end (agent retries and recoveries)."""
+
+    compensate_on: str | None = Field(default=None, pattern=r"^[a-z-]+(,[a-z-]+)*$")
+    """Error kinds that compensate (comma-separated, e.g. `permanent,budget-exhausted`);
+    unset: each workflow's own policy (the order workflow compensates `permanent`)."""
+    undo_attempts: int = Field(default=3, ge=1, le=100)
+    """Remote attempts one undo request may spend; an undo still failing after them makes the
+    order CompensationFailed (undos do not draw on the order's retry budget)."""
 
     # -- the supervisor
     supervisor_interval_s: float = Field(default=2.0, gt=0)
@@ -128,14 +136,35 @@ class Settings(BaseSettings):
     """Share of orders whose payment is declined: permanent, the same for an order every time."""
     remote_outage: bool = False
     """When true every call fails with 503 (switchable at run time)."""
+    remote_fail_operations: str = ""
+    """Operations (comma-separated, e.g. `inventory.release`) that answer 503 until cleared."""
     remote_seed: int | None = None
     """Seed of the fault choices, for repeatable runs."""
     remote_ledger_path: str = "orderflow-remote-ledger.sqlite3"
     """The remote service's durable ledger of effects (SQLite)."""
 
+    # -- fault injection (tests and drills; all off by default)
+    fault_duplicate_rate: float = Field(default=0.0, ge=0, le=1)
+    """Share of published messages sent twice with the same message_id (duplicate delivery)."""
+    fault_reply_delay_rate: float = Field(default=0.0, ge=0, le=1)
+    """Share of agent replies held back by `fault_reply_delay_ms` before they are sent."""
+    fault_reply_delay_ms: float = Field(default=0.0, ge=0)
+    """How long a held-back reply waits (longer than the step timeout: a late reply)."""
+    fault_seed: int | None = None
+    """Seed of the fault choices above."""
+
     # -- logging
     log_level: str = Field(default="INFO", pattern=r"^(?i:debug|info|warning|error|critical)$")
     """Python log level name."""
+
+    @field_validator("compensate_on")
+    @classmethod
+    def _error_kinds(cls, value: str | None) -> str | None:
+        known = {kind.value for kind in ErrorKind}
+        for kind in (value or "").split(","):
+            if value and kind not in known:
+                raise ValueError(f"{kind!r} is not an error kind: {', '.join(sorted(known))}")
+        return value
 
     @model_validator(mode="after")
     def _handler_fits_in_claim(self) -> Settings:
@@ -171,6 +200,12 @@ class Settings(BaseSettings):
     @property
     def step_timeout(self) -> timedelta:
         return timedelta(seconds=self.step_timeout_s)
+
+    @property
+    def compensate_override(self) -> frozenset[ErrorKind] | None:
+        if self.compensate_on is None:
+            return None
+        return frozenset(ErrorKind(kind) for kind in self.compensate_on.split(","))
 
 
 def _check_port(url: str) -> None:

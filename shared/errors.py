@@ -85,6 +85,11 @@ class ServiceUnavailable(TransientError):
     """A server orderflow depends on cannot be reached."""
 
 
+class StoreUnavailable(ServiceUnavailable):
+    """The state store dropped the connection or refuses connections (e.g. it is restarting):
+    hold the work and retry; do not count it against a message's redelivery limit."""
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """An exception as one short line, for an operator's terminal."""
     text = " ".join(str(exc).split()) or type(exc).__name__

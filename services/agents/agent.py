@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -71,6 +72,7 @@ class Agent:
         self._publisher = publisher
         self._settings = settings
         self._breakers: dict[str, pybreaker.CircuitBreaker] = {}
+        self._faults = random.Random(settings.fault_seed)
 
     def breaker(self, operation: str) -> pybreaker.CircuitBreaker:
         if operation not in self._breakers:
@@ -179,6 +181,9 @@ class Agent:
                 attempts_used=outcome.attempts,
                 result=outcome.result,
             )
+        if self._faults.random() < self._settings.fault_reply_delay_rate:
+            # Fault injection: this reply arrives late, after its step's deadline.
+            await asyncio.sleep(self._settings.fault_reply_delay_ms / 1000)
         try:
             await self._publisher.publish(
                 reply,

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from services.cli.inspect import audit, stats
+from services.cli.orders import orders
 from services.cli.serve import serve
 from services.cli.submit import submit
 from services.cli.up import up
@@ -106,3 +107,4 @@ main.add_command(submit)
 main.add_command(stats)
 main.add_command(audit)
 main.add_command(up)
+main.add_command(orders)

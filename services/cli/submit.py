@@ -113,7 +113,12 @@ async def submit_orders(
                 max_bytes=settings.max_message_bytes,
             )
             await replies.start()
-        publisher = await Publisher.open(connection, timeout=settings.publish_timeout_s)
+        publisher = await Publisher.open(
+            connection,
+            timeout=settings.publish_timeout_s,
+            duplicate_rate=settings.fault_duplicate_rate,
+            seed=settings.fault_seed,
+        )
         outcome = await _publish_all(publisher, names, orders, replies, concurrency)
         for order_id in outcome["rejected"] + outcome["failed"]:
             pending_ids.discard(order_id)

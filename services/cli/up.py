@@ -61,9 +61,14 @@ async def run_up(settings: Settings, procs: list[tuple[str, list[str]]]) -> int:
     pumps = []
     for label, args in procs:
         child = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "services.cli", *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "services.cli",
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+        )
         children[label] = child
         pumps.append(asyncio.create_task(_pump(label, child.stdout, width)))
         click.echo(f"{'up':<{width}} | started {label} (pid {child.pid})")

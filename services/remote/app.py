@@ -15,7 +15,7 @@ import hashlib
 import logging
 import random
 from collections import Counter
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -51,6 +51,7 @@ class Faults:
     hang_s: float = 30.0
     decline_rate: float = 0.0
     outage: bool = False
+    fail_operations: list[str] = field(default_factory=list)
 
     @classmethod
     def from_settings(cls, s: Settings) -> Faults:
@@ -61,6 +62,7 @@ class Faults:
             hang_s=s.remote_hang_s,
             decline_rate=s.remote_decline_rate,
             outage=s.remote_outage,
+            fail_operations=[op for op in s.remote_fail_operations.split(",") if op],
         )
 
     def update(self, changes: dict[str, Any]) -> None:
@@ -71,6 +73,9 @@ class Faults:
             if name == "outage":
                 if not isinstance(value, bool):
                     raise ValueError("outage must be true or false")
+            elif name == "fail_operations":
+                if not isinstance(value, list) or not set(value) <= OPERATIONS:
+                    raise ValueError(f"fail_operations must be a list of {sorted(OPERATIONS)}")
             elif (
                 not isinstance(value, int | float)
                 or value < 0
@@ -156,7 +161,7 @@ class RemoteService:
             body = RemoteCall.model_validate_json(await request.read())
         except ValidationError as exc:
             return web.json_response({"error": str(exc.errors()[:3])}, status=400)
-        if self.faults.outage:
+        if self.faults.outage or operation in self.faults.fail_operations:
             return web.json_response({"error": "outage"}, status=503)
         if self.faults.latency_ms:
             await asyncio.sleep(self.faults.latency_ms / 1000)

@@ -2,103 +2,88 @@
 
 Every write is fenced by the attempt's instance id; when a write matches nothing the attempt was
 superseded and stops touching anything. When a step's deadline passes first, the attempt stops
-waiting and leaves the record Processing for the supervisor.
+waiting and leaves the record Processing for the supervisor. A failure the workflow compensates
+moves the order to Compensating, and the same attempt goes on to undo what it did.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
-from shared.broker.private import ReplyRouter
-from shared.broker.publisher import Publisher
-from shared.broker.topology import Names
-from shared.config import Settings
+from services.scheduler.compensator import Compensator
+from services.scheduler.context import AttemptContext, Superseded
 from shared.domain.journal import AlertKind, CompensationEntry
 from shared.domain.journal import HistoryEventType as H
-from shared.domain.messages import OrderStatus, StepAction, StepOutcome, StepReply, StepRequest
+from shared.domain.messages import OrderStatus, StepAction, StepOutcome, StepReply
 from shared.domain.models import ErrorInfo, OrderRecord, StateRecord
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
 from shared.domain.timing import utcnow
 from shared.domain.updates import complete_step, fail, start_step
 from shared.domain.workflow import StepDefinition, Workflow, get_workflow, idempotency_key
-from shared.errors import PublishError
-from shared.reporting import Reporter
-from shared.store.port import StateStore
 
 log = logging.getLogger(__name__)
 
 
-class Superseded(Exception):
-    """A fenced write matched nothing: another attempt owns the order now."""
-
-
 class OrderRunner:
-    def __init__(
-        self,
-        *,
-        store: StateStore,
-        publisher: Publisher,
-        names: Names,
-        router: ReplyRouter,
-        reply_queue: str,
-        reporter: Reporter,
-        settings: Settings,
-    ) -> None:
-        self._store = store
-        self._publisher = publisher
-        self._names = names
-        self._router = router
-        self._reply_queue = reply_queue
-        self._report = reporter
-        self._settings = settings
+    def __init__(self, ctx: AttemptContext, compensator: Compensator) -> None:
+        self._ctx = ctx
+        self._compensator = compensator
 
     async def run(self, record: StateRecord) -> None:
         instance = record.locked_by or ""
-        ctx = {"order_id": record.order_id, "instance_id": instance}
-        await self._report.history(
+        await self._ctx.report.history(
             record.order_id, H.EXECUTION_STARTED, attempt=record.attempt, instance_id=instance
         )
         try:
-            await self._run(record, instance)
+            compensating = await self._run(record, instance)
         except Superseded:
-            log.info("attempt superseded; stopping without a write", extra=ctx)
-            await self._report.history(
+            log.info(
+                "attempt superseded; stopping without a write",
+                extra={"order_id": record.order_id, "instance_id": instance},
+            )
+            await self._ctx.report.history(
                 record.order_id, H.LEASE_LOST, attempt=record.attempt, instance_id=instance
             )
+            return
+        if compensating is not None:
+            await self._compensator.run(compensating)
 
-    async def _run(self, record: StateRecord, instance: str) -> None:
+    async def _run(self, record: StateRecord, instance: str) -> StateRecord | None:
+        """Run the steps not yet Completed; the record if it must now be compensated."""
         workflow = get_workflow(record.workflow, record.workflow_version)
-        order = await self._store.get_order(record.order_id)
+        order = await self._ctx.store.get_order(record.order_id)
         if workflow is None or order is None:
             missing = "order record" if order is None else "workflow"
-            await self._fail(
-                record,
-                None,
-                instance,
-                ErrorInfo(
-                    kind=ErrorKind.UNKNOWN_WORKFLOW if workflow is None else ErrorKind.PERMANENT,
-                    message=f"no {missing} for {record.workflow} v{record.workflow_version}",
-                    at=utcnow(),
-                ),
+            kind = ErrorKind.UNKNOWN_WORKFLOW if workflow is None else ErrorKind.PERMANENT
+            error = ErrorInfo(
+                kind=kind,
+                at=utcnow(),
+                message=f"no {missing} for {record.workflow} v{record.workflow_version}",
             )
-            return
+            await self._fail(record, None, None, instance, error)
+            return None
         if record.attempt == 1:
-            await self._report.status(
+            await self._ctx.report.status(
                 record.order_id,
                 record.reply_to,
                 OrderStatus.PROCESSING,
                 record.process_state,
                 message_id=f"{record.order_id}:status:processing",
             )
-        current: StateRecord | None = record
+        current = record
         for step in workflow.steps:
-            if current is None:
-                return
             if current.steps[step.name].status is StepStatus.COMPLETED:
                 continue  # a checkpoint: never run again
-            current = await self._run_step(current, order, workflow, step, instance)
+            outcome = await self._run_step(current, order, workflow, step, instance)
+            if outcome is None:
+                return None  # the deadline passed: left Processing for the supervisor
+            if outcome.process_state is ProcessState.COMPENSATING:
+                return outcome
+            if outcome.process_state is not ProcessState.PROCESSING:
+                return None  # Processed, or parked in Error
+            current = outcome
+        return None
 
     async def _run_step(
         self,
@@ -108,6 +93,7 @@ class OrderRunner:
         step: StepDefinition,
         instance: str,
     ) -> StateRecord | None:
+        ctx = self._ctx
         budget = record.retry_budget
         if budget.remaining < 1:
             error = ErrorInfo(
@@ -115,23 +101,21 @@ class OrderRunner:
                 at=utcnow(),
                 message=f"retry budget of {budget.limit} attempts spent",
             )
-            await self._fail(record, step.name, instance, error)
-            return None
-        allowance = min(self._settings.agent_attempts_per_request, budget.remaining)
+            return await self._fail(record, workflow, step.name, instance, error)
+        allowance = min(ctx.settings.agent_attempts_per_request, budget.remaining)
         update = start_step(
             record,
             step.name,
             instance=instance,
             now=utcnow(),
-            timeout=self._settings.step_timeout,
+            timeout=ctx.settings.step_timeout,
             allowance=allowance,
         )
-        running = await self._write(record.order_id, update)
-        complete_by = running.complete_by
-        assert complete_by is not None
+        running = await ctx.write(record.order_id, update)
+        assert running.complete_by is not None
         # The undo is logged before the effect can exist, so a crash can never leave an effect
         # without its undo on record (an undo of an effect never made is a no-op remotely).
-        await self._store.append_compensation(
+        await ctx.store.append_compensation(
             CompensationEntry(
                 order_id=order.order_id,
                 step=step.name,
@@ -141,18 +125,30 @@ class OrderRunner:
             )
         )
         attempts = running.steps[step.name].attempts
-        await self._report.history(
+        await ctx.report.history(
             record.order_id,
             H.STEP_SCHEDULED,
             attempt=record.attempt,
             instance_id=instance,
             step=step.name,
-            complete_by=complete_by.isoformat(),
+            complete_by=running.complete_by.isoformat(),
             allowance=allowance,
         )
-        reply = await self._ask(order, step, instance, attempts, running)
+        reply = await ctx.ask(
+            step.agent,
+            f"{instance}:{step.name}:{attempts}",
+            order_id=order.order_id,
+            step=step.name,
+            action=StepAction.DO,
+            operation=step.operation,
+            fencing_token=instance,
+            idempotency_key=idempotency_key(order.order_id, step.name),
+            complete_by=running.complete_by,
+            attempts_allowed=allowance,
+            payload=_payload(order, step),
+        )
         if reply is None:
-            await self._report.history(
+            await ctx.report.history(
                 record.order_id,
                 H.DEADLINE_EXPIRED,
                 attempt=record.attempt,
@@ -167,55 +163,9 @@ class OrderRunner:
             at=utcnow(),
             message=reply.error_message or "the agent reported a failure",
         )
-        await self._fail(running, step.name, instance, error, attempts_used=reply.attempts_used)
-        return None
-
-    async def _ask(
-        self,
-        order: OrderRecord,
-        step: StepDefinition,
-        instance: str,
-        attempts: int,
-        running: StateRecord,
-    ) -> StepReply | None:
-        """Send the request and race its reply against the deadline; None if the deadline won."""
-        assert running.complete_by is not None
-        message_id = f"{instance}:{step.name}:{attempts}"
-        request = StepRequest(
-            order_id=order.order_id,
-            step=step.name,
-            action=StepAction.DO,
-            operation=step.operation,
-            fencing_token=instance,
-            idempotency_key=idempotency_key(order.order_id, step.name),
-            complete_by=running.complete_by,
-            attempts_allowed=running.steps[step.name].allowance,
-            payload=_payload(order, step),
-            reply_to=self._reply_queue,
+        return await self._fail(
+            running, workflow, step.name, instance, error, attempts_used=reply.attempts_used
         )
-        waiting = self._router.expect(message_id)
-        try:
-            await self._publisher.publish(
-                request,
-                exchange=self._names.exchange,
-                routing_key=self._names.agent(step.agent),
-                message_id=message_id,
-                correlation_id=message_id,
-            )
-            left = (running.complete_by - utcnow()).total_seconds()
-            reply = await asyncio.wait_for(waiting, timeout=max(0.0, left))
-        except TimeoutError:
-            return None
-        except PublishError:
-            log.exception(
-                "could not send a step request; the supervisor will recover it",
-                extra={"order_id": order.order_id, "step": step.name},
-            )
-            return None
-        finally:
-            self._router.forget(message_id)
-        assert isinstance(reply, StepReply)
-        return reply
 
     async def _complete(
         self,
@@ -224,7 +174,8 @@ class OrderRunner:
         step: StepDefinition,
         instance: str,
         reply: StepReply,
-    ) -> StateRecord | None:
+    ) -> StateRecord:
+        ctx = self._ctx
         update = complete_step(
             running,
             workflow,
@@ -234,8 +185,8 @@ class OrderRunner:
             result=reply.result or {},
             attempts_used=reply.attempts_used,
         )
-        after = await self._write(running.order_id, update)
-        await self._report.history(
+        after = await ctx.write(running.order_id, update)
+        await ctx.report.history(
             running.order_id,
             H.STEP_COMPLETED,
             attempt=running.attempt,
@@ -243,64 +194,74 @@ class OrderRunner:
             step=step.name,
             attempts_used=reply.attempts_used,
         )
-        if after.process_state is not ProcessState.PROCESSED:
-            return after
-        await self._report.history(
-            running.order_id, H.EXECUTION_COMPLETED, attempt=running.attempt, instance_id=instance
-        )
-        await self._report.status(
-            running.order_id,
-            running.reply_to,
-            OrderStatus.COMPLETED,
-            after.process_state,
-            message_id=f"{running.order_id}:status:completed",
-        )
-        return None
+        if after.process_state is ProcessState.PROCESSED:
+            await ctx.report.history(
+                running.order_id,
+                H.EXECUTION_COMPLETED,
+                attempt=running.attempt,
+                instance_id=instance,
+            )
+            await ctx.report.status(
+                running.order_id,
+                running.reply_to,
+                OrderStatus.COMPLETED,
+                after.process_state,
+                message_id=f"{running.order_id}:status:completed",
+            )
+        return after
 
     async def _fail(
         self,
         record: StateRecord,
+        workflow: Workflow | None,
         step: str | None,
         instance: str,
         error: ErrorInfo,
         *,
         attempts_used: int = 0,
-    ) -> None:
-        target_step = step or next(iter(record.steps))
+    ) -> StateRecord:
+        """Park the order in Error (and alert), or move it to Compensating, per the workflow."""
+        ctx = self._ctx
+        compensate = workflow is not None and workflow.compensates(
+            error.kind, ctx.settings.compensate_override
+        )
         update = fail(
             record,
-            target_step,
+            step or next(iter(record.steps)),
             instance=instance,
             now=utcnow(),
             error=error,
             attempts_used=attempts_used,
-            compensate=False,
+            compensate_within=ctx.settings.step_timeout if compensate else None,
         )
-        after = await self._write(record.order_id, update)
-        await self._report.history(
+        after = await ctx.write(record.order_id, update)
+        await ctx.report.history(
             record.order_id,
             H.STEP_FAILED,
             attempt=record.attempt,
             instance_id=instance,
             step=step,
             error=error.message,
+            kind=error.kind.value,
         )
-        await self._report.history(
+        if compensate:
+            return after
+        await ctx.report.history(
             record.order_id,
             H.ERROR_RAISED,
             attempt=record.attempt,
             instance_id=instance,
             kind=error.kind.value,
         )
-        await self._report.alert(
+        await ctx.report.alert(
             AlertKind.ORDER_ERROR,
-            f"order {record.order_id} in Error: {error.message}",
+            f"order {record.order_id} in Error ({error.kind}): {error.message}",
             alert_id=f"order-error:{record.order_id}:{record.attempt}",
             order_id=record.order_id,
             error_kind=error.kind.value,
             step=step,
         )
-        await self._report.status(
+        await ctx.report.status(
             record.order_id,
             record.reply_to,
             OrderStatus.FAILED,
@@ -308,11 +269,6 @@ class OrderRunner:
             message_id=f"{record.order_id}:status:failed:{record.attempt}",
             detail=error.message,
         )
-
-    async def _write(self, order_id: str, update: Any) -> StateRecord:
-        after = await self._store.update_state(order_id, update.expect, update.changes)
-        if after is None:
-            raise Superseded(order_id)
         return after
 
 

@@ -6,7 +6,10 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 
+from services.scheduler.compensator import Compensator
+from services.scheduler.context import AttemptContext
 from services.scheduler.runner import OrderRunner
 from shared.bootstrap import Runtime
 from shared.broker.private import PrivateQueue, ReplyRouter
@@ -14,6 +17,8 @@ from shared.domain.models import StateRecord
 from shared.domain.timing import utcnow
 
 log = logging.getLogger(__name__)
+
+Attempt = Callable[[StateRecord], Awaitable[None]]
 
 
 class Scheduler:
@@ -34,23 +39,27 @@ class Scheduler:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._replies.start()
-        runner = OrderRunner(
+        ctx = AttemptContext(
             store=self._rt.store,
             publisher=self._rt.publisher,
             names=self._rt.names,
             router=self._router,
             reply_queue=self._replies.name,
-            reporter=self._rt.reporter(),
+            report=self._rt.reporter(),
             settings=self._settings,
         )
+        compensator = Compensator(ctx)
+        runner = OrderRunner(ctx, compensator)
         log.info("scheduler ready", extra={"reply_queue": self._replies.name})
         try:
-            await self._starter(runner, stop)
+            await self._starter(runner, compensator, stop)
         finally:
             await self._drain()
             await self._replies.stop()
 
-    async def _starter(self, runner: OrderRunner, stop: asyncio.Event) -> None:
+    async def _starter(
+        self, runner: OrderRunner, compensator: Compensator, stop: asyncio.Event
+    ) -> None:
         limit = self._settings.scheduler_inflight
         failures = 0
         while not stop.is_set():
@@ -60,7 +69,12 @@ class Scheduler:
                 await _wait_any(stop, self._room, timeout=self._settings.poll_interval_s)
                 continue
             try:
-                claimed = await self._claim(min(free, self._settings.claim_batch))
+                # Compensations first: they finish orders that already hold resources.
+                undo = await self._claim(min(free, self._settings.claim_batch), compensating=True)
+                for record in undo:
+                    self._spawn(compensator.run, record)
+                free -= len(undo)
+                claimed = await self._claim(min(free, self._settings.claim_batch)) if free else []
                 failures = 0
             except Exception:
                 failures += 1
@@ -68,19 +82,23 @@ class Scheduler:
                 await _wait_any(stop, timeout=min(5.0, 0.2 * 2**failures))
                 continue
             for record in claimed:
-                self._spawn(runner, record)
+                self._spawn(runner.run, record)
             if len(claimed) < min(free, self._settings.claim_batch):
                 await _wait_any(stop, timeout=self._settings.poll_interval_s)
 
-    async def _claim(self, limit: int) -> list[StateRecord]:
+    async def _claim(self, limit: int, *, compensating: bool = False) -> list[StateRecord]:
         now = utcnow()
         return await self._rt.store.claim(
-            now=now, limit=limit, owner=self.name, complete_by=now + self._settings.step_timeout
+            now=now,
+            limit=limit,
+            owner=self.name,
+            complete_by=now + self._settings.step_timeout,
+            compensating=compensating,
         )
 
-    def _spawn(self, runner: OrderRunner, record: StateRecord) -> None:
+    def _spawn(self, run: Attempt, record: StateRecord) -> None:
         self.started += 1
-        task = asyncio.create_task(self._guarded(runner, record), name=record.locked_by)
+        task = asyncio.create_task(self._guarded(run, record), name=record.locked_by)
         self._tasks.add(task)
         task.add_done_callback(self._done)
 
@@ -88,9 +106,9 @@ class Scheduler:
         self._tasks.discard(task)
         self._room.set()
 
-    async def _guarded(self, runner: OrderRunner, record: StateRecord) -> None:
+    async def _guarded(self, run: Attempt, record: StateRecord) -> None:
         try:
-            await runner.run(record)
+            await run(record)
         except asyncio.CancelledError:
             raise
         except Exception:

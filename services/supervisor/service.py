@@ -15,6 +15,7 @@ import random
 from datetime import timedelta
 
 from shared.bootstrap import Runtime
+from shared.domain.compensation import recover_compensation
 from shared.domain.journal import AlertKind, HistoryEventType, Severity
 from shared.domain.models import StateRecord
 from shared.domain.states import ProcessState
@@ -25,7 +26,7 @@ from shared.store.port import ScanCursor
 log = logging.getLogger(__name__)
 
 LEASE = "supervisor"
-RECOVERABLE = frozenset({ProcessState.PROCESSING})
+RECOVERABLE = frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING})
 
 
 class Supervisor:
@@ -99,7 +100,10 @@ class Supervisor:
 
     async def _recover(self, seen: StateRecord) -> None:
         now = utcnow()
-        update = recover(seen, now=now, policy=self._policy)
+        compensating = seen.process_state is ProcessState.COMPENSATING
+        update = (recover_compensation if compensating else recover)(
+            seen, now=now, policy=self._policy
+        )
         after = await self._rt.store.update_state(seen.order_id, update.expect, update.changes)
         if after is None:
             return  # the attempt moved on, or another supervisor got there first
@@ -115,22 +119,27 @@ class Supervisor:
             expired=seen.complete_by.isoformat() if seen.complete_by else None,
         )
         log.info("recovered", extra={"order_id": seen.order_id, "to": after.process_state.value})
-        if after.process_state is ProcessState.ERROR:
-            message = after.error.message if after.error else "recovery limit reached"
-            await self._report.history(
-                seen.order_id,
-                HistoryEventType.ERROR_RAISED,
-                attempt=attempt,
-                instance_id=instance,
-                kind="recovery-limit",
-            )
-            await self._report.alert(
-                AlertKind.ORDER_ERROR,
-                f"order {seen.order_id} in Error: {message}",
-                alert_id=f"order-error:{seen.order_id}:{seen.attempt}",
-                order_id=seen.order_id,
-                error_kind="recovery-limit",
-            )
+        if after.process_state in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED):
+            await self._parked(seen, after)
+
+    async def _parked(self, seen: StateRecord, after: StateRecord) -> None:
+        """The failure threshold is reached: an operator must act."""
+        message = after.error.message if after.error else "recovery limit reached"
+        failed = after.process_state is ProcessState.COMPENSATION_FAILED
+        await self._report.history(
+            seen.order_id,
+            HistoryEventType.COMPENSATION_FAILED if failed else HistoryEventType.ERROR_RAISED,
+            attempt=seen.attempt,
+            instance_id=seen.locked_by,
+            kind="recovery-limit",
+        )
+        await self._report.alert(
+            AlertKind.COMPENSATION_FAILED if failed else AlertKind.ORDER_ERROR,
+            f"order {seen.order_id} in {after.process_state}: {message}",
+            alert_id=f"parked:{seen.order_id}:{seen.attempt}",
+            order_id=seen.order_id,
+            error_kind="recovery-limit",
+        )
 
     async def _report_stuck(self) -> None:
         cutoff = utcnow() - timedelta(seconds=self._s.stuck_pending_s)

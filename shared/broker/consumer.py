@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -29,7 +30,7 @@ from shared.broker.topology import Names
 from shared.domain.journal import InboxOutcome
 from shared.domain.messages import Contract, decode
 from shared.domain.timing import utcnow
-from shared.errors import ContractViolation, PublishError
+from shared.errors import ContractViolation, PublishError, ServiceUnavailable
 from shared.store.port import StateStore
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ class ConsumerPolicy:
     dedupe_window: timedelta
     claim_ttl: timedelta
     handler_timeout: float
+    outage_patience: float = 300.0
+    """How long a message is held, retrying, while a server it needs is unavailable."""
     requeue_backoff_cap: float = 5.0
     busy_poll: float = 0.5
 
@@ -153,7 +156,7 @@ class Consumer:
         if task is not None:
             self._inflight.add(task)
         try:
-            await self._process(message)
+            await self._hold_through_outages(message)
         except Exception:
             # Last line of defence: the message goes back, the consumer stays up.
             log.exception("unexpected failure handling a message; requeueing it")
@@ -163,7 +166,30 @@ class Consumer:
             if task is not None:
                 self._inflight.discard(task)
 
-    async def _process(self, message: AbstractIncomingMessage) -> None:
+    async def _hold_through_outages(self, message: AbstractIncomingMessage) -> None:
+        """A store or broker outage is not the message's fault: keep it (unacked, so it is not
+        counted as a redelivery) and retry with backoff until the server is back, within the
+        patience; past it, requeue."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self._policy.outage_patience
+        holder = f"{self._holder}:{uuid.uuid4().hex[:8]}"  # this delivery's inbox claims
+        delay = 0.1
+        while True:
+            try:
+                await self._process(message, holder)
+                return
+            except ServiceUnavailable as exc:
+                if loop.time() + delay > give_up:
+                    await message.nack(requeue=True)
+                    return
+                log.warning(
+                    "a server is unavailable; holding the message and retrying",
+                    extra={"message_id": message.message_id, "error": str(exc)},
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _process(self, message: AbstractIncomingMessage, holder: str) -> None:
         deliveries = delivery_count(message)
         if not message.message_id:
             await self._dead_letter(message, "missing-message-id", "no message_id property")
@@ -187,9 +213,9 @@ class Consumer:
             deliveries=deliveries,
         )
         if self._store is None:
-            await self._handle(message, delivery, claimed=False)
+            await self._handle(message, delivery, holder=None)
             return
-        outcome = await self._claim(message.message_id)
+        outcome = await self._claim(message.message_id, holder)
         if outcome is InboxOutcome.DUPLICATE:
             self.stats.duplicates += 1
             log.info("duplicate message dropped", extra={"message_id": message.message_id})
@@ -198,9 +224,9 @@ class Consumer:
             self.stats.requeued += 1
             await message.nack(requeue=True)
         else:
-            await self._handle(message, delivery, claimed=True)
+            await self._handle(message, delivery, holder=holder)
 
-    async def _claim(self, message_id: str) -> InboxOutcome:
+    async def _claim(self, message_id: str, holder: str) -> InboxOutcome:
         """Claim the message id; while another live consumer holds it, wait (bounded) for it."""
         assert self._store is not None
         loop = asyncio.get_running_loop()
@@ -210,7 +236,7 @@ class Consumer:
             outcome = await self._store.inbox_claim(
                 self._queue_name,
                 message_id,
-                holder=self._holder,
+                holder=holder,
                 now=now,
                 claim_until=now + self._policy.claim_ttl,
             )
@@ -219,39 +245,42 @@ class Consumer:
             await asyncio.sleep(self._policy.busy_poll)
 
     async def _handle(
-        self, message: AbstractIncomingMessage, delivery: Delivery, *, claimed: bool
+        self, message: AbstractIncomingMessage, delivery: Delivery, *, holder: str | None
     ) -> None:
+        """`holder` is this delivery's inbox claim, or None when the consumer does not dedupe."""
         try:
             async with asyncio.timeout(self._policy.handler_timeout):
                 await self._handler(delivery)
         except ContractViolation as exc:
             await self._dead_letter(message, exc.reason, str(exc))
-            if claimed:
-                await self._complete(delivery.message_id)
+            if holder:
+                await self._complete(delivery.message_id, holder)
             return
+        except ServiceUnavailable:
+            raise  # held and retried by the caller; the claim stays ours (claims are re-entrant)
         except Exception as exc:
-            if claimed:
-                await self._release(delivery.message_id)
+            if holder:
+                await self._release(delivery.message_id, holder)
             await self._retry_later(message, delivery.deliveries, exc)
             return
-        if claimed:
-            await self._complete(delivery.message_id)
+        if holder:
+            await self._complete(delivery.message_id, holder)
         self.stats.handled += 1
         await message.ack()
 
-    async def _complete(self, message_id: str) -> None:
+    async def _complete(self, message_id: str, holder: str) -> None:
         assert self._store is not None
         await self._store.inbox_complete(
             self._queue_name,
             message_id,
-            holder=self._holder,
+            holder=holder,
             keep_until=utcnow() + self._policy.dedupe_window,
         )
 
-    async def _release(self, message_id: str) -> None:
+    async def _release(self, message_id: str, holder: str) -> None:
         assert self._store is not None
         with contextlib.suppress(Exception):
-            await self._store.inbox_release(self._queue_name, message_id, holder=self._holder)
+            await self._store.inbox_release(self._queue_name, message_id, holder=holder)
 
     async def _retry_later(
         self, message: AbstractIncomingMessage, deliveries: int, exc: Exception

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,17 +40,32 @@ def build_message(
 class Publisher:
     """Publishes on one confirming channel. Safe to share between tasks of one process."""
 
-    def __init__(self, channel: AbstractChannel, *, timeout: float) -> None:
+    def __init__(
+        self,
+        channel: AbstractChannel,
+        *,
+        timeout: float,
+        duplicate_rate: float = 0.0,
+        rng: random.Random | None = None,
+    ) -> None:
         self._channel = channel
         self._timeout = timeout
         self._exchanges: dict[str, AbstractExchange] = {}
+        self._duplicate_rate = duplicate_rate
+        self._rng = rng or random.Random()
 
     @classmethod
     async def open(
-        cls, connection: aio_pika.abc.AbstractConnection, *, timeout: float
+        cls,
+        connection: aio_pika.abc.AbstractConnection,
+        *,
+        timeout: float,
+        duplicate_rate: float = 0.0,
+        seed: int | None = None,
     ) -> Publisher:
+        """`duplicate_rate` is fault injection: that share of messages is published twice."""
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        return cls(channel, timeout=timeout)
+        return cls(channel, timeout=timeout, duplicate_rate=duplicate_rate, rng=random.Random(seed))
 
     async def close(self) -> None:
         await self._channel.close()
@@ -80,6 +96,8 @@ class Publisher:
             headers=headers,
         )
         await self.publish_raw(message, exchange=exchange, routing_key=routing_key)
+        if self._duplicate_rate and self._rng.random() < self._duplicate_rate:
+            await self.publish_raw(message, exchange=exchange, routing_key=routing_key)
 
     async def publish_raw(
         self, message: aio_pika.Message, *, exchange: str, routing_key: str

@@ -97,8 +97,10 @@ TRANSITIONS: tuple[Transition, ...] = (
     _row(Action.FINISH_COMPENSATION, Actor.COMPENSATOR, {P.COMPENSATING},
          {P.COMPENSATED, P.COMPENSATION_FAILED}, fenced=True,
          condition="locked_by = own instance id; a failed undo raises an alert"),
-    _row(Action.RECOVER_COMPENSATION, Actor.SUPERVISOR, {P.COMPENSATING}, {P.COMPENSATING},
-         fenced=True, condition="locked_by = the id seen and complete_by = the expired deadline"),
+    _row(Action.RECOVER_COMPENSATION, Actor.SUPERVISOR, {P.COMPENSATING},
+         {P.COMPENSATING, P.COMPENSATION_FAILED}, fenced=True,
+         condition="locked_by = the id seen and complete_by = the expired deadline; "
+                   "at the failure threshold -> CompensationFailed + alert"),
 )  # fmt: skip
 
 _BY_ACTION: dict[Action, Transition] = {row.action: row for row in TRANSITIONS}

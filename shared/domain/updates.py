@@ -167,10 +167,13 @@ def fail(
     now: datetime,
     error: ErrorInfo,
     attempts_used: int,
-    compensate: bool,
+    compensate_within: timedelta | None,
 ) -> Update:
-    """A non-transient failure or a spent budget: Error for an operator, or Compensating."""
-    target = ProcessState.COMPENSATING if compensate else ProcessState.ERROR
+    """A non-transient failure or a spent budget: Error for an operator, or Compensating.
+
+    With `compensate_within`, the attempt keeps its lock and goes on to compensate, with that
+    long before the supervisor may take the compensation over."""
+    target = ProcessState.ERROR if compensate_within is None else ProcessState.COMPENSATING
     check_transition(Action.FAIL, record.process_state, target)
     failed = record.steps[step].model_copy(
         update={"status": StepStatus.FAILED, "allowance": 0, "error": error}
@@ -183,6 +186,9 @@ def fail(
         "retry_budget": _settle_budget(record, step, attempts_used),
         "updated_at": now,
     }
+    if compensate_within is not None:
+        del fields["locked_by"]
+        fields["complete_by"] = deadline(now, compensate_within)
     return Update(_fenced(instance), Changes(fields=fields, steps={step: failed}))
 
 

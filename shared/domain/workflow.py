@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from shared.domain.models import OrderRecord, RetryBudget, StateRecord, StepState
-from shared.domain.states import ProcessState
+from shared.domain.states import ErrorKind, ProcessState
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,13 @@ class Workflow:
     name: str
     version: int
     steps: tuple[StepDefinition, ...]
+    compensate_on: frozenset[ErrorKind] = frozenset({ErrorKind.PERMANENT})
+    """Failures after which the completed steps are undone; any other failure parks the order
+    in Error for an operator. By default a business failure (a declined payment) compensates,
+    and a spent budget or a remote outage past the recovery threshold parks."""
+
+    def compensates(self, kind: ErrorKind, override: frozenset[ErrorKind] | None = None) -> bool:
+        return kind in (self.compensate_on if override is None else override)
 
     def step(self, name: str) -> StepDefinition:
         for step in self.steps:

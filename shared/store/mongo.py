@@ -15,7 +15,7 @@ from typing import Any
 
 from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, ReturnDocument
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
-from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.errors import ConnectionFailure, DuplicateKeyError, PyMongoError
 
 from shared.domain.journal import (
     Alert,
@@ -31,6 +31,7 @@ from shared.domain.updates import ANY, Changes, Expect
 from shared.errors import ConfigurationError, ServiceUnavailable, one_line
 from shared.store.codec import plain, state_from
 from shared.store.port import InsertOutcome, ScanCursor, ScanPage, page_of
+from shared.store.unavailable import translate_unavailable
 from shared.store.urls import redact
 
 _CLAIM_SPREAD = 4
@@ -54,6 +55,7 @@ def _load(model: Any, doc: dict[str, Any], **extra: Any) -> Any:
     return model.model_validate(plain({**doc, **extra}), strict=False)
 
 
+@translate_unavailable((ConnectionFailure,), "MongoDB")
 class MongoStore:
     """State store on MongoDB. `db` is an `AsyncDatabase` (or the test stand-in's facade)."""
 
@@ -84,6 +86,7 @@ class MongoStore:
                 connectTimeoutMS=int(timeout * 1000),
                 timeoutMS=int(command_timeout * 1000),
                 retryWrites=False,  # the retry budget is ours: no layer retries on its own
+                retryReads=False,
             )
         except (PyMongoConfigurationError, ValueError) as exc:
             raise ConfigurationError(f"store URL {redact(url)}: {one_line(exc)}") from exc
@@ -101,6 +104,11 @@ class MongoStore:
             [("next_attempt_at", ASCENDING)],
             name="state_claimable",
             partialFilterExpression={"process_state": "Pending", "locked_by": None},
+        )
+        await s.create_index(
+            [("next_attempt_at", ASCENDING)],
+            name="state_compensation_claimable",
+            partialFilterExpression={"process_state": "Compensating", "locked_by": None},
         )
         await s.create_index(
             [("process_state", ASCENDING), ("complete_by", ASCENDING), ("_id", ASCENDING)],
@@ -174,9 +182,18 @@ class MongoStore:
         return None if doc is None else _load_state(doc)
 
     async def claim(
-        self, *, now: datetime, limit: int, owner: str, complete_by: datetime
+        self,
+        *,
+        now: datetime,
+        limit: int,
+        owner: str,
+        complete_by: datetime,
+        compensating: bool = False,
     ) -> list[StateRecord]:
-        due = {"process_state": "Pending", "locked_by": None, "next_attempt_at": {"$lte": now}}
+        source, target = (
+            ("Compensating", "Compensating") if compensating else ("Pending", "Processing")
+        )
+        due = {"process_state": source, "locked_by": None, "next_attempt_at": {"$lte": now}}
         cursor = self._state.find(due, {"attempt": 1}).sort("next_attempt_at", ASCENDING)
         candidates = await cursor.limit(limit * _CLAIM_SPREAD).to_list(None)
         picked = random.sample(candidates, min(limit, len(candidates)))
@@ -187,7 +204,7 @@ class MongoStore:
                 {"_id": candidate["_id"], "attempt": candidate["attempt"], **due},
                 {
                     "$set": {
-                        "process_state": "Processing",
+                        "process_state": target,
                         "attempt": attempt,
                         "locked_by": f"{candidate['_id']}:{attempt}",
                         "owner": owner,
@@ -319,7 +336,14 @@ class MongoStore:
             pass
         # Expired: a dedupe window that passed, or a claim whose holder died.
         taken = await self._inbox.find_one_and_update(
-            {"_id": key, "expires_at": {"$lte": now}}, {"$set": claim}
+            {
+                "_id": key,
+                "$or": [
+                    {"expires_at": {"$lte": now}},
+                    {"holder": holder, "state": "processing"},
+                ],
+            },
+            {"$set": claim},
         )
         if taken is not None:
             return InboxOutcome.CLAIMED

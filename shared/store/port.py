@@ -85,13 +85,21 @@ class StateStore(Protocol):
         """Apply `changes` only if the record matches `expect`; the new record, or None."""
 
     async def claim(
-        self, *, now: datetime, limit: int, owner: str, complete_by: datetime
+        self,
+        *,
+        now: datetime,
+        limit: int,
+        owner: str,
+        complete_by: datetime,
+        compensating: bool = False,
     ) -> list[StateRecord]:
         """Claim up to `limit` due, unlocked Pending records for one new attempt each.
 
         Each becomes Processing with `attempt`+1, `locked_by` = `<order_id>:<attempt>`, the
         given `owner`, and `complete_by` (so an attempt that dies before its first step is
         still found by the supervisor). Concurrent claimers never claim the same record twice.
+        With `compensating`, claims unlocked Compensating records instead (they stay
+        Compensating).
         """
 
     async def scan_expired(
@@ -148,7 +156,8 @@ class StateStore(Protocol):
     async def inbox_claim(
         self, queue: str, message_id: str, *, holder: str, now: datetime, claim_until: datetime
     ) -> InboxOutcome:
-        """Take a message id for handling, unless it was handled (or is being handled)."""
+        """Take a message id for handling, unless it was handled (or is being handled by another
+        holder). Re-entrant: the same holder may claim again (a retry of the same delivery)."""
 
     async def inbox_complete(
         self, queue: str, message_id: str, *, holder: str, keep_until: datetime

@@ -23,6 +23,7 @@ from shared.domain.updates import ANY, Changes, Expect
 from shared.errors import ConfigurationError, ServiceUnavailable, one_line
 from shared.store.codec import jsonable, state_from
 from shared.store.port import InsertOutcome, ScanCursor, ScanPage, page_of
+from shared.store.unavailable import translate_unavailable
 from shared.store.urls import redact
 
 _JSON_COLUMNS = frozenset({"steps", "retry_budget", "error", "data"})
@@ -60,6 +61,17 @@ def jsonable_scalar(value: Any) -> Any:
     return getattr(value, "value", value) if not isinstance(value, datetime) else value
 
 
+_UNAVAILABLE = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.OperatorInterventionError,
+    asyncpg.TooManyConnectionsError,
+)
+
+
+@translate_unavailable(_UNAVAILABLE, "PostgreSQL")
 class PostgresStore:
     """State store on PostgreSQL: one schema per task hub."""
 
@@ -190,18 +202,27 @@ class PostgresStore:
         return where
 
     async def claim(
-        self, *, now: datetime, limit: int, owner: str, complete_by: datetime
+        self,
+        *,
+        now: datetime,
+        limit: int,
+        owner: str,
+        complete_by: datetime,
+        compensating: bool = False,
     ) -> list[StateRecord]:
+        source, target = (
+            ("Compensating", "Compensating") if compensating else ("Pending", "Processing")
+        )
         # One round trip for a whole batch; SKIP LOCKED lets concurrent claimers pass each
         # other by instead of queueing on the same rows.
         rows = await self._pool.fetch(
             f"""
             UPDATE {self._s}.state AS s
-               SET process_state = 'Processing', attempt = s.attempt + 1,
+               SET process_state = '{target}', attempt = s.attempt + 1,
                    locked_by = s.order_id || ':' || (s.attempt + 1), owner = $3,
                    complete_by = $4, updated_at = $1
               FROM (SELECT order_id FROM {self._s}.state
-                     WHERE process_state = 'Pending' AND locked_by IS NULL
+                     WHERE process_state = '{source}' AND locked_by IS NULL
                        AND next_attempt_at <= $1
                      ORDER BY next_attempt_at
                      LIMIT $2
@@ -359,7 +380,7 @@ class PostgresStore:
             INSERT INTO {self._s}.inbox AS i VALUES ($1, $2, 'processing', $3, $4)
             ON CONFLICT (queue, message_id) DO UPDATE
                SET state = 'processing', holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
-             WHERE i.expires_at <= $5
+             WHERE i.expires_at <= $5 OR (i.holder = EXCLUDED.holder AND i.state = 'processing')
             RETURNING true
             """,
             queue,

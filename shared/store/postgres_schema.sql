@@ -32,6 +32,9 @@ CREATE TABLE IF NOT EXISTS "{schema}".state (
 -- The scheduler's claim: due, unlocked Pending records, oldest due first.
 CREATE INDEX IF NOT EXISTS state_claimable ON "{schema}".state (next_attempt_at)
     WHERE process_state = 'Pending' AND locked_by IS NULL;
+-- Compensations waiting for a compensator (after an operator's request or a recovery).
+CREATE INDEX IF NOT EXISTS state_compensation_claimable ON "{schema}".state (next_attempt_at)
+    WHERE process_state = 'Compensating' AND locked_by IS NULL;
 -- The supervisor's scan: expired deadlines of running attempts, paged by (complete_by, order_id).
 CREATE INDEX IF NOT EXISTS state_deadlines ON "{schema}".state (complete_by, order_id)
     WHERE process_state IN ('Processing', 'Compensating');

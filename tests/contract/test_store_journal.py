@@ -199,3 +199,13 @@ async def test_alerts_are_stored_once_and_listed_newest_first(store: StateStore)
     assert await store.list_alerts() == [new, old]
     assert await store.list_alerts(since=t - timedelta(minutes=1)) == [new]
     assert await store.list_alerts(limit=1) == [new]
+
+
+async def test_inbox_claims_are_reentrant_for_their_holder(store: StateStore) -> None:
+    now = utcnow()
+    claim = {"now": now, "claim_until": now + timedelta(seconds=30)}
+    assert await store.inbox_claim("q", "m-re", holder="a", **claim) is InboxOutcome.CLAIMED
+    assert await store.inbox_claim("q", "m-re", holder="a", **claim) is InboxOutcome.CLAIMED
+    assert await store.inbox_claim("q", "m-re", holder="b", **claim) is InboxOutcome.BUSY
+    await store.inbox_complete("q", "m-re", holder="a", keep_until=now + timedelta(hours=1))
+    assert await store.inbox_claim("q", "m-re", holder="a", **claim) is InboxOutcome.DUPLICATE

@@ -333,3 +333,31 @@ async def test_listing_and_counting_for_admission_audit_and_stuck_reports(
     assert [r.order_id for r in first + rest] == [f"o-l-{i}" for i in range(5)]
     ids = await store.list_order_ids(after="o-l-1", limit=10)
     assert ids == ["o-l-2", "o-l-3", "o-l-4"]
+
+
+async def test_claiming_compensations_takes_only_unlocked_compensating_records(
+    store: StateStore,
+) -> None:
+    now = utcnow()
+    for i in range(3):
+        await store.insert_order(*order_pair(f"o-comp-{i}", now=now))
+    for order_id, locked in (("o-comp-0", None), ("o-comp-1", "o-comp-1:1")):
+        await store.update_state(
+            order_id,
+            Expect(),
+            Changes(
+                fields={
+                    "process_state": ProcessState.COMPENSATING,
+                    "locked_by": locked,
+                    "attempt": 1,
+                }
+            ),
+        )
+    later = now + timedelta(seconds=30)
+    claimed = await store.claim(now=now, limit=10, owner="s", complete_by=later, compensating=True)
+    assert [(r.order_id, r.process_state, r.locked_by, r.attempt) for r in claimed] == [
+        ("o-comp-0", ProcessState.COMPENSATING, "o-comp-0:2", 2)
+    ]
+    assert claimed[0].complete_by == later
+    forward = await store.claim(now=now, limit=10, owner="s", complete_by=later)
+    assert [r.order_id for r in forward] == ["o-comp-2"]

@@ -61,31 +61,41 @@ async def test_fifty_orders_are_processed_with_one_effect_per_step(topo: Topolog
     assert report["by_state"] == {"Processed": 50}
 
 
-async def test_transient_errors_and_declines_end_processed_or_in_error(topo: Topology) -> None:
+async def test_transient_errors_and_declines_end_processed_or_compensated(topo: Topology) -> None:
     rate = 0.05
     await topo.start_all(
         ORDERFLOW_REMOTE_TRANSIENT_ERROR_RATE="0.2", ORDERFLOW_REMOTE_DECLINE_RATE=str(rate)
     )
     assert submit(topo, "--count", "200", "--seed", "2")["published"] == 200
     counts = await topo.wait_settled(200, timeout=150)
-    assert counts[ProcessState.PROCESSED] + counts[ProcessState.ERROR] == 200
+    assert counts[ProcessState.PROCESSED] + counts[ProcessState.COMPENSATED] == 200
 
     states = await all_orders(topo)
     expected_declines = {s.order_id for s in states if declined(s.order_id, rate)}
-    in_error = {s.order_id for s in states if s.process_state is ProcessState.ERROR}
-    assert in_error == expected_declines
+    compensated = {s.order_id for s in states if s.process_state is ProcessState.COMPENSATED}
+    assert compensated == expected_declines
     assert expected_declines, "the seed should decline some orders"
     for state in states:
-        if state.process_state is ProcessState.ERROR:
-            assert state.error.kind is ErrorKind.PERMANENT
-            assert state.steps["charge"].status is StepStatus.FAILED
+        if state.process_state is ProcessState.COMPENSATED:
+            # A declined payment compensates the inventory reservation (the default setting).
+            assert state.error is not None and state.error.kind is ErrorKind.PERMANENT
+            assert state.steps["reserve"].status is StepStatus.COMPENSATED
+            # The failed step's undo runs too (a failure cannot prove there was no effect);
+            # the refund finds no charge and changes nothing, and the step keeps its error.
+            charge = state.steps["charge"]
+            assert charge.status is StepStatus.COMPENSATED
+            assert charge.error is not None and "declined" in charge.error.message
             assert state.steps["ship"].status is StepStatus.NOT_STARTED
+            assert state.locked_by is None
     per_step = effects_per_step(await topo.remote.ledger())
     assert set(per_step.values()) == {1}, "no step has two effects"
+    released = {order_id for order_id, op in per_step if op == "inventory.release"}
+    assert released == expected_declines, "each declined order's reservation is released once"
+    assert not {order_id for order_id, op in per_step if op == "payment.refund"}
     report = await topo.audit()
     assert report["ok"], report["violations"]
     alerts = await topo.store.list_alerts(limit=1000)
-    assert {a.order_id for a in alerts if a.kind is AlertKind.ORDER_ERROR} == expected_declines
+    assert not {a.order_id for a in alerts if a.kind is AlertKind.ORDER_ERROR}
 
 
 async def test_a_hung_call_is_abandoned_recovered_and_completed_once(topo: Topology) -> None:

@@ -122,13 +122,17 @@ def test_fail_parks_or_compensates(compensate: bool, target: ProcessState) -> No
         now=utcnow(),
         error=err,
         attempts_used=1,
-        compensate=compensate,
+        compensate_within=timedelta(seconds=5) if compensate else None,
     )
     after = apply(record, u.changes)
     assert after.process_state is target
     assert after.error == err
     assert after.steps["charge"].status is StepStatus.FAILED
-    assert after.locked_by is None
+    if compensate:
+        assert after.locked_by == "o-1:1", "the attempt goes on to compensate, still fenced"
+        assert after.complete_by is not None
+    else:
+        assert (after.locked_by, after.complete_by) == (None, None)
 
 
 def test_no_transition_from_a_state_the_table_does_not_allow() -> None:

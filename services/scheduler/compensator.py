@@ -1,0 +1,175 @@
+"""Compensation: undo the steps of the compensation log, newest first (DESIGN §3-4).
+
+Each undo has its own idempotency key, so repeating one (after a crash, or a second
+compensation) never undoes twice. An undo that still fails after its attempts makes the order
+CompensationFailed with an alert; an operator can compensate it again later, and the undos
+already Done are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from services.scheduler.context import AttemptContext, Superseded
+from shared.domain.compensation import finish_compensation, record_undo, start_undo
+from shared.domain.journal import AlertKind, CompensationEntry, UndoStatus
+from shared.domain.journal import HistoryEventType as H
+from shared.domain.messages import OrderStatus, StepAction, StepOutcome
+from shared.domain.models import ErrorInfo, StateRecord
+from shared.domain.states import ErrorKind, ProcessState
+from shared.domain.timing import utcnow
+from shared.domain.workflow import get_workflow
+
+log = logging.getLogger(__name__)
+
+
+class Compensator:
+    def __init__(self, ctx: AttemptContext) -> None:
+        self._ctx = ctx
+
+    async def run(self, record: StateRecord) -> None:
+        """Compensate a Compensating record this attempt has locked."""
+        instance = record.locked_by or ""
+        try:
+            await self._run(record, instance)
+        except Superseded:
+            log.info(
+                "compensation attempt superseded; stopping without a write",
+                extra={"order_id": record.order_id, "instance_id": instance},
+            )
+            await self._ctx.report.history(
+                record.order_id, H.LEASE_LOST, attempt=record.attempt, instance_id=instance
+            )
+
+    async def _run(self, record: StateRecord, instance: str) -> None:
+        ctx = self._ctx
+        await ctx.report.history(
+            record.order_id, H.COMPENSATION_STARTED, attempt=record.attempt, instance_id=instance
+        )
+        log_entries = await ctx.store.read_compensation(record.order_id)
+        current = record
+        for entry in reversed(log_entries):
+            if entry.status is UndoStatus.DONE:
+                continue
+            failure = await self._undo(current, entry, instance)
+            if failure is not None:
+                await self._finish(current, instance, failure)
+                return
+            current = await ctx.write(
+                record.order_id, record_undo(current, entry.step, instance=instance, now=utcnow())
+            )
+        await self._finish(current, instance, None)
+
+    async def _undo(
+        self, record: StateRecord, entry: CompensationEntry, instance: str
+    ) -> ErrorInfo | None:
+        """Run one undo; the error that failed it, or None when it is done."""
+        ctx = self._ctx
+        workflow = get_workflow(record.workflow, record.workflow_version)
+        if workflow is None:
+            return ErrorInfo(
+                kind=ErrorKind.UNKNOWN_WORKFLOW,
+                at=utcnow(),
+                message=f"no workflow {record.workflow} v{record.workflow_version}",
+            )
+        step = workflow.step(entry.step)
+        running = await ctx.write(
+            record.order_id,
+            start_undo(
+                record,
+                entry.step,
+                instance=instance,
+                now=utcnow(),
+                timeout=ctx.settings.step_timeout,
+            ),
+        )
+        assert running.complete_by is not None
+        reply = await ctx.ask(
+            step.agent,
+            f"{instance}:{entry.step}:undo",
+            order_id=record.order_id,
+            step=entry.step,
+            action=StepAction.UNDO,
+            operation=entry.undo,
+            fencing_token=instance,
+            idempotency_key=entry.idempotency_key,
+            complete_by=running.complete_by,
+            attempts_allowed=ctx.settings.undo_attempts,
+        )
+        now = utcnow()
+        if reply is not None and reply.outcome is StepOutcome.OK:
+            await ctx.store.mark_compensation(
+                record.order_id, entry.step, status=UndoStatus.DONE, at=now
+            )
+            await ctx.report.history(
+                record.order_id,
+                H.COMPENSATION_STEP_DONE,
+                attempt=record.attempt,
+                instance_id=instance,
+                step=entry.step,
+                outcome=(reply.result or {}).get("outcome"),
+            )
+            return None
+        reason = (
+            reply.error_message or "the agent reported a failure"
+            if reply is not None
+            else f"no reply to {entry.undo} within its {ctx.settings.undo_attempts} attempts "
+            "and deadline"
+        )
+        await ctx.store.mark_compensation(
+            record.order_id, entry.step, status=UndoStatus.FAILED, at=now, error=reason
+        )
+        return ErrorInfo(
+            kind=ErrorKind.COMPENSATION,
+            at=now,
+            message=f"undo of {entry.step} ({entry.undo}) failed: {reason}",
+        )
+
+    async def _finish(self, record: StateRecord, instance: str, failure: ErrorInfo | None) -> None:
+        ctx = self._ctx
+        after = await ctx.write(
+            record.order_id,
+            finish_compensation(
+                record,
+                instance=instance,
+                now=utcnow(),
+                failure=failure,
+            ),
+        )
+        if after.process_state is ProcessState.COMPENSATED:
+            await ctx.report.history(
+                record.order_id,
+                H.COMPENSATION_COMPLETED,
+                attempt=record.attempt,
+                instance_id=instance,
+            )
+            await ctx.report.status(
+                record.order_id,
+                record.reply_to,
+                OrderStatus.COMPENSATED,
+                after.process_state,
+                message_id=f"{record.order_id}:status:compensated",
+            )
+            return
+        assert failure is not None
+        await ctx.report.history(
+            record.order_id,
+            H.COMPENSATION_FAILED,
+            attempt=record.attempt,
+            instance_id=instance,
+            error=failure.message,
+        )
+        await ctx.report.alert(
+            AlertKind.COMPENSATION_FAILED,
+            f"order {record.order_id}: {failure.message}",
+            alert_id=f"compensation-failed:{record.order_id}:{record.attempt}",
+            order_id=record.order_id,
+        )
+        await ctx.report.status(
+            record.order_id,
+            record.reply_to,
+            OrderStatus.FAILED,
+            after.process_state,
+            message_id=f"{record.order_id}:status:compensation-failed:{record.attempt}",
+            detail=failure.message,
+        )
