@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+import asyncio
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from services.remote.ledger import attempt_of
+from shared.domain.journal import HistoryEventType
 from shared.domain.models import StateRecord
 from shared.domain.states import ProcessState
 from shared.domain.workflow import get_workflow
@@ -73,6 +76,9 @@ async def audit(
     report.by_state = dict(sorted(counts.items()))
     _check_no_order_lost(report, order_ids, states, now=now, grace=grace)
     _check_effects(report, states, effects)
+    _check_fenced_effects(report, effects)
+    _check_settled_unlocked(report, states)
+    await _check_fenced_history(report, store, list(states))
     return report
 
 
@@ -152,3 +158,57 @@ def _missing_effects(state: StateRecord, applied: Applied) -> list[str]:
             if applied.get((order_id, step.operation)) and not applied.get((order_id, step.undo))
         ]
     return []
+
+
+def _check_fenced_effects(report: AuditReport, effects: list[dict[str, Any]]) -> None:
+    """Invariant 3 at the remote service: once an attempt of an order made an effect, no older
+    attempt made one after it (the ledger lists effects in the order they were made)."""
+    newest: dict[str, tuple[int, str]] = {}
+    for effect in sorted(effects, key=lambda e: int(e["seq"])):
+        attempt = attempt_of(effect["fencing_token"])
+        seen = newest.get(effect["order_id"])
+        if seen is not None and attempt < seen[0]:
+            report.violate(
+                3,
+                effect["order_id"],
+                f"{effect['operation']} by superseded {effect['fencing_token']} after an effect "
+                f"by {seen[1]}",
+            )
+        else:
+            newest[effect["order_id"]] = (attempt, effect["fencing_token"])
+
+
+def _check_settled_unlocked(report: AuditReport, states: dict[str, StateRecord]) -> None:
+    for state in states.values():
+        if state.process_state in SETTLED and state.locked_by is not None:
+            report.violate(
+                3, state.order_id, f"{state.process_state} but still locked by {state.locked_by}"
+            )
+
+
+async def _check_fenced_history(
+    report: AuditReport, store: StateStore, order_ids: list[str], *, concurrency: int = 16
+) -> None:
+    """Invariant 3 in the store: a step's result is recorded by one attempt only (history is
+    appended after the fenced write succeeded), unless an operator resubmitted the order."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def check(order_id: str) -> None:
+        async with gate:
+            events = await store.read_history(order_id)
+        resubmits = sum(1 for e in events if e.type is HistoryEventType.RESUBMITTED)
+        completed = Counter(e.step for e in events if e.type is HistoryEventType.STEP_COMPLETED)
+        for step, times in completed.items():
+            if times > 1 + resubmits:
+                attempts = sorted(
+                    {
+                        e.attempt or 0
+                        for e in events
+                        if e.type is HistoryEventType.STEP_COMPLETED and e.step == step
+                    }
+                )
+                report.violate(
+                    3, order_id, f"step {step} completed {times} times, by attempts {attempts}"
+                )
+
+    await asyncio.gather(*(check(order_id) for order_id in order_ids))

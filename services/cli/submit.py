@@ -217,7 +217,9 @@ def submit(
             settings, orders, wait=wait, timeout=timeout, concurrency=concurrency, echo=echo
         )
     )
-    result["order_ids"] = [o.order_id for o in orders] if len(orders) <= 10 else None
+    # Scripts get every id; people get them only when there are few.
+    ids = [o.order_id for o in orders]
+    result["order_ids"] = ids if as_json or len(ids) <= 10 else None
     _print_summary(result, as_json=as_json)
     bad = result["rejected"] or result["failed"] or result["timed_out"]
     if bad or (wait and result["final"].get(OrderStatus.FAILED.value)):

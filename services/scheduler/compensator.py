@@ -1,9 +1,12 @@
 """Compensation: undo the steps of the compensation log, newest first (DESIGN §3-4).
 
 Each undo has its own idempotency key, so repeating one (after a crash, or a second
-compensation) never undoes twice. An undo that still fails after its attempts makes the order
-CompensationFailed with an alert; an operator can compensate it again later, and the undos
-already Done are skipped.
+compensation) never undoes twice. An undo the agent reports as failed makes the order
+CompensationFailed with an alert at once. An undo with no reply by its deadline (the agent's
+attempts went on transient failures, or something died) is left Compensating with its expired
+deadline, like a forward step: the supervisor releases it for another attempt, and parks it in
+CompensationFailed (with an alert) past the failure threshold. An operator can compensate a
+CompensationFailed order again later; the undos already Done are skipped.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from shared.domain.workflow import get_workflow
 log = logging.getLogger(__name__)
 
 
+class _DeadlinePassed(Exception):
+    """No reply to an undo by its deadline: the supervisor takes over."""
+
+
 class Compensator:
     def __init__(self, ctx: AttemptContext) -> None:
         self._ctx = ctx
@@ -32,6 +39,14 @@ class Compensator:
         instance = record.locked_by or ""
         try:
             await self._run(record, instance)
+        except _DeadlinePassed as expired:
+            await self._ctx.report.history(
+                record.order_id,
+                H.DEADLINE_EXPIRED,
+                attempt=record.attempt,
+                instance_id=instance,
+                step=str(expired),
+            )
         except Superseded:
             log.info(
                 "compensation attempt superseded; stopping without a write",
@@ -110,12 +125,9 @@ class Compensator:
                 outcome=(reply.result or {}).get("outcome"),
             )
             return None
-        reason = (
-            reply.error_message or "the agent reported a failure"
-            if reply is not None
-            else f"no reply to {entry.undo} within its {ctx.settings.undo_attempts} attempts "
-            "and deadline"
-        )
+        if reply is None:
+            raise _DeadlinePassed(entry.step)
+        reason = reply.error_message or "the agent reported a failure"
         await ctx.store.mark_compensation(
             record.order_id, entry.step, status=UndoStatus.FAILED, at=now, error=reason
         )

@@ -76,6 +76,9 @@ class Submission:
             self._backlog += 1
             if self._backlog > self._threshold:
                 await self._pause()
+        if outcome is InsertOutcome.CREATED or not await self._submitted(order_id):
+            # A redelivery after a crash between the inserts and this append finds the records
+            # in place but no OrderSubmitted: the timeline gets it now.
             await self._report.history(
                 order_id,
                 HistoryEventType.ORDER_SUBMITTED,
@@ -89,6 +92,10 @@ class Submission:
             ProcessState.PENDING,
             message_id=f"{order_id}:status:received",
         )
+
+    async def _submitted(self, order_id: str) -> bool:
+        events = await self._rt.store.read_history(order_id)
+        return any(e.type is HistoryEventType.ORDER_SUBMITTED for e in events)
 
     async def attach(self, consumer: Consumer) -> None:
         self._consumer = consumer

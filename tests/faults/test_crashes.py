@@ -1,0 +1,145 @@
+"""kill -9 of each process kind mid-run under load, and of a scheduler during compensation."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.supervisor.service import LEASE
+from shared.domain.journal import HistoryEventType
+from shared.domain.states import ProcessState, StepStatus
+from tests.faults.conftest import FaultRun
+from tests.support.topology import Topology, all_orders
+from tests.support.waiting import eventually
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres, pytest.mark.faults]
+
+
+async def _owned_live(topo: Topology, label: str, state: ProcessState) -> int:
+    owner = f"{topo.hub}-{label}"
+    return sum(
+        1
+        for s in await all_orders(topo)
+        if s.process_state is state and s.owner == owner and s.locked_by is not None
+    )
+
+
+async def test_kill_a_scheduler_mid_run(topo: Topology) -> None:
+    run = FaultRun(topo, "kill -9 scheduler (1 of 2)")
+    await topo.start_all(schedulers=2)
+    run.submit(300, seed=11)
+
+    async def busy() -> bool:
+        return await _owned_live(topo, "scheduler-1", ProcessState.PROCESSING) >= 5
+
+    await eventually(busy, timeout=30, what="scheduler-1 running orders")
+    topo.kill("scheduler-1")
+    run.struck()
+
+    states = await run.settle(timeout=90)
+    assert all(s.process_state is ProcessState.PROCESSED for s in states)
+    orphans = [s for s in states if s.attempt >= 2]
+    assert orphans, "the killed scheduler's orders were finished by later attempts"
+    assert all(s.owner == f"{topo.hub}-scheduler-2" for s in orphans)
+
+
+async def test_kill_an_agent_mid_run(topo: Topology) -> None:
+    run = FaultRun(topo, "kill -9 payment agent, restarted")
+    await topo.start_all()
+    run.submit(200, seed=12)
+    await run.wait_for(ProcessState.PROCESSED, 20)
+    topo.kill("payment")
+    run.struck()
+    before = await run.settled_count()
+    # Nothing gets past payment while no payment agent runs; then it comes back, as a restart
+    # policy would bring it back.
+    topo.serve("payment", "agent", "payment")
+
+    states = await run.settle(timeout=90)
+    assert before < len(states)
+    assert all(s.process_state is ProcessState.PROCESSED for s in states)
+
+
+async def test_kill_the_submission_process_mid_intake(topo: Topology) -> None:
+    run = FaultRun(topo, "kill -9 submission, restarted")
+    # The orders wait on <hub>.orders before submission starts, so the kill lands mid-intake.
+    run.submit(400, seed=13)
+    await topo.start_all()
+
+    async def some_recorded() -> bool:
+        return sum((await topo.counts()).values()) >= 40
+
+    await eventually(some_recorded, timeout=30, what="submission recording orders")
+    topo.kill("submission")
+    run.struck()
+    recorded = sum((await topo.counts()).values())
+    assert recorded < 400, "the kill should land before every order is recorded"
+    topo.serve("submission", "submission")
+
+    states = await run.settle(timeout=120)
+    assert len(states) == 400
+    assert all(s.process_state is ProcessState.PROCESSED for s in states)
+    for order_id in run.order_ids[:50]:
+        submitted = await topo.history(order_id, HistoryEventType.ORDER_SUBMITTED)
+        assert len(submitted) == 1, f"{order_id} recorded once"
+
+
+async def test_kill_the_supervisor_leader_mid_run(topo: Topology) -> None:
+    run = FaultRun(topo, "kill -9 supervisor leader (1 of 2), 15% hung calls")
+    # Hung calls make work for the supervisor: their steps expire and must be recovered.
+    await topo.start_all(
+        supervisors=2, ORDERFLOW_REMOTE_HANG_RATE="0.15", ORDERFLOW_REMOTE_HANG_S="3"
+    )
+
+    async def leader() -> str | None:
+        lease = await topo.store.lease_get(LEASE)
+        return lease.holder if lease is not None else None
+
+    first = await eventually(leader, timeout=20, what="a supervisor leader")
+    run.submit(150, seed=14)
+
+    async def recovering() -> bool:
+        return any(s.attempt >= 2 for s in await all_orders(topo))
+
+    await eventually(recovering, timeout=30, what="the leader recovering expired steps")
+    label = first.removeprefix(f"{topo.hub}-")
+    topo.kill(label)
+    run.struck()
+
+    async def new_leader() -> str | None:
+        holder = await leader()
+        return holder if holder not in (None, first) else None
+
+    second = await eventually(new_leader, timeout=20, what="the other supervisor taking over")
+    await topo.remote.set_faults(hang_rate=0)
+    states = await run.settle(timeout=90)
+    assert all(s.process_state is ProcessState.PROCESSED for s in states)
+    assert second != first
+    assert '"recovered"' in topo.logs(second.removeprefix(f"{topo.hub}-"))
+
+
+async def test_kill_a_scheduler_during_compensation(topo: Topology) -> None:
+    run = FaultRun(topo, "kill -9 scheduler during compensation (1 of 2)")
+    # Every payment is declined, and every release fails until the fault is cleared: the
+    # compensations are in hand when scheduler-1 dies.
+    await topo.start_all(
+        schedulers=2,
+        ORDERFLOW_REMOTE_DECLINE_RATE="1",
+        ORDERFLOW_REMOTE_FAIL_OPERATIONS="inventory.release",
+    )
+    run.submit(40, seed=15)
+
+    async def compensating() -> bool:
+        return await _owned_live(topo, "scheduler-1", ProcessState.COMPENSATING) >= 3
+
+    await eventually(compensating, timeout=30, what="scheduler-1 compensating orders")
+    topo.kill("scheduler-1")
+    run.struck()
+    await topo.remote.set_faults(fail_operations=[])
+
+    states = await run.settle(timeout=90)
+    assert all(s.process_state is ProcessState.COMPENSATED for s in states)
+    for state in states:
+        assert state.steps["reserve"].status is StepStatus.COMPENSATED
+    effects = await topo.remote.ledger()
+    released = {e["order_id"] for e in effects if e["operation"] == "inventory.release"}
+    assert released == set(run.order_ids)
