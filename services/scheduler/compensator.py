@@ -102,6 +102,7 @@ class Compensator:
         reply = await ctx.ask(
             step.agent,
             f"{instance}:{entry.step}:undo",
+            renew=ctx.renewer(running, instance),
             order_id=record.order_id,
             step=entry.step,
             action=StepAction.UNDO,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from shared.broker.private import ReplyRouter
@@ -14,7 +16,7 @@ from shared.config import Settings
 from shared.domain.messages import StepReply, StepRequest
 from shared.domain.models import StateRecord
 from shared.domain.timing import utcnow
-from shared.domain.updates import Update
+from shared.domain.updates import Update, extend_deadline
 from shared.errors import PublishError
 from shared.reporting import Reporter
 from shared.store.port import StateStore
@@ -24,6 +26,13 @@ log = logging.getLogger(__name__)
 
 class Superseded(Exception):
     """A fenced write matched nothing: another attempt owns the order now."""
+
+
+Renew = Callable[[], Awaitable[datetime]]
+"""Extends the attempt's deadline (a fenced write) and returns the new one."""
+
+OUTAGE_PATIENCE_S = 300.0
+"""How long an attempt holds its order while the broker refuses its request."""
 
 
 @dataclass
@@ -43,28 +52,33 @@ class AttemptContext:
             raise Superseded(order_id)
         return after
 
-    async def ask(self, agent: str, message_id: str, **fields: Any) -> StepReply | None:
+    def renewer(self, record: StateRecord, instance: str) -> Renew:
+        """A `Renew` for this attempt's record."""
+
+        async def renew() -> datetime:
+            update = extend_deadline(
+                record, instance=instance, now=utcnow(), timeout=self.settings.step_timeout
+            )
+            after = await self.write(record.order_id, update)
+            assert after.complete_by is not None
+            return after.complete_by
+
+        return renew
+
+    async def ask(
+        self, agent: str, message_id: str, *, renew: Renew, **fields: Any
+    ) -> StepReply | None:
         """Send a step request and race its reply against its deadline; None if the deadline
-        won (or the request could not be sent: the supervisor recovers it either way)."""
-        request = StepRequest(reply_to=self.reply_queue, **fields)
+        won (the supervisor recovers the step) or the broker refused the request for longer
+        than the outage patience."""
         waiting = self.router.expect(message_id)
         try:
-            await self.publisher.publish(
-                request,
-                exchange=self.names.exchange,
-                routing_key=self.names.agent(agent),
-                message_id=message_id,
-                correlation_id=message_id,
-            )
+            request = await self._send(agent, message_id, renew, fields)
+            if request is None:
+                return None
             left = (request.complete_by - utcnow()).total_seconds()
             reply = await asyncio.wait_for(waiting, timeout=max(0.0, left))
         except TimeoutError:
-            return None
-        except PublishError:
-            log.exception(
-                "could not send a step request; the supervisor will recover it",
-                extra={"order_id": request.order_id, "step": request.step},
-            )
             return None
         finally:
             self.router.forget(message_id)
@@ -72,3 +86,37 @@ class AttemptContext:
             log.warning("a non-reply on the reply queue", extra={"message_id": message_id})
             return None
         return reply
+
+    async def _send(
+        self, agent: str, message_id: str, renew: Renew, fields: dict[str, Any]
+    ) -> StepRequest | None:
+        """Publish the request. While the broker is away (a restart), hold the order: keep its
+        deadline ahead with fenced writes and publish again (same message id, so an agent that
+        got an unconfirmed copy handles it once). A broker outage is not the order's fault, so
+        it costs no retry budget and no recovery."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + OUTAGE_PATIENCE_S
+        delay = 0.2
+        while True:
+            request = StepRequest(reply_to=self.reply_queue, **fields)
+            try:
+                await self.publisher.publish(
+                    request,
+                    exchange=self.names.exchange,
+                    routing_key=self.names.agent(agent),
+                    message_id=message_id,
+                    correlation_id=message_id,
+                )
+                return request
+            except PublishError as exc:
+                context = {"order_id": request.order_id, "step": request.step, "error": str(exc)}
+                if loop.time() >= give_up:
+                    log.error(
+                        "could not send a step request; the supervisor will recover it",
+                        extra=context,
+                    )
+                    return None
+                log.warning("could not send a step request; holding the order", extra=context)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+            fields["complete_by"] = await renew()

@@ -137,6 +137,7 @@ class OrderRunner:
         reply = await ctx.ask(
             step.agent,
             f"{instance}:{step.name}:{attempts}",
+            renew=ctx.renewer(running, instance),
             order_id=order.order_id,
             step=step.name,
             action=StepAction.DO,

@@ -15,6 +15,7 @@ from shared.bootstrap import Runtime
 from shared.broker.private import PrivateQueue, ReplyRouter
 from shared.domain.models import StateRecord
 from shared.domain.timing import utcnow
+from shared.errors import ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,11 @@ class Scheduler:
                 free -= len(undo)
                 claimed = await self._claim(min(free, self._settings.claim_batch)) if free else []
                 failures = 0
+            except ServiceUnavailable as exc:
+                failures += 1
+                log.warning("the store is unavailable; backing off", extra={"error": str(exc)})
+                await _wait_any(stop, timeout=min(5.0, 0.2 * 2**failures))
+                continue
             except Exception:
                 failures += 1
                 log.exception("claiming failed; backing off")

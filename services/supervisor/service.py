@@ -21,6 +21,7 @@ from shared.domain.models import StateRecord
 from shared.domain.states import ProcessState
 from shared.domain.timing import recovery_backoff, utcnow
 from shared.domain.updates import RecoveryPolicy, recover
+from shared.errors import ServiceUnavailable
 from shared.store.port import ScanCursor
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class Supervisor:
                     if await self._hold_lease():
                         await self._sweep(stop)
                         await self._report_stuck()
+                except ServiceUnavailable as exc:
+                    log.warning("a server is unavailable; retrying", extra={"error": str(exc)})
                 except Exception:
                     log.exception("supervisor round failed")
                 with contextlib.suppress(TimeoutError):

@@ -120,6 +120,21 @@ def start_step(
     )
 
 
+def extend_deadline(
+    record: StateRecord, *, instance: str, now: datetime, timeout: timedelta
+) -> Update:
+    """Move a live attempt's deadline forward while it holds its order through an outage (its
+    request could not be sent yet). Changes nothing else: no budget is spent, no state changes.
+    Fenced like every write of the attempt, so a superseded attempt cannot extend anything."""
+    live = frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING})
+    if record.process_state not in live:
+        raise ValueError(f"no live attempt to extend: the order is {record.process_state}")
+    return Update(
+        Expect(process_state=live, locked_by=instance),
+        Changes(fields={"complete_by": deadline(now, timeout), "updated_at": now}),
+    )
+
+
 def _settle_budget(record: StateRecord, step: str, attempts_used: int) -> RetryBudget:
     """Give back the part of the reservation the agent did not spend."""
     reserved = record.steps[step].allowance

@@ -15,6 +15,7 @@ from shared.domain.updates import (
     RecoveryPolicy,
     apply,
     complete_step,
+    extend_deadline,
     fail,
     matches,
     recover,
@@ -204,3 +205,25 @@ def test_changes_refuse_immutable_fields() -> None:
     for field in ("order_id", "created_at", "schema_version", "steps", "nonsense"):
         with pytest.raises(ValueError):
             Changes(fields={field: None})
+
+
+def test_extend_deadline_moves_only_the_deadline_of_the_live_attempt() -> None:
+    record = claimed()
+    now = utcnow()
+    u = extend_deadline(record, instance="o-1:1", now=now, timeout=7 * S)
+    assert matches(record, u.expect)
+    assert not matches(record.model_copy(update={"locked_by": "o-1:2"}), u.expect)
+    after = apply(record, u.changes)
+    assert after.complete_by == now + 7 * S
+    assert after.retry_budget == record.retry_budget
+    assert after.steps == record.steps
+    assert after.process_state is ProcessState.PROCESSING
+    compensating = record.model_copy(update={"process_state": ProcessState.COMPENSATING})
+    assert matches(compensating, u.expect)
+    with pytest.raises(ValueError):
+        extend_deadline(
+            record.model_copy(update={"process_state": ProcessState.ERROR, "locked_by": None}),
+            instance="o-1:1",
+            now=now,
+            timeout=S,
+        )
