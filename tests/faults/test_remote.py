@@ -123,3 +123,30 @@ async def test_a_full_remote_outage_parks_orders_until_resubmitted(topo: Topolog
     for state in states:
         resubmitted = await topo.history(state.order_id, HistoryEventType.RESUBMITTED)
         assert [e.data["by"] for e in resubmitted] == ["oncall"]
+
+
+async def test_the_retry_budget_bounds_remote_attempts_across_every_layer(topo: Topology) -> None:
+    run = FaultRun(topo, "every remote call fails transiently: the retry budget is spent")
+    # 5 attempts end to end, at most 2 per request: 2 + 2 + 1 calls over three attempts (two
+    # supervisor recoveries), then the fourth attempt finds the budget spent.
+    everywhere(
+        topo,
+        ORDERFLOW_RETRY_BUDGET="5",
+        ORDERFLOW_AGENT_ATTEMPTS_PER_REQUEST="2",
+        ORDERFLOW_BREAKER_FAIL_MAX="100",
+        ORDERFLOW_FAILURE_THRESHOLD="10",
+    )
+    await topo.start_all(ORDERFLOW_REMOTE_TRANSIENT_ERROR_RATE="1")
+    run.struck()
+    [order_id] = run.submit(1, seed=36)
+
+    [state] = await run.settle(timeout=60)
+    assert state.process_state is ProcessState.ERROR
+    assert state.error is not None and state.error.kind is ErrorKind.BUDGET_EXHAUSTED
+    assert (state.retry_budget.used, state.retry_budget.limit) == (5, 5)
+    assert state.attempt == 4
+    stats = await topo.remote.stats()
+    assert stats["calls"] == {"503": 5}, "no layer retried beyond the budget"
+    [alert] = [a for a in await topo.store.list_alerts(limit=100) if a.order_id == order_id]
+    assert alert.kind is AlertKind.ORDER_ERROR
+    assert "retry budget of 5 attempts spent" in alert.message
