@@ -82,7 +82,10 @@ def recover_compensation(record: StateRecord, *, now: datetime, policy: Recovery
     else:
         fields["next_attempt_at"] = now + policy.backoff(failures)
     expect = Expect(
-        process_state=COMPENSATING, locked_by=record.locked_by, complete_by=record.complete_by
+        process_state=COMPENSATING,
+        locked_by=record.locked_by,
+        complete_by=record.complete_by,
+        updated_at=record.updated_at,
     )
     return Update(expect, Changes(fields=fields))
 

@@ -217,8 +217,11 @@ class RecoveryPolicy:
 def recover(record: StateRecord, *, now: datetime, policy: RecoveryPolicy) -> Update:
     """Release an attempt whose deadline passed, or park the order at the failure threshold.
 
-    Expects exactly the `locked_by` and `complete_by` the supervisor saw, so a step that was
-    restarted meanwhile, or a second supervisor that got there first, makes this match nothing.
+    Expects exactly the `locked_by`, `complete_by` and `updated_at` the supervisor saw, so a
+    step that was restarted or completed meanwhile, or a second supervisor that got there first,
+    makes this match nothing. (`updated_at` matters: a reply that beat the deadline may be
+    recorded just after it, after the scan read the record; without it, the recovery would
+    reset the step that write had just completed.)
     """
     if record.complete_by is None or record.complete_by > now:
         raise ValueError("only an expired attempt can be recovered")
@@ -256,5 +259,6 @@ def recover(record: StateRecord, *, now: datetime, policy: RecoveryPolicy) -> Up
         process_state=frozenset({ProcessState.PROCESSING}),
         locked_by=record.locked_by,
         complete_by=record.complete_by,
+        updated_at=record.updated_at,
     )
     return Update(expect, Changes(fields=fields, steps=steps))

@@ -206,6 +206,43 @@ async def test_two_supervisors_racing_on_one_expired_record_recover_it_once(
     assert claimed.attempt == after.attempt == 1
 
 
+async def test_a_step_completed_after_the_scan_is_not_reset_by_the_recovery(
+    store: StateStore,
+) -> None:
+    """The reply beat the deadline but its write landed just after it, after the supervisor's
+    scan had read the record: the recovery must match nothing, and the step stays Completed."""
+    order, state = order_pair("o-late-write")
+    await store.insert_order(order, state)
+    claimed = await claim_one(store, "o-late-write")
+    instance = claimed.locked_by
+    start = start_step(
+        claimed,
+        "reserve",
+        instance=instance,
+        now=utcnow() - timedelta(seconds=5),
+        timeout=timedelta(seconds=1),
+        allowance=2,
+    )
+    running = await store.update_state("o-late-write", start.expect, start.changes)
+    seen = await store.get_state("o-late-write")  # the supervisor's scan: expired
+    assert seen == running and seen.complete_by < utcnow()
+    done = complete_step(
+        running,
+        ORDER_WORKFLOW,
+        "reserve",
+        instance=instance,
+        now=utcnow(),
+        result={},
+        attempts_used=1,
+    )
+    assert await store.update_state("o-late-write", done.expect, done.changes) is not None
+    rec = recover(seen, now=utcnow(), policy=POLICY)
+    assert await store.update_state("o-late-write", rec.expect, rec.changes) is None
+    after = await store.get_state("o-late-write")
+    assert after.steps["reserve"].status is StepStatus.COMPLETED
+    assert after.locked_by == instance
+
+
 async def test_recovery_at_the_threshold_parks_the_order_in_error(store: StateStore) -> None:
     order, state = order_pair("o-park")
     await store.insert_order(order, state)

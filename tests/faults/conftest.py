@@ -79,10 +79,15 @@ class FaultRun:
         check DESIGN §8; record the row."""
         assert self.fault_at is not None, "the test never struck its fault"
         assert self.order_ids, "the test submitted no orders"
-        if all_in is None:
-            await self.topo.wait_settled(len(self.order_ids), timeout=timeout)
-        else:
-            await self.wait_for(all_in, len(self.order_ids), timeout=timeout)
+        wanted = set(SETTLED_STATES) if all_in is None else {all_in}
+        ids = set(self.order_ids)
+
+        async def arrived() -> bool:
+            states = [s for s in await all_orders(self.topo) if s.order_id in ids]
+            return len(states) == len(ids) and all(s.process_state in wanted for s in states)
+
+        what = f"all {len(ids)} orders {'terminal' if all_in is None else all_in}"
+        await eventually(arrived, timeout=timeout, interval=0.2, what=what)
         seconds = time.monotonic() - self.fault_at
         states = {s.order_id: s for s in await all_orders(self.topo)}
         mine = [states[i] for i in self.order_ids if i in states]
