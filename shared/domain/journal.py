@@ -106,6 +106,18 @@ class Lease(_Record):
     acquired_at: datetime
 
 
+class ComponentStatus(_Record):
+    """A running process's heartbeat: what it is and how it is doing (for `stats` and `watch`).
+    It expires when the process stops reporting; a clean stop removes it."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    kind: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    at: datetime
+    expires_at: datetime
+    data: dict[str, Any] = Field(default_factory=dict)
+    """Kind-specific: e.g. `open_breakers` of an agent, `inflight` of a scheduler, `leader`."""
+
+
 class InboxOutcome(StrEnum):
     """What the inbox says about a message id a consumer is about to handle."""
 

@@ -20,6 +20,7 @@ from pymongo.errors import ConnectionFailure, DuplicateKeyError, PyMongoError
 from shared.domain.journal import (
     Alert,
     CompensationEntry,
+    ComponentStatus,
     HistoryEvent,
     InboxOutcome,
     Lease,
@@ -30,7 +31,7 @@ from shared.domain.states import ProcessState
 from shared.domain.updates import ANY, Changes, Expect
 from shared.errors import ConfigurationError, ServiceUnavailable, one_line
 from shared.store.codec import plain, state_from
-from shared.store.port import InsertOutcome, ScanCursor, ScanPage, page_of
+from shared.store.port import InsertOutcome, ListCursor, ScanCursor, ScanPage, StateQuery, page_of
 from shared.store.unavailable import translate_unavailable
 from shared.store.urls import redact
 
@@ -72,6 +73,7 @@ class MongoStore:
         self._inbox = db["inbox"]
         self._lease = db["lease"]
         self._alerts = db["alerts"]
+        self._components = db["components"]
 
     @classmethod
     async def connect(
@@ -127,6 +129,9 @@ class MongoStore:
         # MongoDB deletes expired inbox entries itself; `inbox_purge` does it at once.
         await self._inbox.create_index("expires_at", name="inbox_expiry", expireAfterSeconds=0)
         await self._alerts.create_index([("at", DESCENDING)], name="alerts_by_time")
+        await self._components.create_index(
+            "expires_at", name="components_expiry", expireAfterSeconds=3600
+        )
 
     async def ping(self) -> None:
         try:
@@ -266,6 +271,33 @@ class MongoStore:
     async def list_states(self, *, after: str | None, limit: int) -> list[StateRecord]:
         query = {} if after is None else {"_id": {"$gt": after}}
         cursor = self._state.find(query).sort("_id", ASCENDING).limit(limit)
+        return [_load_state(d) for d in await cursor.to_list(None)]
+
+    async def query_states(
+        self, query: StateQuery, *, limit: int, after: ListCursor | None = None
+    ) -> list[StateRecord]:
+        conditions: list[dict[str, Any]] = []
+        if query.states is not None:
+            conditions.append({"process_state": {"$in": sorted(s.value for s in query.states)}})
+        if query.changed_before is not None:
+            conditions.append({"updated_at": {"$lt": query.changed_before}})
+        if query.error_kind is not None:
+            conditions.append({"error.kind": query.error_kind.value})
+        if after is not None:
+            conditions.append(
+                {
+                    "$or": [
+                        {"updated_at": {"$lt": after.updated_at}},
+                        {"updated_at": after.updated_at, "_id": {"$lt": after.order_id}},
+                    ]
+                }
+            )
+        filter_: dict[str, Any] = {"$and": conditions} if conditions else {}
+        cursor = (
+            self._state.find(filter_)
+            .sort([("updated_at", DESCENDING), ("_id", DESCENDING)])
+            .limit(limit)
+        )
         return [_load_state(d) for d in await cursor.to_list(None)]
 
     async def list_order_ids(self, *, after: str | None, limit: int) -> list[str]:
@@ -427,6 +459,21 @@ class MongoStore:
         query = {} if since is None else {"at": {"$gte": since}}
         cursor = self._alerts.find(query).sort([("at", DESCENDING), ("_id", ASCENDING)])
         return [_load(Alert, d) for d in await cursor.limit(limit).to_list(None)]
+
+    # -- component status
+    async def report_status(self, status: ComponentStatus) -> None:
+        doc = plain(status)
+        doc["_id"] = status.name
+        await self._components.replace_one({"_id": status.name}, doc, upsert=True)
+
+    async def list_status(self, *, now: datetime) -> list[ComponentStatus]:
+        cursor = self._components.find({"expires_at": {"$gt": now}}).sort(
+            [("kind", ASCENDING), ("_id", ASCENDING)]
+        )
+        return [_load(ComponentStatus, d) for d in await cursor.to_list(None)]
+
+    async def forget_status(self, name: str) -> None:
+        await self._components.delete_one({"_id": name})
 
 
 def _conditions(expect: Expect) -> dict[str, Any]:

@@ -10,13 +10,14 @@ from typing import Protocol
 from shared.domain.journal import (
     Alert,
     CompensationEntry,
+    ComponentStatus,
     HistoryEvent,
     InboxOutcome,
     Lease,
     UndoStatus,
 )
 from shared.domain.models import OrderRecord, StateRecord
-from shared.domain.states import ProcessState
+from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.updates import Changes, Expect
 
 
@@ -52,6 +53,24 @@ def page_of(records: list[StateRecord], limit: int) -> ScanPage:
     if last.complete_by is None:  # pragma: no cover - scans only return records with deadlines
         raise ValueError("a scanned record has no complete_by")
     return ScanPage(records, ScanCursor(last.complete_by, last.order_id))
+
+
+@dataclass(frozen=True)
+class StateQuery:
+    """An operator's filter over state records (every field optional)."""
+
+    states: frozenset[ProcessState] | None = None
+    changed_before: datetime | None = None
+    """Only records whose last change is older than this."""
+    error_kind: ErrorKind | None = None
+
+
+@dataclass(frozen=True)
+class ListCursor:
+    """Where the next page of a listing starts: after this (updated_at, order_id), going back."""
+
+    updated_at: datetime
+    order_id: str
 
 
 class StateStore(Protocol):
@@ -125,6 +144,12 @@ class StateStore(Protocol):
     async def list_states(self, *, after: str | None, limit: int) -> list[StateRecord]:
         """State records in order_id order, after `after` (for audits and listings)."""
 
+    async def query_states(
+        self, query: StateQuery, *, limit: int, after: ListCursor | None = None
+    ) -> list[StateRecord]:
+        """Records matching `query`, most recently changed first (updated_at, then order_id,
+        descending), after `after`."""
+
     async def list_order_ids(self, *, after: str | None, limit: int) -> list[str]:
         """Order ids of the order records, in order, after `after`."""
 
@@ -191,3 +216,13 @@ class StateStore(Protocol):
 
     async def list_alerts(self, *, since: datetime | None = None, limit: int = 100) -> list[Alert]:
         """Newest first."""
+
+    # -- component status: heartbeats of the running processes
+    async def report_status(self, status: ComponentStatus) -> None:
+        """Insert or replace the status of `status.name`."""
+
+    async def list_status(self, *, now: datetime) -> list[ComponentStatus]:
+        """Unexpired statuses, by kind, then name."""
+
+    async def forget_status(self, name: str) -> None:
+        """A cleanly stopped process removes its status."""

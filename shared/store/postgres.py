@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any
 
@@ -12,6 +12,7 @@ import asyncpg
 from shared.domain.journal import (
     Alert,
     CompensationEntry,
+    ComponentStatus,
     HistoryEvent,
     InboxOutcome,
     Lease,
@@ -22,7 +23,7 @@ from shared.domain.states import ProcessState
 from shared.domain.updates import ANY, Changes, Expect
 from shared.errors import ConfigurationError, ServiceUnavailable, one_line
 from shared.store.codec import jsonable, state_from
-from shared.store.port import InsertOutcome, ScanCursor, ScanPage, page_of
+from shared.store.port import InsertOutcome, ListCursor, ScanCursor, ScanPage, StateQuery, page_of
 from shared.store.unavailable import translate_unavailable
 from shared.store.urls import redact
 
@@ -297,6 +298,26 @@ class PostgresStore:
         )
         return [state_from(dict(r)) for r in rows]
 
+    async def query_states(
+        self, query: StateQuery, *, limit: int, after: ListCursor | None = None
+    ) -> list[StateRecord]:
+        states = None if query.states is None else sorted(s.value for s in query.states)
+        rows = await self._pool.fetch(
+            f"SELECT * FROM {self._s}.state WHERE "
+            "($1::text[] IS NULL OR process_state = ANY($1)) "
+            "AND ($2::timestamptz IS NULL OR updated_at < $2) "
+            "AND ($3::text IS NULL OR error->>'kind' = $3) "
+            "AND ($4::timestamptz IS NULL OR (updated_at, order_id) < ($4, $5)) "
+            "ORDER BY updated_at DESC, order_id DESC LIMIT $6",
+            states,
+            query.changed_before,
+            None if query.error_kind is None else query.error_kind.value,
+            None if after is None else after.updated_at,
+            None if after is None else after.order_id,
+            limit,
+        )
+        return [state_from(dict(r)) for r in rows]
+
     async def list_order_ids(self, *, after: str | None, limit: int) -> list[str]:
         rows = await self._pool.fetch(
             f"SELECT order_id FROM {self._s}.orders WHERE order_id > $1 ORDER BY order_id LIMIT $2",
@@ -495,6 +516,35 @@ class PostgresStore:
             limit,
         )
         return [Alert.model_validate(dict(r), strict=False) for r in rows]
+
+    # -- component status
+    async def report_status(self, status: ComponentStatus) -> None:
+        await self._pool.execute(
+            f"INSERT INTO {self._s}.components VALUES ($1, $2, $3, $4, $5) "
+            "ON CONFLICT (name) DO UPDATE SET kind = EXCLUDED.kind, at = EXCLUDED.at, "
+            "expires_at = EXCLUDED.expires_at, data = EXCLUDED.data",
+            status.name,
+            status.kind,
+            status.at,
+            status.expires_at,
+            jsonable(status.data),
+        )
+
+    async def list_status(self, *, now: datetime) -> list[ComponentStatus]:
+        await self._pool.execute(
+            f"DELETE FROM {self._s}.components WHERE expires_at < $1", now - _STATUS_KEPT
+        )
+        rows = await self._pool.fetch(
+            f"SELECT * FROM {self._s}.components WHERE expires_at > $1 ORDER BY kind, name", now
+        )
+        return [ComponentStatus.model_validate(dict(r), strict=False) for r in rows]
+
+    async def forget_status(self, name: str) -> None:
+        await self._pool.execute(f"DELETE FROM {self._s}.components WHERE name = $1", name)
+
+
+_STATUS_KEPT = timedelta(hours=1)
+"""Expired statuses are pruned after this (a listing ignores them at once)."""
 
 
 def _affected(status: str) -> int:

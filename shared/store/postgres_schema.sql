@@ -95,3 +95,12 @@ CREATE TABLE IF NOT EXISTS "{schema}".alerts (
     data      jsonb NOT NULL
 );
 CREATE INDEX IF NOT EXISTS alerts_by_time ON "{schema}".alerts (at DESC);
+
+-- Heartbeats of the running processes (stats, watch); expired rows are ignored and pruned.
+CREATE TABLE IF NOT EXISTS "{schema}".components (
+    name        text PRIMARY KEY,
+    kind        text NOT NULL,
+    at          timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    data        jsonb NOT NULL
+);

@@ -9,6 +9,7 @@ from shared.domain.journal import (
     Alert,
     AlertKind,
     CompensationEntry,
+    ComponentStatus,
     HistoryEvent,
     HistoryEventType,
     InboxOutcome,
@@ -209,3 +210,34 @@ async def test_inbox_claims_are_reentrant_for_their_holder(store: StateStore) ->
     assert await store.inbox_claim("q", "m-re", holder="b", **claim) is InboxOutcome.BUSY
     await store.inbox_complete("q", "m-re", holder="a", keep_until=now + timedelta(hours=1))
     assert await store.inbox_claim("q", "m-re", holder="a", **claim) is InboxOutcome.DUPLICATE
+
+
+async def test_component_statuses_are_replaced_listed_until_they_expire_and_forgotten(
+    store: StateStore,
+) -> None:
+    now = utcnow()
+
+    def status(name: str, kind: str, ttl: float, **data: object) -> ComponentStatus:
+        return ComponentStatus(
+            name=name,
+            kind=kind,
+            at=now,
+            expires_at=now + timedelta(seconds=ttl),
+            data=dict(data),
+        )
+
+    await store.report_status(status("payment-1", "agent-payment", 10, open_breakers=[]))
+    await store.report_status(status("sched-1", "scheduler", 10, inflight=3))
+    await store.report_status(status("gone-1", "scheduler", -1))
+    await store.report_status(
+        status("payment-1", "agent-payment", 10, open_breakers=["payment.charge"])
+    )
+    listed = await store.list_status(now=now)
+    assert [(s.kind, s.name) for s in listed] == [
+        ("agent-payment", "payment-1"),
+        ("scheduler", "sched-1"),
+    ]
+    assert listed[0].data == {"open_breakers": ["payment.charge"]}
+    await store.forget_status("sched-1")
+    assert [s.name for s in await store.list_status(now=now)] == ["payment-1"]
+    assert await store.list_status(now=now + timedelta(seconds=11)) == []

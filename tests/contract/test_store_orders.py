@@ -21,7 +21,7 @@ from shared.domain.updates import (
     start_step,
 )
 from shared.domain.workflow import ORDER_WORKFLOW
-from shared.store.port import InsertOutcome, StateStore
+from shared.store.port import InsertOutcome, ListCursor, StateQuery, StateStore
 from tests.support.factories import order_pair
 
 PROCESSING = frozenset({ProcessState.PROCESSING})
@@ -398,3 +398,46 @@ async def test_claiming_compensations_takes_only_unlocked_compensating_records(
     assert claimed[0].complete_by == later
     forward = await store.claim(now=now, limit=10, owner="s", complete_by=later)
     assert [r.order_id for r in forward] == ["o-comp-2"]
+
+
+async def test_query_filters_by_state_age_and_error_kind_newest_change_first_in_pages(
+    store: StateStore,
+) -> None:
+    t0 = utcnow() - timedelta(hours=1)
+    declined = ErrorInfo(kind=ErrorKind.PERMANENT, message="declined", at=t0)
+    timed_out = ErrorInfo(kind=ErrorKind.RECOVERY_LIMIT, message="recovered 5 times", at=t0)
+    for i in range(12):
+        order, state = order_pair(f"o-q{i:02d}", now=t0)
+        changed = t0 + timedelta(minutes=i)
+        if i % 3 == 0:
+            fields = {"process_state": ProcessState.ERROR, "error": declined}
+        elif i % 3 == 1:
+            fields = {"process_state": ProcessState.ERROR, "error": timed_out}
+        else:
+            fields = {"process_state": ProcessState.PROCESSED}
+        await store.insert_order(order, state.model_copy(update={**fields, "updated_at": changed}))
+    errors = StateQuery(states=frozenset({ProcessState.ERROR}))
+    listed = await store.query_states(errors, limit=100)
+    assert [s.order_id for s in listed] == [
+        f"o-q{i:02d}" for i in reversed(range(12)) if i % 3 != 2
+    ]
+    permanent = StateQuery(states=errors.states, error_kind=ErrorKind.PERMANENT)
+    assert [s.order_id for s in await store.query_states(permanent, limit=100)] == [
+        "o-q09",
+        "o-q06",
+        "o-q03",
+        "o-q00",
+    ]
+    old = StateQuery(changed_before=t0 + timedelta(minutes=3))
+    assert [s.order_id for s in await store.query_states(old, limit=100)] == [
+        "o-q02",
+        "o-q01",
+        "o-q00",
+    ]
+    # Pages continue after the last record of the previous page, however ties fall.
+    seen: list[str] = []
+    cursor = None
+    while page := await store.query_states(StateQuery(), limit=5, after=cursor):
+        seen += [s.order_id for s in page]
+        cursor = ListCursor(page[-1].updated_at, page[-1].order_id)
+    assert seen == [f"o-q{i:02d}" for i in reversed(range(12))]
