@@ -1,32 +1,50 @@
-"""Operator commands that read: `stats`, `audit`."""
+"""Operator commands that read: `stats`, `watch`, `alerts list`, `audit`."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from datetime import timedelta
 from typing import Any
 
 import click
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
 
 from services.cli.audit import audit as run_audit
+from services.cli.explain import human_age, parse_duration
+from services.cli.orders import BadInput
 from services.remote.client import RemoteClient
 from services.supervisor.service import LEASE
 from shared.bootstrap import open_broker
 from shared.broker.topology import Names
 from shared.config import Settings
+from shared.domain.journal import Alert
+from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.store.factory import open_store
 
 
 async def gather_stats(settings: Settings) -> dict[str, Any]:
+    """Orders per state, stuck and overdue orders, queue depths, running processes, open
+    circuit breakers and the supervisor leader: one snapshot for `stats` and `watch`."""
+    now = utcnow()
     store = await open_store(settings)
     try:
         by_state = await store.count_by_state()
         lease = await store.lease_get(LEASE)
+        stuck = await store.find_stuck_pending(
+            due_before=now - timedelta(seconds=settings.stuck_pending_s), limit=1000
+        )
+        overdue = await store.scan_expired(
+            now=now - timedelta(seconds=settings.step_timeout_s),
+            states=frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING}),
+            limit=1000,
+        )
+        components = await store.list_status(now=now)
     finally:
         await store.close()
     names = Names(settings.hub)
@@ -46,39 +64,133 @@ async def gather_stats(settings: Settings) -> dict[str, Any]:
                         await channel.close()
     finally:
         await connection.close()
-    leader = lease.holder if lease is not None and lease.expires_at > utcnow() else None
+    leader = lease.holder if lease is not None and lease.expires_at > now else None
+    breakers = sorted(
+        {f"{c.name}: {op}" for c in components for op in c.data.get("open_breakers", [])}
+    )
     return {
         "hub": settings.hub,
+        "at": now.isoformat(),
         "by_state": {state.value: n for state, n in by_state.items()},
+        "stuck_pending": [r.order_id for r in stuck],
+        "overdue": [r.order_id for r in overdue.records],
         "queues": queues,
+        "processes": [
+            {
+                "name": c.name,
+                "kind": c.kind,
+                "seen": human_age(c.at, now),
+                "data": c.data,
+            }
+            for c in components
+        ],
+        "open_breakers": breakers,
         "leader": leader,
     }
+
+
+def render_stats(result: dict[str, Any]) -> Group:
+    hub = result["hub"]
+    states = Table(title=f"orders in hub {hub}")
+    states.add_column("state")
+    states.add_column("orders", justify="right")
+    for state, n in result["by_state"].items():
+        states.add_row(state, str(n))
+    queues = Table(title="queues")
+    queues.add_column("queue")
+    queues.add_column("messages", justify="right")
+    for queue, n in result["queues"].items():
+        queues.add_row(queue.removeprefix(f"{hub}."), "not declared" if n is None else str(n))
+    processes = Table(title=f"{len(result['processes'])} process(es) reporting")
+    for column in ("process", "kind", "seen", "status"):
+        processes.add_column(column)
+    for p in result["processes"]:
+        status = ", ".join(f"{k}={v}" for k, v in p["data"].items() if k not in ("pid", "breakers"))
+        processes.add_row(p["name"], p["kind"], p["seen"], status[:70])
+    lines = [
+        f"supervisor leader: {result['leader'] or 'NONE (no supervisor holds the lease)'}",
+        "open circuit breakers: " + (", ".join(result["open_breakers"]) or "none"),
+        f"stuck Pending orders: {len(result['stuck_pending'])}"
+        + (f" (e.g. {', '.join(result['stuck_pending'][:3])})" if result["stuck_pending"] else ""),
+        f"overdue running orders: {len(result['overdue'])}"
+        + (f" (e.g. {', '.join(result['overdue'][:3])})" if result["overdue"] else ""),
+    ]
+    return Group(states, queues, processes, *lines)
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def stats(ctx: click.Context, as_json: bool) -> None:
-    """Orders per state, queue depths, and the supervisor leader."""
+    """Orders per state, stuck orders, queue depths, processes, open breakers, the leader."""
     settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
     result = asyncio.run(gather_stats(settings))
     if as_json:
         click.echo(json.dumps(result))
         return
-    console = Console()
-    states = Table(title=f"orders in hub {settings.hub}")
-    states.add_column("state")
-    states.add_column("orders", justify="right")
-    for state, n in result["by_state"].items():
-        states.add_row(state, str(n))
-    console.print(states)
-    queues = Table(title="queues")
-    queues.add_column("queue")
-    queues.add_column("messages", justify="right")
-    for queue, n in result["queues"].items():
-        queues.add_row(queue, "not declared" if n is None else str(n))
-    console.print(queues)
-    console.print(f"supervisor leader: {result['leader'] or 'none'}")
+    Console().print(render_stats(result))
+
+
+@click.command()
+@click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.2))
+@click.option("--count", type=click.IntRange(min=1), help="Stop after this many refreshes.")
+@click.pass_context
+def watch(ctx: click.Context, interval: float, count: int | None) -> None:
+    """A live view of `stats` that refreshes until Ctrl-C."""
+    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
+
+    async def loop() -> None:
+        console = Console()
+        with Live(console=console, auto_refresh=False) as live:
+            n = 0
+            while count is None or n < count:
+                if n:
+                    await asyncio.sleep(interval)
+                live.update(render_stats(await gather_stats(settings)), refresh=True)
+                n += 1
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(loop())
+
+
+@click.group()
+def alerts() -> None:
+    """Conditions an operator must act on."""
+
+
+@alerts.command("list")
+@click.option("--since", help="Only alerts younger than this (90s, 15m, 2h, 1d).")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def alerts_list(ctx: click.Context, since: str | None, limit: int, as_json: bool) -> None:
+    """Alerts, newest first."""
+    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
+    try:
+        after = None if since is None else utcnow() - parse_duration(since)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+    async def fetch() -> list[Alert]:
+        store = await open_store(settings)
+        try:
+            return await store.list_alerts(since=after, limit=limit)
+        finally:
+            await store.close()
+
+    found = asyncio.run(fetch())
+    if as_json:
+        click.echo(json.dumps({"alerts": [a.model_dump(mode="json") for a in found]}))
+        return
+    now = utcnow()
+    table = Table(title=f"{len(found)} alert(s), newest first")
+    for column in ("when", "kind", "severity", "order", "message"):
+        table.add_column(column)
+    for a in found:
+        table.add_row(
+            human_age(a.at, now), a.kind.value, a.severity.value, a.order_id or "", a.message[:90]
+        )
+    Console().print(table)
 
 
 async def _audit(settings: Settings, grace: float) -> dict[str, Any]:

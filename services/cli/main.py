@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 
 import click
 
-from services.cli.inspect import audit, stats
+from services.cli.dlq import dlq
+from services.cli.inspect import alerts, audit, stats, watch
 from services.cli.orders import orders
 from services.cli.serve import serve
 from services.cli.submit import submit
@@ -108,3 +109,6 @@ main.add_command(stats)
 main.add_command(audit)
 main.add_command(up)
 main.add_command(orders)
+main.add_command(dlq)
+main.add_command(alerts)
+main.add_command(watch)

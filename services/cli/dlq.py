@@ -1,0 +1,293 @@
+"""`orderflow dlq list|show|replay|purge`: the dead-lettered messages of each input queue.
+
+Reading never loses a message: the messages are fetched unacknowledged and go back to their
+dead-letter queue when the command's channel closes, except those a replay or a purge removes.
+A replay publishes the message, with its original `message_id`, to the queue it came from and
+removes it from the dead-letter queue only once the broker confirmed the publish; so dedupe still
+holds (a message whose id was handled already is dropped as a duplicate, not handled twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+import aio_pika
+import click
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+from rich.console import Console
+from rich.table import Table
+
+from services.cli.explain import human_age
+from services.cli.orders import BadInput
+from shared.bootstrap import open_broker
+from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
+from shared.broker.publisher import Publisher
+from shared.broker.topology import Names
+from shared.config import Settings
+from shared.domain.timing import utcnow
+
+REPLAYED_AT = "x-orderflow-replayed-at"
+REPLAYED_BY = "x-orderflow-replayed-by"
+_DEAD_LETTER_HEADERS = (REASON, ERROR, SOURCE_QUEUE, DEAD_LETTERED_AT, DELIVERIES)
+BODY_SHOWN = 4000
+
+
+def _settings(ctx: click.Context) -> Settings:
+    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
+    return settings
+
+
+def source_queues(names: Names, queue: str | None) -> list[str]:
+    """The input queues asked for: all, or one named `orders`, `payment`, `agent.payment` or in
+    full (`<hub>.agent.payment`, with or without `.dlq`)."""
+    queues = names.input_queues()
+    if queue is None:
+        return queues
+    wanted = queue.removesuffix(".dlq")
+    for q in queues:
+        short = q.removeprefix(f"{names.hub}.")
+        if wanted in (q, short, short.removeprefix("agent.")):
+            return [q]
+    choices = ", ".join(q.removeprefix(f"{names.hub}.") for q in queues)
+    raise BadInput(f"no input queue {queue!r} in hub {names.hub} (one of: {choices})")
+
+
+def describe(source: str, message: AbstractIncomingMessage, now: datetime) -> dict[str, Any]:
+    headers = dict(message.headers or {})
+    at = headers.get(DEAD_LETTERED_AT)
+    try:
+        when = datetime.fromisoformat(str(at)) if at else None
+    except ValueError:
+        when = None
+    return {
+        "queue": source,
+        "message_id": message.message_id,
+        "type": message.type,
+        "reason": headers.get(REASON),
+        "error": headers.get(ERROR),
+        "dead_lettered_at": at,
+        "age": human_age(when, now),
+        "deliveries": headers.get(DELIVERIES),
+        "source_queue": headers.get(SOURCE_QUEUE) or source,
+        "bytes": len(message.body),
+    }
+
+
+@asynccontextmanager
+async def _broker(settings: Settings) -> AsyncIterator[AbstractRobustConnection]:
+    connection = await open_broker(settings, name="orderflow-dlq")
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+async def _fetch(channel: AbstractChannel, source: str) -> list[AbstractIncomingMessage]:
+    """Every message of the source queue's DLQ, unacknowledged (they return on channel close)."""
+    queue = await channel.declare_queue(Names.dlq(source), passive=True)
+    got: list[AbstractIncomingMessage] = []
+    while (message := await queue.get(no_ack=False, fail=False)) is not None:
+        got.append(message)
+    return got
+
+
+@click.group()
+def dlq() -> None:
+    """Dead-lettered messages per input queue: list, show, replay, purge."""
+
+
+@dlq.command("list")
+@click.option("--queue", help="One input queue (orders, payment, …); default all.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def list_cmd(ctx: click.Context, queue: str | None, as_json: bool) -> None:
+    """Dead-lettered messages with their reasons (the messages stay where they are)."""
+    settings = _settings(ctx)
+    names = Names(settings.hub)
+    sources = source_queues(names, queue)
+
+    async def collect() -> list[dict[str, Any]]:
+        now = utcnow()
+        rows: list[dict[str, Any]] = []
+        async with _broker(settings) as connection:
+            for source in sources:
+                channel = await connection.channel()
+                try:
+                    rows += [describe(source, m, now) for m in await _fetch(channel, source)]
+                finally:
+                    await channel.close()
+        return rows
+
+    rows = asyncio.run(collect())
+    if as_json:
+        click.echo(json.dumps({"messages": rows}))
+        return
+    table = Table(title=f"{len(rows)} dead-lettered message(s) in hub {settings.hub}")
+    for column in ("queue", "message id", "type", "reason", "error", "dead-lettered"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            r["queue"].removeprefix(f"{settings.hub}."),
+            str(r["message_id"]),
+            str(r["type"]),
+            str(r["reason"]),
+            str(r["error"] or "")[:60],
+            r["age"],
+        )
+    Console().print(table)
+
+
+@dlq.command("show")
+@click.argument("message_id")
+@click.option("--queue", help="One input queue (orders, payment, …); default all.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def show_cmd(ctx: click.Context, message_id: str, queue: str | None, as_json: bool) -> None:
+    """One dead-lettered message: its reason, headers and body."""
+    settings = _settings(ctx)
+    sources = source_queues(Names(settings.hub), queue)
+
+    async def find() -> list[dict[str, Any]]:
+        now = utcnow()
+        found: list[dict[str, Any]] = []
+        async with _broker(settings) as connection:
+            for source in sources:
+                channel = await connection.channel()
+                try:
+                    for m in await _fetch(channel, source):
+                        if m.message_id == message_id:
+                            row = describe(source, m, now)
+                            row["headers"] = {k: str(v) for k, v in (m.headers or {}).items()}
+                            row["body"] = _body(m.body)
+                            found.append(row)
+                finally:
+                    await channel.close()
+        return found
+
+    found = asyncio.run(find())
+    if not found:
+        raise BadInput(f"no dead-lettered message {message_id!r} in hub {settings.hub}")
+    if as_json:
+        click.echo(json.dumps({"messages": found}))
+        return
+    for row in found:
+        click.echo(f"{row['message_id']} on {row['queue']} ({row['type']}, {row['bytes']} bytes)")
+        click.echo(f"  reason: {row['reason']}: {row['error']}")
+        click.echo(f"  dead-lettered {row['age']} after {row['deliveries']} delivery(ies)")
+        click.echo("  body: " + row["body"])
+
+
+def _body(body: bytes) -> str:
+    try:
+        text = json.dumps(json.loads(body), indent=2)
+    except (ValueError, UnicodeDecodeError):
+        text = body.decode("utf-8", errors="replace")
+    return text if len(text) <= BODY_SHOWN else text[:BODY_SHOWN] + f"… ({len(text)} chars)"
+
+
+@dlq.command("replay")
+@click.argument("message_ids", nargs=-1)
+@click.option("--all", "replay_all", is_flag=True, help="Every message of the queue(s).")
+@click.option("--queue", help="One input queue (orders, payment, …); default all.")
+@click.option("--by", default="operator", show_default=True, help="Recorded in a header.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def replay_cmd(
+    ctx: click.Context,
+    message_ids: tuple[str, ...],
+    replay_all: bool,
+    queue: str | None,
+    by: str,
+    as_json: bool,
+) -> None:
+    """Send dead-lettered messages back to their source queue, with their original message id."""
+    if bool(message_ids) == replay_all:
+        raise BadInput("name the messages to replay, or give --all")
+    settings = _settings(ctx)
+    names = Names(settings.hub)
+    sources = source_queues(names, queue)
+    wanted = set(message_ids)
+
+    async def replay() -> list[dict[str, Any]]:
+        done: list[dict[str, Any]] = []
+        async with _broker(settings) as connection:
+            publisher = await Publisher.open(connection, timeout=settings.publish_timeout_s)
+            try:
+                for source in sources:
+                    channel = await connection.channel()
+                    try:
+                        for m in await _fetch(channel, source):
+                            if replay_all or m.message_id in wanted:
+                                target = str((m.headers or {}).get(SOURCE_QUEUE) or source)
+                                await publisher.publish_raw(
+                                    _replayable(m, by),
+                                    exchange=names.exchange,
+                                    routing_key=target,
+                                )
+                                await m.ack()  # only once the broker confirmed the copy
+                                done.append({"message_id": m.message_id, "queue": target})
+                    finally:
+                        await channel.close()
+            finally:
+                await publisher.close()
+        return done
+
+    done = asyncio.run(replay())
+    missing = sorted(wanted - {str(d["message_id"]) for d in done})
+    if as_json:
+        click.echo(json.dumps({"replayed": done, "not_found": missing}))
+    else:
+        for d in done:
+            click.echo(f"{d['message_id']}: replayed to {d['queue']}")
+        for message_id in missing:
+            click.echo(f"{message_id}: not found in a dead-letter queue", err=True)
+        click.echo(f"{len(done)} replayed")
+    if missing:
+        raise SystemExit(1)
+
+
+def _replayable(message: AbstractIncomingMessage, by: str) -> aio_pika.Message:
+    headers = {k: v for k, v in (message.headers or {}).items() if k not in _DEAD_LETTER_HEADERS}
+    headers |= {REPLAYED_AT: utcnow().isoformat(), REPLAYED_BY: by}
+    return aio_pika.Message(
+        message.body,
+        headers=headers,
+        message_id=message.message_id,
+        correlation_id=message.correlation_id,
+        reply_to=message.reply_to,
+        type=message.type,
+        content_type=message.content_type,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+    )
+
+
+@dlq.command("purge")
+@click.option("--queue", help="One input queue (orders, payment, …); default all.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def purge_cmd(ctx: click.Context, queue: str | None, yes: bool) -> None:
+    """Delete dead-lettered messages for good (asks first)."""
+    settings = _settings(ctx)
+    sources = source_queues(Names(settings.hub), queue)
+    dlqs = [Names.dlq(s) for s in sources]
+    if not yes:
+        click.confirm(f"Delete every message in {', '.join(dlqs)} for good?", abort=True)
+
+    async def purge() -> dict[str, int]:
+        purged: dict[str, int] = {}
+        async with _broker(settings) as connection:
+            channel = await connection.channel()
+            for name in dlqs:
+                declared = await channel.declare_queue(name, passive=True)
+                result = await declared.purge()
+                purged[name] = int(result.message_count or 0)
+            await channel.close()
+        return purged
+
+    for name, n in asyncio.run(purge()).items():
+        click.echo(f"{name}: {n} message(s) deleted")

@@ -1,0 +1,228 @@
+"""What the operator's commands say about orders: pure functions over records, unit-tested.
+
+Where an order stands, what the system will do with it next and when, which failures share a
+cause, and what an undo would do.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from shared.config import Settings
+from shared.domain.journal import CompensationEntry, UndoStatus
+from shared.domain.models import StateRecord
+from shared.domain.states import ProcessState, StepStatus
+from shared.domain.workflow import get_workflow
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """`90`, `90s`, `15m`, `2h`, `1d`, `250ms`."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"not a duration: {text!r} (try 90s, 15m, 2h or 1d)")
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
+
+
+def human_age(then: datetime | None, now: datetime) -> str:
+    """`12s ago`, `in 3m`, `-` for no time."""
+    if then is None:
+        return "-"
+    seconds = (now - then).total_seconds()
+    text = human_duration(abs(seconds))
+    return f"{text} ago" if seconds >= 0 else f"in {text}"
+
+
+def human_duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
+    if seconds < 86400:
+        return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
+    return f"{seconds // 86400:.0f}d{seconds % 86400 // 3600:02.0f}h"
+
+
+def current_step(record: StateRecord) -> str | None:
+    """The first step of the workflow that is not Completed: where the order is, or stopped."""
+    workflow = get_workflow(record.workflow, record.workflow_version)
+    names = [s.name for s in workflow.steps] if workflow is not None else list(record.steps)
+    for name in names:
+        state = record.steps.get(name)
+        if state is not None and state.status is not StepStatus.COMPLETED:
+            return name
+    return None
+
+
+_VARIABLE = re.compile(
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"  # uuids
+    r"|\b[0-9a-f]{12,}\b"  # long hex ids
+    r"|\d{4}-\d{2}-\d{2}[T ][\d:.]+(?:[+-]\d{2}:\d{2}|Z)?"  # timestamps
+    r"|\b(?:ord|o)-[A-Za-z0-9._-]+"  # order ids
+    r"|\d+(?:\.\d+)?",  # numbers
+    re.IGNORECASE,
+)
+
+
+def fingerprint(message: str) -> str:
+    """The message with its variable parts (ids, numbers, times) replaced by `#`, so that
+    failures with one cause group together."""
+    return _VARIABLE.sub("#", message).strip()
+
+
+@dataclass
+class FailureGroup:
+    kind: str
+    fingerprint: str
+    count: int = 0
+    order_ids: list[str] = field(default_factory=list)
+    states: dict[str, int] = field(default_factory=dict)
+    oldest: datetime | None = None
+    newest: datetime | None = None
+
+    def add(self, record: StateRecord) -> None:
+        self.count += 1
+        if len(self.order_ids) < 5:
+            self.order_ids.append(record.order_id)
+        state = record.process_state.value
+        self.states[state] = self.states.get(state, 0) + 1
+        changed = record.updated_at
+        self.oldest = changed if self.oldest is None else min(self.oldest, changed)
+        self.newest = changed if self.newest is None else max(self.newest, changed)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "error_kind": self.kind,
+            "fingerprint": self.fingerprint,
+            "count": self.count,
+            "states": self.states,
+            "examples": self.order_ids,
+            "oldest_change": self.oldest.isoformat() if self.oldest else None,
+            "newest_change": self.newest.isoformat() if self.newest else None,
+        }
+
+
+def group_failures(records: list[StateRecord]) -> list[FailureGroup]:
+    """Failed orders grouped by error kind and message fingerprint, biggest group first."""
+    groups: dict[tuple[str, str], FailureGroup] = {}
+    for record in records:
+        if record.error is None:
+            continue
+        key = (record.error.kind.value, fingerprint(record.error.message))
+        groups.setdefault(key, FailureGroup(*key)).add(record)
+    return sorted(groups.values(), key=lambda g: (-g.count, g.kind, g.fingerprint))
+
+
+def next_action(record: StateRecord, settings: Settings, now: datetime) -> str:
+    """What the system will do with this order next, and when; or what the operator can do."""
+    state = record.process_state
+    threshold = settings.failure_threshold
+    oid = record.order_id
+    if state is ProcessState.PENDING:
+        if record.next_attempt_at <= now:
+            return "waiting for a scheduler to claim it (due now)"
+        wait = human_age(record.next_attempt_at, now)
+        why = (
+            f" (backing off after {record.failure_count} failure(s))"
+            if record.failure_count
+            else ""
+        )
+        return f"a scheduler may claim it {wait}{why}"
+    if state in (ProcessState.PROCESSING, ProcessState.COMPENSATING):
+        work = "compensating" if state is ProcessState.COMPENSATING else "running"
+        if record.locked_by is None:
+            return "waiting for a scheduler to take the compensation over"
+        failures = record.failure_count + 1
+        then = "park it in " + (
+            "CompensationFailed" if state is ProcessState.COMPENSATING else "Error"
+        )
+        if failures < threshold:
+            then = f"release it for another attempt (failure {failures} of {threshold})"
+        if record.complete_by is None:
+            return f"attempt {record.attempt} is {work} with no deadline (audit will flag it)"
+        if record.complete_by > now:
+            return (
+                f"attempt {record.attempt} ({record.owner or 'unknown scheduler'}) is {work}; "
+                f"if it has not finished by its deadline ({human_age(record.complete_by, now)}) "
+                f"the supervisor will {then}"
+            )
+        return (
+            f"deadline passed {human_age(record.complete_by, now)}: the supervisor will {then} "
+            f"on its next round (every {settings.supervisor_interval_s:g}s; if this stays, "
+            "check that a supervisor runs: `orderflow stats`)"
+        )
+    if state is ProcessState.ERROR:
+        return (
+            f"parked for an operator: fix the cause, then `orderflow orders resubmit {oid}` "
+            f"(or undo what it did: `orderflow orders compensate {oid}`)"
+        )
+    if state is ProcessState.COMPENSATION_FAILED:
+        return f"an undo failed: fix the cause, then `orderflow orders compensate {oid}`"
+    return "finished: nothing more will happen"
+
+
+@dataclass(frozen=True)
+class Undo:
+    step: str
+    operation: str
+    idempotency_key: str
+    status: UndoStatus
+    will_run: bool
+
+
+def undo_plan(log: list[CompensationEntry]) -> list[Undo]:
+    """The undos a compensation runs, newest step first; those already Done are skipped."""
+    return [
+        Undo(
+            step=entry.step,
+            operation=entry.undo,
+            idempotency_key=entry.idempotency_key,
+            status=entry.status,
+            will_run=entry.status is not UndoStatus.DONE,
+        )
+        for entry in reversed(log)
+    ]
+
+
+def step_rows(record: StateRecord) -> list[dict[str, Any]]:
+    """The steps in workflow order, for `orders show`."""
+    workflow = get_workflow(record.workflow, record.workflow_version)
+    names = [s.name for s in workflow.steps] if workflow is not None else list(record.steps)
+    rows = []
+    for name in names:
+        step = record.steps[name]
+        took = (
+            (step.completed_at - step.started_at).total_seconds()
+            if step.completed_at is not None and step.started_at is not None
+            else None
+        )
+        rows.append(
+            {
+                "step": name,
+                "status": step.status.value,
+                "attempts": step.attempts,
+                "allowance": step.allowance,
+                "started_at": step.started_at.isoformat() if step.started_at else None,
+                "completed_at": step.completed_at.isoformat() if step.completed_at else None,
+                "seconds": took,
+                "error": None
+                if step.error is None
+                else {"kind": step.error.kind.value, "message": step.error.message},
+            }
+        )
+    return rows
+
+
+def count_by(items: list[str]) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for item in items:
+        counts[item] += 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
