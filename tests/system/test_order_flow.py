@@ -293,6 +293,15 @@ async def test_submit_wait_follows_status_messages(topo: Topology) -> None:
     assert "Completed: 3" in result.stdout
 
 
+async def test_submit_wait_shows_a_declined_order_compensated(topo: Topology) -> None:
+    await topo.start_all(ORDERFLOW_REMOTE_DECLINE_RATE="1")
+    result = topo.cli("submit", "--count", "2", "--wait", "--timeout", "60")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    for status in ("Received", "Processing", "Compensated"):
+        assert sum(line.endswith(f": {status}") for line in lines) == 2, result.stdout
+
+
 async def test_processes_drain_and_exit_cleanly_on_sigterm(topo: Topology) -> None:
     await topo.start_all()
     submit(topo, "--count", "20")
