@@ -19,10 +19,9 @@ from typing import Any
 import aio_pika
 import click
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
-from rich.console import Console
 from rich.table import Table
 
-from services.cli.explain import human_age
+from services.cli.explain import human_age, plain_console
 from services.cli.orders import BadInput
 from shared.bootstrap import open_broker
 from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
@@ -139,7 +138,7 @@ def list_cmd(ctx: click.Context, queue: str | None, as_json: bool) -> None:
             str(r["error"] or "")[:60],
             r["age"],
         )
-    Console().print(table)
+    plain_console().print(table)
 
 
 @dlq.command("show")

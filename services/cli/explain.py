@@ -12,11 +12,20 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from rich.console import Console
+
 from shared.config import Settings
 from shared.domain.journal import CompensationEntry, UndoStatus
 from shared.domain.models import StateRecord
 from shared.domain.states import ProcessState, StepStatus
 from shared.domain.workflow import get_workflow
+
+
+def plain_console(*, stderr: bool = False) -> Console:
+    """Rich output with no markup, emoji or highlighting: order ids, keys and error messages
+    are printed exactly as they are (`o-1:ship:undo` is not an emoji, `[x]` not markup)."""
+    return Console(stderr=stderr, emoji=False, markup=False, highlight=False)
+
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}

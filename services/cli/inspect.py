@@ -10,12 +10,12 @@ from datetime import timedelta
 from typing import Any
 
 import click
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
 from services.cli.audit import audit as run_audit
-from services.cli.explain import human_age, parse_duration
+from services.cli.explain import human_age, parse_duration, plain_console
 from services.cli.orders import BadInput
 from services.remote.client import RemoteClient
 from services.supervisor.service import LEASE
@@ -128,7 +128,7 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(result))
         return
-    Console().print(render_stats(result))
+    plain_console().print(render_stats(result))
 
 
 @click.command()
@@ -140,7 +140,7 @@ def watch(ctx: click.Context, interval: float, count: int | None) -> None:
     settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
 
     async def loop() -> None:
-        console = Console()
+        console = plain_console()
         with Live(console=console, auto_refresh=False) as live:
             n = 0
             while count is None or n < count:
@@ -190,7 +190,7 @@ def alerts_list(ctx: click.Context, since: str | None, limit: int, as_json: bool
         table.add_row(
             human_age(a.at, now), a.kind.value, a.severity.value, a.order_id or "", a.message[:90]
         )
-    Console().print(table)
+    plain_console().print(table)
 
 
 async def _audit(settings: Settings, grace: float) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from typing import Any
 
 import click
 from pydantic import TypeAdapter, ValidationError
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -30,6 +29,7 @@ from services.cli.explain import (
     human_duration,
     next_action,
     parse_duration,
+    plain_console,
     step_rows,
     undo_plan,
 )
@@ -211,7 +211,7 @@ def list_cmd(
             error,
             human_age(r.updated_at, now),
         )
-    console = Console()
+    console = plain_console()
     console.print(table)
     if next_cursor:
         console.print(f"more: orderflow orders list … --after '{next_cursor}'", soft_wrap=True)
@@ -249,7 +249,7 @@ def _print_groups(records: list[StateRecord], now: datetime, *, as_json: bool) -
             human_age(g.newest, now),
             " ".join(g.order_ids[:3]),
         )
-    Console().print(table)
+    plain_console().print(table)
 
 
 # -- show ---------------------------------------------------------------------------------------
@@ -332,11 +332,11 @@ def _state_json(r: StateRecord, settings: Settings, now: datetime) -> dict[str, 
 
 
 def _print_show(result: dict[str, Any]) -> None:
-    console = Console()
+    console = plain_console()
     now = utcnow()
     state = result["state"]
     order = result["order"]
-    console.print(f"[bold]order {result['order_id']}[/bold]")
+    console.print(f"order {result['order_id']}")
     if order is not None:
         total = sum(line["quantity"] * line["unit_price_cents"] for line in order["lines"])
         console.print(
@@ -346,11 +346,11 @@ def _print_show(result: dict[str, Any]) -> None:
             f"{order['shipping_address']['postal_code']}; received {result['received_at']}"
         )
     if state is None:
-        console.print("  [red]no state record[/red] (the audit reports this)")
+        console.print("  no state record (the audit reports this)")
         return
     budget = state["retry_budget"]
     console.print(
-        f"  state [bold]{state['process_state']}[/bold] ({state['workflow']}), "
+        f"  state {state['process_state']} ({state['workflow']}), "
         f"attempt {state['attempt']}, failures {state['failure_count']} of "
         f"{state['failure_threshold']}, retry budget {budget['used']}/{budget['limit']} used"
     )
@@ -440,7 +440,7 @@ def history_cmd(ctx: click.Context, order_id: str, as_json: bool) -> None:
             row["step"] or "",
             details[:90],
         )
-    Console().print(table)
+    plain_console().print(table)
     click.echo(f"{len(rows)} events over {human_duration(rows[-1]['since_start_s'])}")
 
 
@@ -594,7 +594,7 @@ def _run_actions(
             _act(settings, ids, plan, event, by, dry_run=dry_run, rate=rate, progress=None)
         )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True)) as progress:
+    with Progress(*columns, TimeElapsedColumn(), console=plain_console(stderr=True)) as progress:
         return asyncio.run(
             _act(settings, ids, plan, event, by, dry_run=dry_run, rate=rate, progress=progress)
         )
