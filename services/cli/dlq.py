@@ -21,7 +21,7 @@ import click
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 from rich.table import Table
 
-from services.cli.explain import human_age, plain_console
+from services.cli.explain import add_columns, human_age, plain_console
 from services.cli.orders import BadInput
 from shared.bootstrap import open_broker
 from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
@@ -127,8 +127,7 @@ def list_cmd(ctx: click.Context, queue: str | None, as_json: bool) -> None:
         click.echo(json.dumps({"messages": rows}))
         return
     table = Table(title=f"{len(rows)} dead-lettered message(s) in hub {settings.hub}")
-    for column in ("queue", "message id", "type", "reason", "error", "dead-lettered"):
-        table.add_column(column)
+    add_columns(table, "queue", "message id", "type", "reason", "error", "dead-lettered")
     for r in rows:
         table.add_row(
             r["queue"].removeprefix(f"{settings.hub}."),

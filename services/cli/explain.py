@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 
 from shared.config import Settings
 from shared.domain.journal import CompensationEntry, UndoStatus
@@ -25,6 +26,18 @@ def plain_console(*, stderr: bool = False) -> Console:
     """Rich output with no markup, emoji or highlighting: order ids, keys and error messages
     are printed exactly as they are (`o-1:ship:undo` is not an emoji, `[x]` not markup)."""
     return Console(stderr=stderr, emoji=False, markup=False, highlight=False)
+
+
+WHOLE = frozenset({"order", "message id", "idempotency key", "examples", "process", "step"})
+"""Columns whose values an operator copies: never cut short with an ellipsis."""
+
+
+def add_columns(table: Table, *names: str) -> None:
+    for name in names:
+        if name in WHOLE:
+            table.add_column(name, no_wrap=True, overflow="fold")
+        else:
+            table.add_column(name, overflow="fold")
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")

@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 
 from services.cli.audit import audit as run_audit
-from services.cli.explain import human_age, parse_duration, plain_console
+from services.cli.explain import add_columns, human_age, parse_duration, plain_console
 from services.cli.orders import BadInput
 from services.remote.client import RemoteClient
 from services.supervisor.service import LEASE
@@ -102,8 +102,7 @@ def render_stats(result: dict[str, Any]) -> Group:
     for queue, n in result["queues"].items():
         queues.add_row(queue.removeprefix(f"{hub}."), "not declared" if n is None else str(n))
     processes = Table(title=f"{len(result['processes'])} process(es) reporting")
-    for column in ("process", "kind", "seen", "status"):
-        processes.add_column(column)
+    add_columns(processes, "process", "kind", "seen", "status")
     for p in result["processes"]:
         status = ", ".join(f"{k}={v}" for k, v in p["data"].items() if k not in ("pid", "breakers"))
         processes.add_row(p["name"], p["kind"], p["seen"], status[:70])
@@ -184,8 +183,7 @@ def alerts_list(ctx: click.Context, since: str | None, limit: int, as_json: bool
         return
     now = utcnow()
     table = Table(title=f"{len(found)} alert(s), newest first")
-    for column in ("when", "kind", "severity", "order", "message"):
-        table.add_column(column)
+    add_columns(table, "when", "kind", "severity", "order", "message")
     for a in found:
         table.add_row(
             human_age(a.at, now), a.kind.value, a.severity.value, a.order_id or "", a.message[:90]

@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from services.cli.explain import (
+    add_columns,
     count_by,
     current_step,
     group_failures,
@@ -198,8 +199,7 @@ def list_cmd(
         )
         return
     table = Table(title=f"{len(records)} order(s), most recently changed first")
-    for column in ("order", "state", "step", "attempt", "failures", "error", "changed"):
-        table.add_column(column)
+    add_columns(table, "order", "state", "step", "attempt", "failures", "error", "changed")
     for r in records:
         error = "" if r.error is None else f"{r.error.kind.value}: {r.error.message[:60]}"
         table.add_row(
@@ -238,8 +238,7 @@ def _print_groups(records: list[StateRecord], now: datetime, *, as_json: bool) -
         click.echo(json.dumps({"groups": [g.to_json() for g in groups]}))
         return
     table = Table(title=f"{sum(g.count for g in groups)} failed order(s) in {len(groups)} group(s)")
-    for column in ("count", "kind", "fingerprint", "states", "newest", "examples"):
-        table.add_column(column)
+    add_columns(table, "count", "kind", "fingerprint", "states", "newest", "examples")
     for g in groups:
         table.add_row(
             str(g.count),
@@ -247,7 +246,7 @@ def _print_groups(records: list[StateRecord], now: datetime, *, as_json: bool) -
             g.fingerprint[:80],
             ", ".join(f"{n} {s}" for s, n in g.states.items()),
             human_age(g.newest, now),
-            " ".join(g.order_ids[:3]),
+            "\n".join(g.order_ids[:3]),
         )
     plain_console().print(table)
 
@@ -363,8 +362,7 @@ def _print_show(result: dict[str, Any]) -> None:
     if state["error"]:
         console.print(f"  error: {state['error']['kind']}: {state['error']['message']}")
     steps = Table(title="steps")
-    for column in ("step", "status", "attempts", "took", "error"):
-        steps.add_column(column)
+    add_columns(steps, "step", "status", "attempts", "took", "error")
     for s in state["steps"]:
         error = s["error"]
         steps.add_row(
@@ -377,8 +375,7 @@ def _print_show(result: dict[str, Any]) -> None:
     console.print(steps)
     if result["compensation"]:
         undo = Table(title="undo log (newest first)")
-        for column in ("step", "undo", "status", "idempotency key"):
-            undo.add_column(column)
+        add_columns(undo, "step", "undo", "status", "idempotency key")
         for u in result["compensation"]:
             undo.add_row(u["step"], u["undo"], u["status"], u["idempotency_key"])
         console.print(undo)
@@ -428,8 +425,7 @@ def history_cmd(ctx: click.Context, order_id: str, as_json: bool) -> None:
         click.echo(json.dumps({"order_id": order_id, "events": rows}))
         return
     table = Table(title=f"history of {order_id}")
-    for column in ("at", "+", "event", "attempt", "step", "details"):
-        table.add_column(column)
+    add_columns(table, "at", "+", "event", "attempt", "step", "details")
     for row in rows:
         details = " ".join(f"{k}={v}" for k, v in row["data"].items())
         table.add_row(
