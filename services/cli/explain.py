@@ -28,8 +28,12 @@ def plain_console(*, stderr: bool = False) -> Console:
     return Console(stderr=stderr, emoji=False, markup=False, highlight=False)
 
 
-WHOLE = frozenset({"order", "message id", "idempotency key", "examples", "process", "step"})
-"""Columns whose values an operator copies: never cut short with an ellipsis."""
+WHOLE = frozenset(
+    {"order", "message id", "idempotency key", "examples", "process", "step"}
+    | {"kind", "state", "severity", "reason", "type", "count", "changed", "when"}
+)
+"""Columns whose values an operator copies or reads at a glance: never wrapped or cut short
+(long free text such as error messages wraps instead)."""
 
 
 def add_columns(table: Table, *names: str) -> None:
