@@ -89,6 +89,17 @@ async def gather_stats(settings: Settings) -> dict[str, Any]:
     }
 
 
+def _status_text(data: dict[str, Any]) -> str:
+    """A process's heartbeat data as `key=value`s, leaving out what says nothing."""
+    parts = []
+    for key, value in data.items():
+        if key in ("pid", "breakers", "agent") or value is None or value == []:
+            continue
+        shown = ",".join(map(str, value)) if isinstance(value, list) else value
+        parts.append(f"{key}={shown}")
+    return " ".join(parts)
+
+
 def render_stats(result: dict[str, Any]) -> Group:
     hub = result["hub"]
     states = Table(title=f"orders in hub {hub}")
@@ -104,8 +115,7 @@ def render_stats(result: dict[str, Any]) -> Group:
     processes = Table(title=f"{len(result['processes'])} process(es) reporting")
     add_columns(processes, "process", "kind", "seen", "status")
     for p in result["processes"]:
-        status = ", ".join(f"{k}={v}" for k, v in p["data"].items() if k not in ("pid", "breakers"))
-        processes.add_row(p["name"], p["kind"], p["seen"], status[:70])
+        processes.add_row(p["name"], p["kind"], p["seen"], _status_text(p["data"]))
     lines = [
         f"supervisor leader: {result['leader'] or 'NONE (no supervisor holds the lease)'}",
         "open circuit breakers: " + (", ".join(result["open_breakers"]) or "none"),
