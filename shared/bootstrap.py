@@ -14,6 +14,8 @@ from shared.broker.publisher import Publisher
 from shared.broker.topology import Names, QueuePolicy, declare_topology
 from shared.config import Settings
 from shared.domain.journal import AlertKind, Severity
+from shared.heartbeat import Check, Heartbeat, StatusData
+from shared.metrics import MetricsEndpoint, serve_metrics
 from shared.reporting import Reporter
 from shared.store.factory import open_store
 from shared.store.port import StateStore
@@ -44,7 +46,7 @@ async def open_broker(settings: Settings, *, name: str) -> AbstractRobustConnect
 
 @dataclass
 class Runtime:
-    """What a running process holds: its settings and its connections."""
+    """What a running process holds: its settings, its connections and its metrics endpoint."""
 
     settings: Settings
     name: str
@@ -52,6 +54,7 @@ class Runtime:
     connection: AbstractRobustConnection
     publisher: Publisher
     names: Names
+    metrics: MetricsEndpoint | None = None
 
     @classmethod
     async def open(cls, settings: Settings, name: str) -> Runtime:
@@ -61,16 +64,36 @@ class Runtime:
         except BaseException:
             await store.close()
             raise
-        publisher = await Publisher.open(
-            connection,
-            timeout=settings.publish_timeout_s,
-            duplicate_rate=settings.fault_duplicate_rate,
-            seed=settings.fault_seed,
-        )
-        return cls(settings, name, store, connection, publisher, Names(settings.hub))
+        try:
+            publisher = await Publisher.open(
+                connection,
+                timeout=settings.publish_timeout_s,
+                duplicate_rate=settings.fault_duplicate_rate,
+                seed=settings.fault_seed,
+            )
+            metrics = await serve_metrics(settings.metrics_port)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await connection.close()
+            await store.close()
+            raise
+        names = Names(settings.hub)
+        return cls(settings, name, store, connection, publisher, names, metrics)
 
     def reporter(self) -> Reporter:
         return Reporter(self.store, self.publisher, self.names, self.name)
+
+    def heartbeat(self, kind: str, data: StatusData, checks: tuple[Check, ...] = ()) -> Heartbeat:
+        """This process's status, reported every `heartbeat_s` while the returned context runs."""
+        return Heartbeat(
+            self.store,
+            name=self.name,
+            kind=kind,
+            every_s=self.settings.heartbeat_s,
+            metrics_port=self.settings.metrics_port,
+            data=data,
+            checks=checks,
+        )
 
     async def consumer(self, queue: str, handler: Handler, *, dedupe: bool = True) -> Consumer:
         channel = await self.connection.channel()
@@ -101,6 +124,8 @@ class Runtime:
         )
 
     async def close(self) -> None:
+        if self.metrics is not None:
+            await self.metrics.close()
         with contextlib.suppress(Exception):
             await self.connection.close()
         with contextlib.suppress(Exception):

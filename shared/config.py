@@ -123,6 +123,20 @@ class Settings(BaseSettings):
     stuck_pending_s: float = Field(default=300.0, gt=0)
     """A Pending record due for longer than this is reported as stuck."""
 
+    # -- observability: metrics, heartbeats, runtime alerts
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Port of this process's Prometheus endpoint (`/metrics`); 0: none. `orderflow up
+    --metrics-port N` gives its processes N, N+1, ... instead."""
+    heartbeat_s: float = Field(default=5.0, gt=0, le=3600)
+    """How often a process reports its status (heartbeat); a status expires after three missed
+    beats, and a clean stop removes it."""
+    circuit_alert_after_s: float = Field(default=30.0, gt=0)
+    """An agent raises a `circuit-open` alert when a circuit breaker has stayed open (failing
+    trial calls included) longer than this; one alert per opening."""
+    no_leader_alert_after_s: float = Field(default=60.0, gt=0)
+    """Schedulers raise a `no-leader` alert when no supervisor has held the leader lease for
+    longer than this; one alert per leaderless period."""
+
     # -- the simulated remote service
     remote_transient_error_rate: float = Field(default=0.0, ge=0, le=1)
     """Share of calls answered 503 before any effect."""

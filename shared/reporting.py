@@ -24,6 +24,11 @@ class Reporter:
         self._names = names
         self._source = source
 
+    @property
+    def source(self) -> str:
+        """The process that reports."""
+        return self._source
+
     async def history(
         self,
         order_id: str,

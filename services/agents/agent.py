@@ -12,7 +12,7 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pybreaker
@@ -24,10 +24,13 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from services.agents.breakers import Breakers
 from services.remote.client import RemoteClient, RemoteFenced
+from shared.bootstrap import Runtime
 from shared.broker.consumer import Delivery
 from shared.broker.publisher import Publisher
 from shared.config import Settings
+from shared.domain.journal import AlertKind, Severity
 from shared.domain.messages import StepOutcome, StepReply, StepRequest
 from shared.domain.states import ErrorKind
 from shared.domain.timing import utcnow
@@ -38,6 +41,8 @@ from shared.errors import (
     PublishUnroutable,
     TransientError,
 )
+from shared.metrics import AGENT_ATTEMPTS
+from shared.reporting import Reporter
 
 log = logging.getLogger(__name__)
 
@@ -71,21 +76,44 @@ class Agent:
         self._client = client
         self._publisher = publisher
         self._settings = settings
-        self._breakers: dict[str, pybreaker.CircuitBreaker] = {}
+        self._breakers = Breakers(
+            fail_max=settings.breaker_fail_max, reset_s=settings.breaker_reset_s
+        )
         self._faults = random.Random(settings.fault_seed)
+        self._alerted: set[str] = set()
 
     def breaker(self, operation: str) -> pybreaker.CircuitBreaker:
-        if operation not in self._breakers:
-            self._breakers[operation] = pybreaker.CircuitBreaker(
-                fail_max=self._settings.breaker_fail_max,
-                reset_timeout=self._settings.breaker_reset_s,
-                exclude=[PermanentError],
-                name=operation,
-            )
-        return self._breakers[operation]
+        return self._breakers.get(operation)
 
     def open_circuits(self) -> list[str]:
-        return [op for op, b in self._breakers.items() if b.current_state == pybreaker.STATE_OPEN]
+        return self._breakers.open()
+
+    def status(self) -> dict[str, Any]:
+        """This agent's part of its heartbeat."""
+        return {
+            "agent": self.name,
+            "open_breakers": self._breakers.open(),
+            "breakers": self._breakers.states(),
+        }
+
+    async def alert_open_circuits(self, report: Reporter, *, now: datetime) -> None:
+        """Raise one `circuit-open` alert per opening that lasts beyond the threshold."""
+        after = timedelta(seconds=self._settings.circuit_alert_after_s)
+        for operation, opened_at in self._breakers.open_longer_than(after, now=now).items():
+            since = opened_at.isoformat(timespec="microseconds")
+            alert_id = f"circuit-open:{operation}:{since}:{report.source}"[:128]
+            if alert_id in self._alerted:
+                continue
+            await report.alert(
+                AlertKind.CIRCUIT_OPEN,
+                f"the circuit of {operation} has been open since {since} "
+                f"({(now - opened_at).total_seconds():.0f}s): is the remote service down?",
+                alert_id=alert_id,
+                severity=Severity.WARNING,
+                operation=operation,
+                opened_at=since,
+            )
+            self._alerted.add(alert_id)
 
     async def handle(self, delivery: Delivery) -> None:
         request = delivery.message
@@ -141,17 +169,27 @@ class Agent:
             raise DeadlinePassed(f"deadline {request.complete_by.isoformat()} passed")
         # An open breaker raises on entry: it fails fast and spends no attempt. When its reset
         # time has come it lets this call through as the trial.
-        with breaker.calling():
-            outcome.attempts += 1
-            answer = await self._client.call(
-                request.operation,
-                order_id=request.order_id,
-                idempotency_key=request.idempotency_key,
-                fencing_token=request.fencing_token,
-                payload=request.payload,
-                timeout=min(left, self._settings.agent_http_timeout_s),
-            )
+        called = False
+        try:
+            with breaker.calling():
+                called = True
+                outcome.attempts += 1
+                answer = await self._client.call(
+                    request.operation,
+                    order_id=request.order_id,
+                    idempotency_key=request.idempotency_key,
+                    fencing_token=request.fencing_token,
+                    payload=request.payload,
+                    timeout=min(left, self._settings.agent_http_timeout_s),
+                )
+        except Exception as exc:
+            self._count(request.operation, attempt_outcome(exc, called=called))
+            raise
+        self._count(request.operation, "ok")
         return {"outcome": answer.get("outcome"), **dict(answer.get("result") or {})}
+
+    def _count(self, operation: str, outcome: str) -> None:
+        AGENT_ATTEMPTS.labels(self.name, operation, outcome).inc()
 
     async def _reply(self, request: StepRequest, delivery: Delivery, outcome: Outcome) -> None:
         if outcome.error is not None:
@@ -201,16 +239,36 @@ class Agent:
             log.exception("could not publish a reply", extra={"order_id": request.order_id})
 
 
-async def serve_agent(name: str, runtime: Any, stop: asyncio.Event) -> None:
+def attempt_outcome(exc: Exception, *, called: bool) -> str:
+    """The `orderflow_agent_attempts_total` outcome of a remote call that raised `exc`."""
+    if isinstance(exc, pybreaker.CircuitBreakerError):
+        # Raised on entry by an open circuit (no call), or by the failed call that tripped it.
+        return "transient" if called else "breaker_open"
+    if isinstance(exc, RemoteFenced):
+        return "fenced"
+    if isinstance(exc, PermanentError):
+        return "permanent"
+    return "transient"
+
+
+async def serve_agent(name: str, runtime: Runtime, stop: asyncio.Event) -> None:
     """Consume `<hub>.agent.<name>` until `stop`, then drain."""
     settings = runtime.settings
     client = RemoteClient.open(settings.remote_url, pool=max(10, settings.prefetch * 2))
     agent = Agent(name, client, runtime.publisher, settings)
+    report = runtime.reporter()
+
+    async def check_circuits() -> None:
+        await agent.alert_open_circuits(report, now=utcnow())
+
     consumer = await runtime.consumer(runtime.names.agent(name), agent.handle)
-    await consumer.start()
-    log.info("agent ready", extra={"agent": name})
     try:
-        await stop.wait()
+        async with runtime.heartbeat(f"agent-{name}", agent.status, (check_circuits,)):
+            await consumer.start()
+            log.info("agent ready", extra={"agent": name})
+            try:
+                await stop.wait()
+            finally:
+                await consumer.stop(drain_timeout=settings.drain_timeout_s)
     finally:
-        await consumer.stop(drain_timeout=settings.drain_timeout_s)
         await client.close()

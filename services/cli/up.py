@@ -2,7 +2,8 @@
 
 A local stand-in for docker-compose running the same commands: `orderflow serve …` per process,
 their output prefixed with their names. Nothing is restarted on its own (a process that dies stays
-dead, as a test of recovery may want); Ctrl-C or SIGTERM stops them all.
+dead, as a test of recovery may want); Ctrl-C or SIGTERM stops them all. With a metrics port N,
+the processes get N, N+1, ... in the order they start (one Prometheus endpoint each).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from shared.domain.workflow import AGENTS
 
 GRACE_S = 5.0
 """Beyond the drain timeout, how long `up` waits before it kills a process that will not stop."""
+MAX_PORT = 65535
 
 
 def topology(
@@ -37,6 +39,16 @@ def topology(
     return procs
 
 
+def metrics_ports(procs: list[tuple[str, list[str]]], base: int) -> dict[str, int]:
+    """Each process its own metrics port, `base` upwards in start order; all 0 (none) without."""
+    if base and base + len(procs) - 1 > MAX_PORT:
+        raise click.BadParameter(
+            f"{len(procs)} processes need ports {base}..{base + len(procs) - 1}, beyond {MAX_PORT}",
+            param_hint="--metrics-port",
+        )
+    return {label: base + i if base else 0 for i, (label, _) in enumerate(procs)}
+
+
 async def _pump(label: str, stream: asyncio.StreamReader | None, width: int) -> None:
     if stream is None:
         return
@@ -45,7 +57,9 @@ async def _pump(label: str, stream: asyncio.StreamReader | None, width: int) -> 
         sys.stdout.flush()
 
 
-async def run_up(settings: Settings, procs: list[tuple[str, list[str]]]) -> int:
+async def run_up(
+    settings: Settings, procs: list[tuple[str, list[str]]], ports: dict[str, int] | None = None
+) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -60,6 +74,8 @@ async def run_up(settings: Settings, procs: list[tuple[str, list[str]]]) -> int:
     children: dict[str, asyncio.subprocess.Process] = {}
     pumps = []
     for label, args in procs:
+        # Every child gets its own port, or none: never the one port they would all inherit.
+        port = (ports or {}).get(label, 0)
         child = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -67,11 +83,12 @@ async def run_up(settings: Settings, procs: list[tuple[str, list[str]]]) -> int:
             *args,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            env=env,
+            env=env | {"ORDERFLOW_METRICS_PORT": str(port)},
         )
         children[label] = child
         pumps.append(asyncio.create_task(_pump(label, child.stdout, width)))
-        click.echo(f"{'up':<{width}} | started {label} (pid {child.pid})")
+        metrics = f", metrics on port {port}" if port else ""
+        click.echo(f"{'up':<{width}} | started {label} (pid {child.pid}){metrics}")
     watchers = [asyncio.create_task(_watch(label, c, width, stop)) for label, c in children.items()]
     stopping = asyncio.create_task(stop.wait())
     all_exited = asyncio.create_task(_all(watchers))
@@ -130,11 +147,27 @@ async def _stop_all(children: dict[str, asyncio.subprocess.Process], *, timeout:
     show_default=True,
     help="Run the simulated remote service too (off: use ORDERFLOW_REMOTE_URL's).",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=MAX_PORT),
+    help="First metrics port: each process serves Prometheus metrics on its own port, this one "
+    "upwards in start order [default: ORDERFLOW_METRICS_PORT; 0: no metrics endpoints].",
+)
 @click.pass_context
-def up(ctx: click.Context, schedulers: int, supervisors: int, agents: int, remote: bool) -> None:
+def up(
+    ctx: click.Context,
+    schedulers: int,
+    supervisors: int,
+    agents: int,
+    remote: bool,
+    metrics_port: int | None,
+) -> None:
     """Initialise, then run the whole topology as separate processes until Ctrl-C/SIGTERM."""
     settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
+    procs = topology(schedulers, supervisors, agents, remote)
+    base = settings.metrics_port if metrics_port is None else metrics_port
+    ports = metrics_ports(procs, base)
     report = asyncio.run(initialise(settings))
     click.echo(f"up: hub {report.hub!r} on {report.store_kind}, RabbitMQ {report.broker_version}")
-    code = asyncio.run(run_up(settings, topology(schedulers, supervisors, agents, remote)))
+    code = asyncio.run(run_up(settings, procs, ports))
     sys.exit(code)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from services.remote.ledger import Effect, Ledger, StaleFencingToken
 from shared.config import Settings
+from shared.metrics import serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +234,13 @@ async def serve_remote(settings: Settings, stop: asyncio.Event) -> None:
     await site.start()
     log.info("remote service listening", extra={"url": settings.remote_url})
     try:
-        await stop.wait()
+        # Only the process's own metrics (the calls are in the ledger and `GET /admin/faults`).
+        metrics = await serve_metrics(settings.metrics_port)
+        try:
+            await stop.wait()
+        finally:
+            if metrics is not None:
+                await metrics.close()
     finally:
         await runner.cleanup()
         ledger.close()

@@ -18,6 +18,7 @@ from shared.domain.models import StateRecord
 from shared.domain.timing import utcnow
 from shared.domain.updates import Update, extend_deadline
 from shared.errors import PublishError
+from shared.metrics import STEP_OUTCOMES, STEP_SECONDS
 from shared.reporting import Reporter
 from shared.store.port import StateStore
 
@@ -71,6 +72,19 @@ class AttemptContext:
         """Send a step request and race its reply against its deadline; None if the deadline
         won (the supervisor recovers the step) or the broker refused the request for longer
         than the outage patience."""
+        labels = (str(fields["step"]), str(fields["action"]))
+        started = asyncio.get_running_loop().time()
+        reply = await self._ask(agent, message_id, renew, fields)
+        if reply is None:
+            STEP_OUTCOMES.labels(*labels, "deadline").inc()
+        else:
+            STEP_SECONDS.labels(*labels).observe(asyncio.get_running_loop().time() - started)
+            STEP_OUTCOMES.labels(*labels, reply.outcome.value).inc()
+        return reply
+
+    async def _ask(
+        self, agent: str, message_id: str, renew: Renew, fields: dict[str, Any]
+    ) -> StepReply | None:
         waiting = self.router.expect(message_id)
         try:
             request = await self._send(agent, message_id, renew, fields)

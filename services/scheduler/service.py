@@ -7,15 +7,19 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
 
 from services.scheduler.compensator import Compensator
 from services.scheduler.context import AttemptContext
+from services.scheduler.leader_watch import LeaderWatch
 from services.scheduler.runner import OrderRunner
 from shared.bootstrap import Runtime
 from shared.broker.private import PrivateQueue, ReplyRouter
 from shared.domain.models import StateRecord
 from shared.domain.timing import utcnow
 from shared.errors import ServiceUnavailable
+from shared.metrics import CLAIMS, INFLIGHT
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,10 @@ class Scheduler:
         self._tasks: set[asyncio.Task[None]] = set()
         self._room = asyncio.Event()
         self.started = 0
+
+    def status(self) -> dict[str, Any]:
+        """This scheduler's part of its heartbeat."""
+        return {"inflight": len(self._tasks), "started": self.started}
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._replies.start()
@@ -94,22 +102,26 @@ class Scheduler:
 
     async def _claim(self, limit: int, *, compensating: bool = False) -> list[StateRecord]:
         now = utcnow()
-        return await self._rt.store.claim(
+        claimed = await self._rt.store.claim(
             now=now,
             limit=limit,
             owner=self.name,
             complete_by=now + self._settings.step_timeout,
             compensating=compensating,
         )
+        CLAIMS.labels("compensation" if compensating else "forward").inc(len(claimed))
+        return claimed
 
     def _spawn(self, run: Attempt, record: StateRecord) -> None:
         self.started += 1
         task = asyncio.create_task(self._guarded(run, record), name=record.locked_by)
         self._tasks.add(task)
+        INFLIGHT.set(len(self._tasks))
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        INFLIGHT.set(len(self._tasks))
         self._room.set()
 
     async def _guarded(self, run: Attempt, record: StateRecord) -> None:
@@ -148,4 +160,11 @@ async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
 
 
 async def serve_scheduler(runtime: Runtime, stop: asyncio.Event) -> None:
-    await Scheduler(runtime).run(stop)
+    scheduler = Scheduler(runtime)
+    watch = LeaderWatch(
+        runtime.store,
+        runtime.reporter(),
+        after=timedelta(seconds=runtime.settings.no_leader_alert_after_s),
+    )
+    async with runtime.heartbeat("scheduler", scheduler.status, (watch.check,)):
+        await scheduler.run(stop)

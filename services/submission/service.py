@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 from shared.bootstrap import Runtime
 from shared.broker.consumer import Consumer, Delivery
@@ -41,6 +42,10 @@ class Submission:
         self._backlog = 0
         """The last count of outstanding orders, plus the orders recorded since."""
         self.paused = False
+
+    def status(self) -> dict[str, Any]:
+        """This process's part of its heartbeat."""
+        return {"paused": self.paused, "backlog": self._backlog}
 
     async def handle(self, delivery: Delivery) -> None:
         message = delivery.message
@@ -142,9 +147,10 @@ async def serve_submission(runtime: Runtime, stop: asyncio.Event) -> None:
     submission = Submission(runtime)
     consumer = await runtime.consumer(runtime.names.orders, submission.handle)
     await submission.attach(consumer)
-    await consumer.start()
-    log.info("submission ready")
-    try:
-        await submission.admission(consumer, stop)
-    finally:
-        await consumer.stop(drain_timeout=runtime.settings.drain_timeout_s)
+    async with runtime.heartbeat("submission", submission.status):
+        await consumer.start()
+        log.info("submission ready")
+        try:
+            await submission.admission(consumer, stop)
+        finally:
+            await consumer.stop(drain_timeout=runtime.settings.drain_timeout_s)

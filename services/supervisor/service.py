@@ -13,7 +13,9 @@ import contextlib
 import logging
 import random
 from datetime import timedelta
+from typing import Any
 
+from services.supervisor.gauges import LeaderGauges
 from shared.bootstrap import Runtime
 from shared.domain.compensation import recover_compensation
 from shared.domain.journal import AlertKind, HistoryEventType, Severity
@@ -22,6 +24,7 @@ from shared.domain.states import ProcessState
 from shared.domain.timing import recovery_backoff, utcnow
 from shared.domain.updates import RecoveryPolicy, recover
 from shared.errors import ServiceUnavailable
+from shared.metrics import RECOVERIES, SUPERVISOR_LEADER
 from shared.store.port import ScanCursor
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,12 @@ class Supervisor:
         self._policy = RecoveryPolicy(
             failure_threshold=self._s.failure_threshold, backoff=self._backoff
         )
+        self._gauges = LeaderGauges(runtime.store, runtime.connection, runtime.names)
+        SUPERVISOR_LEADER.set(0)
+
+    def status(self) -> dict[str, Any]:
+        """This supervisor's part of its heartbeat."""
+        return {"leader": self.leader}
 
     def _backoff(self, failures: int) -> timedelta:
         return recovery_backoff(
@@ -61,6 +70,7 @@ class Supervisor:
                     if await self._hold_lease():
                         await self._sweep(stop)
                         await self._report_stuck()
+                        await self._gauges.refresh()
                 except ServiceUnavailable as exc:
                     log.warning("a server is unavailable; retrying", extra={"error": str(exc)})
                 except Exception:
@@ -68,6 +78,7 @@ class Supervisor:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=self._s.supervisor_interval_s)
         finally:
+            await self._gauges.clear()
             if self.leader:
                 with contextlib.suppress(Exception):
                     await self._rt.store.lease_release(LEASE, holder=self.name)
@@ -86,7 +97,10 @@ class Supervisor:
             held = await store.lease_acquire(LEASE, holder=self.name, now=now, expires_at=expires)
         if held != self.leader:
             log.info("leadership " + ("taken" if held else "lost"), extra={"supervisor": self.name})
+            if not held:
+                await self._gauges.clear()
         self.leader = held
+        SUPERVISOR_LEADER.set(int(held))
         return held
 
     async def _sweep(self, stop: asyncio.Event) -> None:
@@ -111,6 +125,7 @@ class Supervisor:
         if after is None:
             return  # the attempt moved on, or another supervisor got there first
         self.recoveries += 1
+        RECOVERIES.labels(after.process_state.value).inc()
         attempt, instance = seen.attempt, seen.locked_by
         await self._report.history(
             seen.order_id,
@@ -158,4 +173,6 @@ class Supervisor:
 
 
 async def serve_supervisor(runtime: Runtime, stop: asyncio.Event) -> None:
-    await Supervisor(runtime).run(stop)
+    supervisor = Supervisor(runtime)
+    async with runtime.heartbeat("supervisor", supervisor.status):
+        await supervisor.run(stop)

@@ -31,6 +31,7 @@ from shared.domain.journal import InboxOutcome
 from shared.domain.messages import Contract, decode
 from shared.domain.timing import utcnow
 from shared.errors import ContractViolation, PublishError, ServiceUnavailable
+from shared.metrics import DEAD_LETTERS, MESSAGES
 from shared.store.port import StateStore
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ class ConsumerPolicy:
 
 @dataclass
 class _Stats:
+    """This consumer's counts (the process-wide ones are the `orderflow_messages` metrics)."""
+
     handled: int = 0
     duplicates: int = 0
     dead_lettered: int = 0
@@ -151,6 +154,9 @@ class Consumer:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
 
+    def _count(self, outcome: str) -> None:
+        MESSAGES.labels(self._queue_name, outcome).inc()
+
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         task = asyncio.current_task()
         if task is not None:
@@ -160,6 +166,7 @@ class Consumer:
         except Exception:
             # Last line of defence: the message goes back, the consumer stays up.
             log.exception("unexpected failure handling a message; requeueing it")
+            self._count("requeued")
             with contextlib.suppress(Exception):
                 await message.nack(requeue=True)
         finally:
@@ -180,6 +187,7 @@ class Consumer:
                 return
             except ServiceUnavailable as exc:
                 if loop.time() + delay > give_up:
+                    self._count("requeued")
                     await message.nack(requeue=True)
                     return
                 log.warning(
@@ -218,10 +226,12 @@ class Consumer:
         outcome = await self._claim(message.message_id, holder)
         if outcome is InboxOutcome.DUPLICATE:
             self.stats.duplicates += 1
+            self._count("duplicate")
             log.info("duplicate message dropped", extra={"message_id": message.message_id})
             await message.ack()
         elif outcome is InboxOutcome.BUSY:
             self.stats.requeued += 1
+            self._count("requeued")
             await message.nack(requeue=True)
         else:
             await self._handle(message, delivery, holder=holder)
@@ -266,6 +276,7 @@ class Consumer:
         if holder:
             await self._complete(delivery.message_id, holder)
         self.stats.handled += 1
+        self._count("handled")
         await message.ack()
 
     async def _complete(self, message_id: str, holder: str) -> None:
@@ -293,6 +304,7 @@ class Consumer:
             extra={"message_id": message.message_id, "deliveries": deliveries, "error": repr(exc)},
         )
         self.stats.requeued += 1
+        self._count("requeued")
         await asyncio.sleep(min(self._policy.requeue_backoff_cap, 0.05 * 2**deliveries))
         await message.nack(requeue=True)
 
@@ -322,10 +334,13 @@ class Consumer:
             )
         except PublishError:
             log.exception("could not dead-letter a message; requeueing it instead")
+            self._count("requeued")
             await message.nack(requeue=True)
             return
         self.stats.dead_lettered += 1
         self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
+        self._count("dead_lettered")
+        DEAD_LETTERS.labels(self._queue_name, reason).inc()
         log.warning(
             "message dead-lettered",
             extra={"message_id": message.message_id, "reason": reason, "error": error[:200]},

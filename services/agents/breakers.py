@@ -1,0 +1,66 @@
+"""An agent's circuit breakers, one per remote operation, and what operators see of them.
+
+Each state change sets the `orderflow_circuit_state` gauge. An *opening* lasts from the moment a
+closed circuit opens until it is closed again: a failed trial call (half-open, then open again)
+does not start a new one, because for an operator the endpoint has been failing all along. An
+opening that lasts longer than `circuit_alert_after_s` is reported once (a `circuit-open` alert
+whose id names the operation and the opening time).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pybreaker
+
+from shared.errors import PermanentError
+from shared.metrics import CIRCUIT_STATE
+
+STATE_VALUE = {pybreaker.STATE_CLOSED: 0, pybreaker.STATE_OPEN: 1, pybreaker.STATE_HALF_OPEN: 2}
+"""The gauge's encoding of a breaker's state."""
+
+
+class Breakers(pybreaker.CircuitBreakerListener):
+    def __init__(self, *, fail_max: int, reset_s: float) -> None:
+        self._fail_max = fail_max
+        self._reset_s = reset_s
+        self._breakers: dict[str, pybreaker.CircuitBreaker] = {}
+        self._opened_at: dict[str, datetime] = {}
+        """Operations whose circuit is not closed, and since when."""
+
+    def get(self, operation: str) -> pybreaker.CircuitBreaker:
+        if operation not in self._breakers:
+            self._breakers[operation] = pybreaker.CircuitBreaker(
+                fail_max=self._fail_max,
+                reset_timeout=self._reset_s,
+                exclude=[PermanentError],
+                listeners=[self],
+                name=operation,
+            )
+            CIRCUIT_STATE.labels(operation).set(0)
+        return self._breakers[operation]
+
+    def state_change(
+        self,
+        cb: pybreaker.CircuitBreaker,
+        old_state: pybreaker.CircuitBreakerState | None,
+        new_state: pybreaker.CircuitBreakerState,
+    ) -> None:
+        operation = str(cb.name)
+        CIRCUIT_STATE.labels(operation).set(STATE_VALUE.get(new_state.name, 1))
+        if new_state.name == pybreaker.STATE_CLOSED:
+            self._opened_at.pop(operation, None)
+        else:
+            # To the microsecond (the time names the opening; it is never stored as a time).
+            self._opened_at.setdefault(operation, datetime.now(UTC))
+
+    def states(self) -> dict[str, str]:
+        return {op: str(b.current_state) for op, b in sorted(self._breakers.items())}
+
+    def open(self) -> list[str]:
+        """Operations whose circuit is open (failing fast) right now."""
+        return [op for op, state in self.states().items() if state == pybreaker.STATE_OPEN]
+
+    def open_longer_than(self, after: timedelta, *, now: datetime) -> dict[str, datetime]:
+        """Operations whose current opening started more than `after` ago, and when."""
+        return {op: at for op, at in sorted(self._opened_at.items()) if now - at > after}

@@ -1,0 +1,74 @@
+"""The leader's gauges: orders per state and queue depths, refreshed every supervisor round.
+
+Only the leader publishes them, so that summing over every supervisor counts each order and each
+message once; a supervisor that loses the lease clears its own. Reading them must never hold up
+recovery: each refresh is bounded in time, and a failure only leaves the gauges out until the
+next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
+from aiormq.exceptions import ChannelNotFoundEntity
+
+from shared.broker.topology import Names
+from shared.domain.states import ProcessState
+from shared.metrics import ORDERS, QUEUE_DEPTH
+from shared.store.port import StateStore
+
+log = logging.getLogger(__name__)
+
+REFRESH_TIMEOUT_S = 5.0
+"""Upper bound on reading every queue's depth once."""
+
+
+class LeaderGauges:
+    def __init__(
+        self, store: StateStore, connection: AbstractRobustConnection, names: Names
+    ) -> None:
+        self._store = store
+        self._connection = connection
+        self._queues = [q for base in names.input_queues() for q in (base, names.dlq(base))]
+        self._channel: AbstractRobustChannel | None = None
+
+    async def refresh(self) -> None:
+        counts = await self._store.count_by_state()
+        for state in ProcessState:
+            ORDERS.labels(state.value).set(counts.get(state, 0))
+        try:
+            async with asyncio.timeout(REFRESH_TIMEOUT_S):
+                for queue in self._queues:
+                    await self._read_depth(queue)
+        except Exception as exc:  # the broker is slow or away: try again next round
+            log.info("could not read queue depths", extra={"error": repr(exc)})
+            await self._drop_channel()
+
+    async def _read_depth(self, queue: str) -> None:
+        if self._channel is None or self._channel.is_closed:
+            self._channel = await self._connection.channel()
+        try:
+            # Not robust: a robust channel answers a repeated passive declare from its cache.
+            declared = await self._channel.declare_queue(queue, passive=True, robust=False)
+        except ChannelNotFoundEntity:
+            # Not declared (`orderflow init` was not run); the failed declare closed the channel.
+            with contextlib.suppress(KeyError):
+                QUEUE_DEPTH.remove(queue)
+            self._channel = None
+            return
+        QUEUE_DEPTH.labels(queue).set(declared.declaration_result.message_count or 0)
+
+    async def _drop_channel(self) -> None:
+        if self._channel is not None and not self._channel.is_closed:
+            with contextlib.suppress(Exception):
+                await self._channel.close()
+        self._channel = None
+
+    async def clear(self) -> None:
+        """Leadership lost: these gauges are another supervisor's to publish now."""
+        ORDERS.clear()
+        QUEUE_DEPTH.clear()
+        await self._drop_channel()

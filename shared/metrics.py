@@ -1,0 +1,152 @@
+"""Prometheus metrics (`orderflow_…`): one registry per process, served on its own port.
+
+The metrics live in one process-wide registry (not prometheus-client's default one, so that
+nothing registered by a library leaks in and tests read exactly these). A process serves it at
+`http://<host>:ORDERFLOW_METRICS_PORT/metrics` once its bootstrap calls `serve_metrics`; with the
+port 0 there is no endpoint and the metrics are only counted in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_PLAIN_0_0_4,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    gc_collector,
+    generate_latest,
+    platform_collector,
+    process_collector,
+)
+
+from shared.errors import ConfigurationError
+
+log = logging.getLogger(__name__)
+
+REGISTRY = CollectorRegistry()
+process_collector.ProcessCollector(registry=REGISTRY)
+platform_collector.PlatformCollector(registry=REGISTRY)
+gc_collector.GCCollector(registry=REGISTRY)
+
+# -- the supervisor leader (refreshed every round; cleared when leadership is lost, so that a sum
+# over the supervisors counts each order once)
+ORDERS = Gauge(
+    "orderflow_orders",
+    "Orders per process state (supervisor leader).",
+    ["state"],
+    registry=REGISTRY,
+)
+QUEUE_DEPTH = Gauge(
+    "orderflow_queue_depth",
+    "Messages ready in each input and dead-letter queue (supervisor leader).",
+    ["queue"],
+    registry=REGISTRY,
+)
+SUPERVISOR_LEADER = Gauge(
+    "orderflow_supervisor_leader",
+    "1 while this supervisor holds the leader lease.",
+    registry=REGISTRY,
+)
+RECOVERIES = Counter(
+    "orderflow_supervisor_recoveries",
+    "Expired attempts recovered, by the state the order went to.",
+    ["to"],
+    registry=REGISTRY,
+)
+
+# -- the scheduler
+CLAIMS = Counter(
+    "orderflow_claims",
+    "Records claimed for a new attempt (forward) or to be compensated (compensation).",
+    ["kind"],
+    registry=REGISTRY,
+)
+INFLIGHT = Gauge("orderflow_inflight", "Attempts a scheduler runs right now.", registry=REGISTRY)
+STEP_SECONDS = Histogram(
+    "orderflow_step_seconds",
+    "From sending a step request to its reply (requests whose deadline passed are not observed).",
+    ["step", "action"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+STEP_OUTCOMES = Counter(
+    "orderflow_step_outcomes",
+    "Step requests by outcome: ok, error (a non-transient failure), deadline (no reply in time).",
+    ["step", "action", "outcome"],
+    registry=REGISTRY,
+)
+
+# -- the agents
+AGENT_ATTEMPTS = Counter(
+    "orderflow_agent_attempts",
+    "Remote calls by outcome: ok, transient, permanent, fenced, or breaker_open (refused by an "
+    "open circuit, no call made).",
+    ["agent", "operation", "outcome"],
+    registry=REGISTRY,
+)
+CIRCUIT_STATE = Gauge(
+    "orderflow_circuit_state",
+    "Circuit breaker per remote operation: 0 closed, 1 open, 2 half-open.",
+    ["operation"],
+    registry=REGISTRY,
+)
+
+# -- every consumer of an input queue
+MESSAGES = Counter(
+    "orderflow_messages",
+    "Messages consumed, by outcome: handled, duplicate, dead_lettered, requeued.",
+    ["queue", "outcome"],
+    registry=REGISTRY,
+)
+DEAD_LETTERS = Counter(
+    "orderflow_dead_letters",
+    "Messages dead-lettered, by reason.",
+    ["queue", "reason"],
+    registry=REGISTRY,
+)
+
+
+def exposition() -> bytes:
+    """The registry in Prometheus's text format."""
+    return generate_latest(REGISTRY)
+
+
+class MetricsEndpoint:
+    """`GET /metrics` on one port of every interface (a Prometheus server scrapes it from outside
+    the host or container)."""
+
+    def __init__(self, runner: web.AppRunner, port: int) -> None:
+        self._runner = runner
+        self.port = port
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._runner.cleanup()
+
+
+async def _metrics(_: web.Request) -> web.Response:
+    return web.Response(body=exposition(), headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+
+
+async def serve_metrics(port: int, host: str = "0.0.0.0") -> MetricsEndpoint | None:
+    """Start the endpoint; None when `port` is 0. A port in use is a configuration error."""
+    if not port:
+        return None
+    app = web.Application()
+    app.router.add_get("/metrics", _metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigurationError(
+            f"ORDERFLOW_METRICS_PORT: cannot listen on port {port}: {exc.strerror or exc}"
+        ) from None
+    log.info("metrics endpoint listening", extra={"metrics_port": port})
+    return MetricsEndpoint(runner, port)
