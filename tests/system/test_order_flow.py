@@ -387,14 +387,15 @@ async def test_audit_finds_lost_orders_and_duplicate_effects(topo: Topology) -> 
         timeout=5,
     )
     lost, lost_state = order_pair("o-lost")
-    await topo.store.insert_order(lost, lost_state)
-    await topo.store.update_state(
-        "o-lost",
-        Expect(),
-        Changes(
-            fields={
+    # Written Processing from the start: a Pending record would be claimed by the running
+    # scheduler before the test could change it.
+    await topo.store.insert_order(
+        lost,
+        lost_state.model_copy(
+            update={
                 "process_state": ProcessState.PROCESSING,
                 "locked_by": "o-lost:1",
+                "attempt": 1,
                 "complete_by": None,
             }
         ),
