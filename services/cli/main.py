@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
+from services.cli.bench import bench
 from services.cli.dlq import dlq
 from services.cli.inspect import alerts, audit, stats, watch
 from services.cli.orders import orders
@@ -112,3 +113,4 @@ main.add_command(orders)
 main.add_command(dlq)
 main.add_command(alerts)
 main.add_command(watch)
+main.add_command(bench)
