@@ -37,7 +37,7 @@ from rich.table import Table
 
 from services.cli.explain import plain_console
 from services.cli.submit import generated_order, message_id_of
-from shared.bootstrap import open_broker
+from shared.bootstrap import initialise, open_broker
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names, delete_topology
 from shared.config import Settings
@@ -472,6 +472,7 @@ async def _bench(
                 statuses = await wait_ready(store, 1, None, timeout=10)
                 return await _measure(store, run, statuses, seed, timeout, progress)
             expected = 2 + schedulers + agents * len(AGENTS)
+            await initialise(settings)
             env = _env(settings, faults, workdir)
             async with topology(
                 settings, schedulers=schedulers, agents=agents, env=env, workdir=workdir
@@ -523,6 +524,7 @@ async def _recovery(
         workdir = Path(tmp)
         store = await open_store(settings)
         try:
+            await initialise(settings)
             env = _env(settings, faults, workdir)
             async with topology(settings, schedulers=2, agents=1, env=env, workdir=workdir) as up:
                 statuses = await wait_ready(store, 2 + 2 + len(AGENTS), up, timeout=60)

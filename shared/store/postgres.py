@@ -95,6 +95,7 @@ class PostgresStore:
                 timeout=timeout,
                 command_timeout=command_timeout,
                 init=_init_connection,
+                reset=_reset_connection,
             )
         except (ValueError, asyncpg.InterfaceError) as exc:
             raise ConfigurationError(f"store URL {redact(url)}: {one_line(exc)}") from exc
@@ -545,6 +546,15 @@ class PostgresStore:
 
 _STATUS_KEPT = timedelta(hours=1)
 """Expired statuses are pruned after this (a listing ignores them at once)."""
+
+
+async def _reset_connection(connection: asyncpg.Connection) -> None:
+    """What a connection needs before it goes back to the pool. The store opens no cursors,
+    listens to nothing, takes no advisory locks and sets no session variables, so asyncpg's
+    default reset (a round trip of four statements on every release, ~15% of a scheduler's
+    CPU) is replaced by ending a transaction that was left open, if any."""
+    if connection.is_in_transaction():
+        await connection.execute("ROLLBACK")
 
 
 def _affected(status: str) -> int:
