@@ -29,6 +29,27 @@ class Reporter:
         """The process that reports."""
         return self._source
 
+    def event(
+        self,
+        order_id: str,
+        type_: HistoryEventType,
+        *,
+        attempt: int | None = None,
+        instance_id: str | None = None,
+        step: str | None = None,
+        **data: Any,
+    ) -> HistoryEvent:
+        """A history event by this process, to append now or to carry with a state update."""
+        return HistoryEvent(
+            order_id=order_id,
+            type=type_,
+            at=utcnow(),
+            attempt=attempt,
+            instance_id=instance_id,
+            step=step,
+            data={"by": self._source, **data},
+        )
+
     async def history(
         self,
         order_id: str,
@@ -39,14 +60,8 @@ class Reporter:
         step: str | None = None,
         **data: Any,
     ) -> None:
-        event = HistoryEvent(
-            order_id=order_id,
-            type=type_,
-            at=utcnow(),
-            attempt=attempt,
-            instance_id=instance_id,
-            step=step,
-            data={"by": self._source, **data},
+        event = self.event(
+            order_id, type_, attempt=attempt, instance_id=instance_id, step=step, **data
         )
         await self._store.append_history(event)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -13,6 +13,7 @@ from shared.broker.private import ReplyRouter
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
 from shared.config import Settings
+from shared.domain.journal import CompensationEntry, HistoryEvent
 from shared.domain.messages import StepReply, StepRequest
 from shared.domain.models import StateRecord
 from shared.domain.timing import utcnow
@@ -46,9 +47,19 @@ class AttemptContext:
     report: Reporter
     settings: Settings
 
-    async def write(self, order_id: str, update: Update) -> StateRecord:
-        """Apply a fenced update; raise `Superseded` when its condition no longer holds."""
-        after = await self.store.update_state(order_id, update.expect, update.changes)
+    async def write(
+        self,
+        order_id: str,
+        update: Update,
+        *,
+        history: Sequence[HistoryEvent] = (),
+        compensation: CompensationEntry | None = None,
+    ) -> StateRecord:
+        """Apply a fenced update, with the history events and undo that describe it (written
+        only if it matched); raise `Superseded` when its condition no longer holds."""
+        after = await self.store.update_state(
+            order_id, update.expect, update.changes, history=history, compensation=compensation
+        )
         if after is None:
             raise Superseded(order_id)
         return after

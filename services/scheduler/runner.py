@@ -32,9 +32,7 @@ class OrderRunner:
 
     async def run(self, record: StateRecord) -> None:
         instance = record.locked_by or ""
-        await self._ctx.report.history(
-            record.order_id, H.EXECUTION_STARTED, attempt=record.attempt, instance_id=instance
-        )
+        # ExecutionStarted was appended for the whole claimed batch by the scheduler.
         try:
             compensating = await self._run(record, instance)
         except Superseded:
@@ -111,29 +109,29 @@ class OrderRunner:
             timeout=ctx.settings.step_timeout,
             allowance=allowance,
         )
-        running = await ctx.write(record.order_id, update)
-        assert running.complete_by is not None
-        # The undo is logged before the effect can exist, so a crash can never leave an effect
-        # without its undo on record (an undo of an effect never made is a no-op remotely).
-        await ctx.store.append_compensation(
-            CompensationEntry(
-                order_id=order.order_id,
-                step=step.name,
-                undo=step.undo,
-                recorded_at=utcnow(),
-                idempotency_key=idempotency_key(order.order_id, step.name, undo=True),
-            )
+        complete_by = update.changes.fields["complete_by"]
+        # The undo is logged with the step's start, before the effect can exist, so a crash can
+        # never leave an effect without its undo on record (an undo of an effect never made is
+        # a no-op remotely).
+        undo = CompensationEntry(
+            order_id=order.order_id,
+            step=step.name,
+            undo=step.undo,
+            recorded_at=utcnow(),
+            idempotency_key=idempotency_key(order.order_id, step.name, undo=True),
         )
-        attempts = running.steps[step.name].attempts
-        await ctx.report.history(
+        scheduled = ctx.report.event(
             record.order_id,
             H.STEP_SCHEDULED,
             attempt=record.attempt,
             instance_id=instance,
             step=step.name,
-            complete_by=running.complete_by.isoformat(),
+            complete_by=complete_by.isoformat(),
             allowance=allowance,
         )
+        running = await ctx.write(record.order_id, update, history=[scheduled], compensation=undo)
+        assert running.complete_by is not None
+        attempts = running.steps[step.name].attempts
         reply = await ctx.ask(
             step.agent,
             f"{instance}:{step.name}:{attempts}",
@@ -186,22 +184,28 @@ class OrderRunner:
             result=reply.result or {},
             attempts_used=reply.attempts_used,
         )
-        after = await ctx.write(running.order_id, update)
-        await ctx.report.history(
-            running.order_id,
-            H.STEP_COMPLETED,
-            attempt=running.attempt,
-            instance_id=instance,
-            step=step.name,
-            attempts_used=reply.attempts_used,
-        )
-        if after.process_state is ProcessState.PROCESSED:
-            await ctx.report.history(
+        events = [
+            ctx.report.event(
                 running.order_id,
-                H.EXECUTION_COMPLETED,
+                H.STEP_COMPLETED,
                 attempt=running.attempt,
                 instance_id=instance,
+                step=step.name,
+                attempts_used=reply.attempts_used,
             )
+        ]
+        last = workflow.is_last(step.name)
+        if last:
+            events.append(
+                ctx.report.event(
+                    running.order_id,
+                    H.EXECUTION_COMPLETED,
+                    attempt=running.attempt,
+                    instance_id=instance,
+                )
+            )
+        after = await ctx.write(running.order_id, update, history=events)
+        if after.process_state is ProcessState.PROCESSED:
             await ctx.report.status(
                 running.order_id,
                 running.reply_to,
@@ -235,25 +239,30 @@ class OrderRunner:
             attempts_used=attempts_used,
             compensate_within=ctx.settings.step_timeout if compensate else None,
         )
-        after = await ctx.write(record.order_id, update)
-        await ctx.report.history(
-            record.order_id,
-            H.STEP_FAILED,
-            attempt=record.attempt,
-            instance_id=instance,
-            step=step,
-            error=error.message,
-            kind=error.kind.value,
-        )
+        events = [
+            ctx.report.event(
+                record.order_id,
+                H.STEP_FAILED,
+                attempt=record.attempt,
+                instance_id=instance,
+                step=step,
+                error=error.message,
+                kind=error.kind.value,
+            )
+        ]
+        if not compensate:
+            events.append(
+                ctx.report.event(
+                    record.order_id,
+                    H.ERROR_RAISED,
+                    attempt=record.attempt,
+                    instance_id=instance,
+                    kind=error.kind.value,
+                )
+            )
+        after = await ctx.write(record.order_id, update, history=events)
         if compensate:
             return after
-        await ctx.report.history(
-            record.order_id,
-            H.ERROR_RAISED,
-            attempt=record.attempt,
-            instance_id=instance,
-            kind=error.kind.value,
-        )
         await ctx.report.alert(
             AlertKind.ORDER_ERROR,
             f"order {record.order_id} in Error ({error.kind}): {error.message}",

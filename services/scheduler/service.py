@@ -16,6 +16,7 @@ from services.scheduler.leader_watch import LeaderWatch
 from services.scheduler.runner import OrderRunner
 from shared.bootstrap import Runtime
 from shared.broker.private import PrivateQueue, ReplyRouter
+from shared.domain.journal import HistoryEventType
 from shared.domain.models import StateRecord
 from shared.domain.timing import utcnow
 from shared.errors import ServiceUnavailable
@@ -39,6 +40,7 @@ class Scheduler:
             max_bytes=self._settings.max_message_bytes,
         )
         self._tasks: set[asyncio.Task[None]] = set()
+        self._report = runtime.reporter()
         self._room = asyncio.Event()
         self.started = 0
 
@@ -95,10 +97,31 @@ class Scheduler:
                 log.exception("claiming failed; backing off")
                 await _wait_any(stop, timeout=min(5.0, 0.2 * 2**failures))
                 continue
+            await self._started(claimed)
             for record in claimed:
                 self._spawn(runner.run, record)
             if len(claimed) < min(free, self._settings.claim_batch):
                 await _wait_any(stop, timeout=self._settings.poll_interval_s)
+
+    async def _started(self, claimed: list[StateRecord]) -> None:
+        """One history append for the whole claimed batch (before any of its steps). A failure
+        costs only the timeline entry: the attempts run anyway."""
+        if not claimed:
+            return
+        report = self._report
+        events = [
+            report.event(
+                r.order_id,
+                HistoryEventType.EXECUTION_STARTED,
+                attempt=r.attempt,
+                instance_id=r.locked_by,
+            )
+            for r in claimed
+        ]
+        try:
+            await self._rt.store.append_history_many(events)
+        except Exception as exc:
+            log.warning("could not record ExecutionStarted", extra={"error": repr(exc)})
 
     async def _claim(self, limit: int, *, compensating: bool = False) -> list[StateRecord]:
         now = utcnow()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -175,7 +176,13 @@ class MongoStore:
         return None if doc is None else _load_state(doc)
 
     async def update_state(
-        self, order_id: str, expect: Expect, changes: Changes
+        self,
+        order_id: str,
+        expect: Expect,
+        changes: Changes,
+        *,
+        history: Sequence[HistoryEvent] = (),
+        compensation: CompensationEntry | None = None,
     ) -> StateRecord | None:
         sets = {name: plain(value) for name, value in changes.fields.items()}
         sets |= {f"steps.{name}": plain(step) for name, step in changes.steps.items()}
@@ -184,7 +191,14 @@ class MongoStore:
             {"$set": sets},
             return_document=ReturnDocument.AFTER,
         )
-        return None if doc is None else _load_state(doc)
+        if doc is None:
+            return None
+        # Without a multi-document transaction these follow the update (as separate writes
+        # would): the update is the fact, they describe it.
+        if compensation is not None:
+            await self.append_compensation(compensation)
+        await self.append_history_many(history)
+        return _load_state(doc)
 
     async def claim(
         self,
@@ -308,6 +322,12 @@ class MongoStore:
     # -- history
     async def append_history(self, event: HistoryEvent) -> None:
         await self._history.insert_one(plain(event.model_copy(update={"seq": None})))
+
+    async def append_history_many(self, events: Sequence[HistoryEvent]) -> None:
+        if events:
+            await self._history.insert_many(
+                [plain(e.model_copy(update={"seq": None})) for e in events], ordered=True
+            )
 
     async def read_history(self, order_id: str) -> list[HistoryEvent]:
         cursor = self._history.find({"order_id": order_id}).sort(

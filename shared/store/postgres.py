@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -169,7 +170,13 @@ class PostgresStore:
         return None if row is None else state_from(dict(row))
 
     async def update_state(
-        self, order_id: str, expect: Expect, changes: Changes
+        self,
+        order_id: str,
+        expect: Expect,
+        changes: Changes,
+        *,
+        history: Sequence[HistoryEvent] = (),
+        compensation: CompensationEntry | None = None,
     ) -> StateRecord | None:
         args: list[Any] = [order_id]
 
@@ -182,10 +189,37 @@ class PostgresStore:
             patch = {name: jsonable(step) for name, step in changes.steps.items()}
             sets.append(f"steps = steps || {arg(patch)}::jsonb")
         where = ["order_id = $1", *self._conditions(expect, arg)]
-        row = await self._pool.fetchrow(
-            f"UPDATE {self._s}.state SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING *",
-            *args,
+        update = (
+            f"UPDATE {self._s}.state SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING *"
         )
+        if not history and compensation is None:
+            row = await self._pool.fetchrow(update, *args)
+            return None if row is None else state_from(dict(row))
+        # The bookkeeping rides along in the same statement, and only if the update matched.
+        parts = [f"u AS ({update})"]
+        if history:
+            columns = list(zip(*(_history_row(e) for e in history), strict=True))
+            parts.append(
+                f"h AS (INSERT INTO {self._s}.history "
+                "(order_id, type, at, attempt, instance_id, step, data) "
+                f"SELECT o, t, a, n, i, p, d::jsonb FROM unnest("
+                f"{arg(list(columns[0]))}::text[], {arg(list(columns[1]))}::text[], "
+                f"{arg(list(columns[2]))}::timestamptz[], {arg(list(columns[3]))}::int[], "
+                f"{arg(list(columns[4]))}::text[], {arg(list(columns[5]))}::text[], "
+                f"{arg(list(columns[6]))}::text[]) WITH ORDINALITY AS x(o, t, a, n, i, p, d, k) "
+                "WHERE EXISTS (SELECT 1 FROM u) ORDER BY k)"
+            )
+        if compensation is not None:
+            c = compensation
+            parts.append(
+                f"c AS (INSERT INTO {self._s}.compensation_log (order_id, step, undo, "
+                "idempotency_key, recorded_at, status, done_at, error) "
+                f"SELECT {arg(c.order_id)}, {arg(c.step)}, {arg(c.undo)}, "
+                f"{arg(c.idempotency_key)}, {arg(c.recorded_at)}::timestamptz, "
+                f"{arg(c.status.value)}, {arg(c.done_at)}::timestamptz, {arg(c.error)}::text "
+                "WHERE EXISTS (SELECT 1 FROM u) ON CONFLICT (order_id, step) DO NOTHING)"
+            )
+        row = await self._pool.fetchrow(f"WITH {', '.join(parts)} SELECT * FROM u", *args)
         return None if row is None else state_from(dict(row))
 
     @staticmethod
@@ -329,16 +363,15 @@ class PostgresStore:
 
     # -- history
     async def append_history(self, event: HistoryEvent) -> None:
-        await self._pool.execute(
+        await self.append_history_many([event])
+
+    async def append_history_many(self, events: Sequence[HistoryEvent]) -> None:
+        if not events:
+            return
+        await self._pool.executemany(
             f"INSERT INTO {self._s}.history (order_id, type, at, attempt, instance_id, step, data)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            event.order_id,
-            event.type.value,
-            event.at,
-            event.attempt,
-            event.instance_id,
-            event.step,
-            jsonable(event.data),
+            " VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb)",
+            [_history_row(e) for e in events],
         )
 
     async def read_history(self, order_id: str) -> list[HistoryEvent]:
@@ -546,6 +579,19 @@ class PostgresStore:
 
 _STATUS_KEPT = timedelta(hours=1)
 """Expired statuses are pruned after this (a listing ignores them at once)."""
+
+
+def _history_row(e: HistoryEvent) -> tuple[Any, ...]:
+    """A history event as column values; `data` as JSON text (cast to jsonb in SQL)."""
+    return (
+        e.order_id,
+        e.type.value,
+        e.at,
+        e.attempt,
+        e.instance_id,
+        e.step,
+        json.dumps(jsonable(e.data)),
+    )
 
 
 async def _reset_connection(connection: asyncpg.Connection) -> None:

@@ -17,7 +17,9 @@ from shared.domain.journal import (
     UndoStatus,
 )
 from shared.domain.timing import utcnow
+from shared.domain.updates import Changes, Expect
 from shared.store.port import StateStore
+from tests.support.factories import order_pair
 
 H = HistoryEventType
 
@@ -241,3 +243,63 @@ async def test_component_statuses_are_replaced_listed_until_they_expire_and_forg
     await store.forget_status("sched-1")
     assert [s.name for s in await store.list_status(now=now)] == ["payment-1"]
     assert await store.list_status(now=now + timedelta(seconds=11)) == []
+
+
+async def test_an_update_carries_its_history_and_undo_only_when_it_matches(
+    store: StateStore,
+) -> None:
+    order, state = order_pair("o-carry")
+    await store.insert_order(order, state)
+    t = utcnow()
+    events = [
+        HistoryEvent(
+            order_id="o-carry", type=H.STEP_SCHEDULED, at=t, step="reserve", data={"n": 1}
+        ),
+        HistoryEvent(order_id="o-carry", type=H.STEP_COMPLETED, at=t, step="reserve"),
+    ]
+    undo = CompensationEntry(
+        order_id="o-carry",
+        step="reserve",
+        undo="inventory.release",
+        idempotency_key="o-carry:reserve:undo",
+        recorded_at=t,
+    )
+    missed = await store.update_state(
+        "o-carry",
+        Expect(locked_by="someone-else"),
+        Changes(fields={"updated_at": t}),
+        history=events,
+        compensation=undo,
+    )
+    assert missed is None
+    assert await store.read_history("o-carry") == []
+    assert await store.read_compensation("o-carry") == []
+
+    hit = await store.update_state(
+        "o-carry", Expect(), Changes(fields={"updated_at": t}), history=events, compensation=undo
+    )
+    assert hit is not None
+    history = await store.read_history("o-carry")
+    assert [(e.type, e.data) for e in history] == [
+        (H.STEP_SCHEDULED, {"n": 1}),
+        (H.STEP_COMPLETED, {}),
+    ]
+    [logged] = await store.read_compensation("o-carry")
+    assert (logged.step, logged.undo) == ("reserve", "inventory.release")
+    assert logged.status is UndoStatus.PENDING
+    # The undo is insert-if-absent: a second carry changes nothing.
+    same = Changes(fields={"updated_at": t})
+    await store.update_state("o-carry", Expect(), same, compensation=undo)
+    assert len(await store.read_compensation("o-carry")) == 1
+
+
+async def test_history_many_appends_in_order(store: StateStore) -> None:
+    t = utcnow()
+    events = [
+        HistoryEvent(order_id=f"o-many{i % 2}", type=H.EXECUTION_STARTED, at=t, attempt=i)
+        for i in range(6)
+    ]
+    await store.append_history_many(events)
+    await store.append_history_many([])
+    assert [e.attempt for e in await store.read_history("o-many0")] == [0, 2, 4]
+    assert [e.attempt for e in await store.read_history("o-many1")] == [1, 3, 5]
