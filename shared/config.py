@@ -98,8 +98,9 @@ class Settings(BaseSettings):
     """Remote attempts one step request may spend (never more than the order's budget left)."""
     agent_http_timeout_s: float = Field(default=5.0, gt=0)
     """Upper bound on one HTTP call to the remote service (the deadline may cut it shorter)."""
-    breaker_fail_max: int = Field(default=5, ge=1)
-    """Consecutive transient failures of one remote endpoint that open its circuit breaker."""
+    breaker_fail_max: int = Field(default=10, ge=1)
+    """Consecutive transient failures of one remote endpoint that open its circuit breaker
+    (high enough that a 20% error rate does not trip it: 0.2^10 is one in ten million)."""
     breaker_reset_s: float = Field(default=5.0, gt=0)
     """How long an open circuit fails fast before it lets one trial call through."""
 

@@ -58,6 +58,8 @@ class DeadlinePassed(TransientError):
 class Outcome:
     result: dict[str, Any] | None = None
     error: PermanentError | None = None
+    transient: str | None = None
+    """The last transient failure, when the allowance (or an open circuit) stopped the step."""
     attempts: int = 0
 
 
@@ -133,12 +135,17 @@ class Agent:
             )
             return
         outcome = await self._run(request)
-        if outcome.error is None and outcome.result is None:
+        if outcome.error is None and outcome.result is None and outcome.transient is None:
             log.info(
-                "transient failures spent the allowance; staying silent",
+                "the deadline came first; staying silent (the scheduler stopped waiting)",
                 extra=context | {"attempts": outcome.attempts},
             )
             return
+        if outcome.transient is not None:
+            log.info(
+                "transient failures spent the allowance; replying so",
+                extra=context | {"attempts": outcome.attempts, "error": outcome.transient},
+            )
         await self._reply(request, delivery, outcome)
 
     async def _run(self, request: StepRequest) -> Outcome:
@@ -157,8 +164,15 @@ class Agent:
                     outcome.result = await self._attempt(request, breaker, outcome)
         except PermanentError as exc:
             outcome.error = exc
+        except DeadlinePassed as exc:
+            log.info("remote call failed", extra={"order_id": request.order_id, "error": repr(exc)})
         except (TransientError, pybreaker.CircuitBreakerError) as exc:
             log.info("remote call failed", extra={"order_id": request.order_id, "error": repr(exc)})
+            if outcome.attempts:
+                # Real calls failed: say so, and the scheduler gives the order back at once.
+                outcome.transient = str(exc)
+            # An open circuit that let no call through stays silent: the step's deadline paces
+            # the retries while the remote service is down (decision 15).
         return outcome
 
     async def _attempt(
@@ -192,9 +206,9 @@ class Agent:
         AGENT_ATTEMPTS.labels(self.name, operation, outcome).inc()
 
     async def _reply(self, request: StepRequest, delivery: Delivery, outcome: Outcome) -> None:
-        if outcome.error is not None:
-            kind = ErrorKind.PERMANENT
-            message = str(outcome.error)
+        if outcome.error is not None or outcome.transient is not None:
+            kind = ErrorKind.PERMANENT if outcome.error is not None else ErrorKind.TRANSIENT
+            message = str(outcome.error) if outcome.error is not None else str(outcome.transient)
             if isinstance(outcome.error, RemoteFenced):
                 message = f"superseded: {message}"
             reply = StepReply(

@@ -126,7 +126,9 @@ class Compensator:
                 outcome=(reply.result or {}).get("outcome"),
             )
             return None
-        if reply is None:
+        if reply is None or reply.error_kind is ErrorKind.TRANSIENT:
+            # No answer, or only transient failures: the supervisor releases the compensation
+            # after its deadline and another attempt tries again (up to the failure threshold).
             raise _DeadlinePassed(entry.step)
         reason = reply.error_message or "the agent reported a failure"
         await ctx.store.mark_compensation(

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from shared.broker.private import ReplyRouter
@@ -16,8 +17,8 @@ from shared.config import Settings
 from shared.domain.journal import CompensationEntry, HistoryEvent
 from shared.domain.messages import StepReply, StepRequest
 from shared.domain.models import StateRecord
-from shared.domain.timing import utcnow
-from shared.domain.updates import Update, extend_deadline
+from shared.domain.timing import recovery_backoff, utcnow
+from shared.domain.updates import RecoveryPolicy, Update, extend_deadline
 from shared.errors import PublishError
 from shared.metrics import STEP_OUTCOMES, STEP_SECONDS
 from shared.reporting import Reporter
@@ -33,6 +34,8 @@ class Superseded(Exception):
 Renew = Callable[[], Awaitable[datetime]]
 """Extends the attempt's deadline (a fenced write) and returns the new one."""
 
+_RNG = random.Random()
+
 OUTAGE_PATIENCE_S = 300.0
 """How long an attempt holds its order while the broker refuses its request."""
 
@@ -46,6 +49,23 @@ class AttemptContext:
     reply_queue: str
     report: Reporter
     settings: Settings
+
+    @property
+    def policy(self) -> RecoveryPolicy:
+        """How long a released order rests before it may be claimed again, as the supervisor's
+        recoveries do, and when it is parked instead."""
+        settings = self.settings
+        return RecoveryPolicy(
+            failure_threshold=settings.failure_threshold,
+            backoff=lambda failures: recovery_backoff(
+                failures,
+                base=timedelta(seconds=settings.backoff_base_s),
+                cap=timedelta(seconds=settings.backoff_cap_s),
+                cooldown_after=settings.cooldown_after,
+                cooldown=timedelta(seconds=settings.cooldown_s),
+                rng=_RNG,
+            ),
+        )
 
     async def write(
         self,

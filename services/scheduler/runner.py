@@ -19,7 +19,7 @@ from shared.domain.messages import OrderStatus, StepAction, StepOutcome, StepRep
 from shared.domain.models import ErrorInfo, OrderRecord, StateRecord
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
 from shared.domain.timing import utcnow
-from shared.domain.updates import complete_step, fail, start_step
+from shared.domain.updates import complete_step, fail, release, start_step
 from shared.domain.workflow import StepDefinition, Workflow, get_workflow, idempotency_key
 
 log = logging.getLogger(__name__)
@@ -162,9 +162,87 @@ class OrderRunner:
             at=utcnow(),
             message=reply.error_message or "the agent reported a failure",
         )
+        if error.kind is ErrorKind.TRANSIENT:
+            return await self._release(
+                running, step.name, instance, error, attempts_used=reply.attempts_used
+            )
         return await self._fail(
             running, workflow, step.name, instance, error, attempts_used=reply.attempts_used
         )
+
+    async def _release(
+        self,
+        running: StateRecord,
+        step: str,
+        instance: str,
+        error: ErrorInfo,
+        *,
+        attempts_used: int,
+    ) -> StateRecord:
+        """The agent spent its allowance on transient failures (or its circuit is open): give
+        the order back at once, due again after the backoff (or parked at the threshold),
+        rather than wait for the deadline."""
+        ctx = self._ctx
+        update = release(
+            running,
+            step,
+            instance=instance,
+            now=utcnow(),
+            error=error,
+            attempts_used=attempts_used,
+            policy=ctx.policy,
+        )
+        target = update.changes.fields["process_state"]
+        events = [
+            ctx.report.event(
+                running.order_id,
+                H.STEP_FAILED,
+                attempt=running.attempt,
+                instance_id=instance,
+                step=step,
+                error=error.message,
+                kind=error.kind.value,
+            ),
+            ctx.report.event(
+                running.order_id,
+                H.RECOVERED,
+                attempt=running.attempt,
+                instance_id=instance,
+                to=target.value,
+                failure_count=update.changes.fields["failure_count"],
+                reason="released by its attempt after transient failures",
+            ),
+        ]
+        parked = update.changes.fields.get("error")
+        if parked is not None:
+            events.append(
+                ctx.report.event(
+                    running.order_id,
+                    H.ERROR_RAISED,
+                    attempt=running.attempt,
+                    instance_id=instance,
+                    kind=parked.kind.value,
+                )
+            )
+        after = await ctx.write(running.order_id, update, history=events)
+        if parked is not None:
+            await ctx.report.alert(
+                AlertKind.ORDER_ERROR,
+                f"order {running.order_id} in Error ({parked.kind}): {parked.message}",
+                alert_id=f"order-error:{running.order_id}:{running.attempt}",
+                order_id=running.order_id,
+                error_kind=parked.kind.value,
+                step=step,
+            )
+            await ctx.report.status(
+                running.order_id,
+                running.reply_to,
+                OrderStatus.FAILED,
+                after.process_state,
+                message_id=f"{running.order_id}:status:failed:{running.attempt}",
+                detail=parked.message,
+            )
+        return after
 
     async def _complete(
         self,

@@ -262,3 +262,44 @@ def recover(record: StateRecord, *, now: datetime, policy: RecoveryPolicy) -> Up
         updated_at=record.updated_at,
     )
     return Update(expect, Changes(fields=fields, steps=steps))
+
+
+def release(
+    record: StateRecord,
+    step: str,
+    *,
+    instance: str,
+    now: datetime,
+    error: ErrorInfo,
+    attempts_used: int,
+    policy: RecoveryPolicy,
+) -> Update:
+    """The attempt gives its order back: the step failed transiently after every attempt it was
+    allowed (or its circuit is open). Like a recovery, without waiting for the deadline: the
+    order is due again after the backoff, or parked in Error at the failure threshold. Fenced:
+    only the live attempt can release its order."""
+    failures = record.failure_count + 1
+    parked = failures >= policy.failure_threshold
+    target = ProcessState.ERROR if parked else ProcessState.PENDING
+    check_transition(Action.RECOVER, record.process_state, target)
+    failed = record.steps[step].model_copy(
+        update={"status": StepStatus.NOT_STARTED, "allowance": 0, "error": error}
+    )
+    fields: dict[str, Any] = {
+        "process_state": target,
+        "locked_by": None,
+        "complete_by": None,
+        "failure_count": failures,
+        "retry_budget": _settle_budget(record, step, attempts_used),
+        "updated_at": now,
+    }
+    if parked:
+        fields["error"] = ErrorInfo(
+            kind=ErrorKind.RECOVERY_LIMIT,
+            message=f"failed {failures} times without finishing (threshold "
+            f"{policy.failure_threshold}); last: {error.message}"[:2000],
+            at=now,
+        )
+    else:
+        fields["next_attempt_at"] = now + policy.backoff(failures)
+    return Update(_fenced(instance), Changes(fields=fields, steps={step: failed}))

@@ -21,6 +21,7 @@ from shared.broker.private import PrivateQueue
 from shared.broker.publisher import Publisher
 from shared.config import load_settings
 from shared.domain.messages import StepAction, StepOutcome, StepReply, StepRequest
+from shared.domain.states import ErrorKind
 from shared.domain.timing import utcnow
 from tests.conftest import RABBITMQ_URL, service_missing
 from tests.support.topology import free_port
@@ -190,13 +191,15 @@ async def test_agent_replies_ok_with_the_attempts_it_used(rig: AgentRig) -> None
     assert replies[0].outcome is StepOutcome.OK and replies[0].attempts_used == 1
 
 
-async def test_agent_retries_transient_failures_within_its_allowance_then_stays_silent(
+async def test_agent_retries_transient_failures_within_its_allowance_then_says_so(
     rig: AgentRig,
 ) -> None:
     rig.remote.service.faults.transient_error_rate = 1.0
     await rig.ask("o-transient", allowed=2)
     assert rig.calls() == 2
-    assert rig.replies == []
+    [reply] = await eventually(lambda: asyncio.sleep(0, rig.replies), what="a reply")
+    assert (reply.outcome, reply.error_kind) == (StepOutcome.ERROR, ErrorKind.TRANSIENT)
+    assert reply.attempts_used == 2 and "503" in (reply.error_message or "")
 
 
 async def test_agent_reports_a_decline_as_a_non_transient_error(rig: AgentRig) -> None:
@@ -221,4 +224,13 @@ async def test_circuit_opens_after_consecutive_failures_and_fails_fast(rig: Agen
     assert rig.agent.open_circuits() == ["payment.charge"]
     await rig.ask("o-c", allowed=3)
     assert rig.calls() == 3, "an open circuit makes no call"
-    assert rig.replies == []
+
+    async def two() -> list[StepReply] | None:
+        return rig.replies if len(rig.replies) == 2 else None
+
+    replies = await eventually(two, what="replies to the requests that made calls")
+    assert {r.order_id for r in replies} == {"o-a", "o-b"}
+    assert all(r.error_kind is ErrorKind.TRANSIENT for r in replies)
+    # The request the open circuit failed fast made no call and gets no reply: its deadline
+    # paces the retries while the remote service is down.
+    assert "o-c" not in {r.order_id for r in rig.replies}

@@ -19,6 +19,7 @@ from shared.domain.updates import (
     fail,
     matches,
     recover,
+    release,
     start_step,
 )
 from shared.domain.workflow import ORDER_WORKFLOW
@@ -227,3 +228,40 @@ def test_extend_deadline_moves_only_the_deadline_of_the_live_attempt() -> None:
             now=now,
             timeout=S,
         )
+
+
+def test_release_gives_the_order_back_with_a_backoff_or_parks_it() -> None:
+    record = claimed()
+    now = utcnow()
+    running = apply(
+        record,
+        start_step(
+            record, "reserve", instance="o-1:1", now=now, timeout=5 * S, allowance=3
+        ).changes,
+    )
+    error = ErrorInfo(kind=ErrorKind.TRANSIENT, message="inventory.reserve: HTTP 503", at=now)
+    policy = RecoveryPolicy(failure_threshold=2, backoff=lambda n: n * 10 * S)
+    u = release(
+        running, "reserve", instance="o-1:1", now=now, error=error, attempts_used=2, policy=policy
+    )
+    assert u.expect == Expect(process_state=frozenset({ProcessState.PROCESSING}), locked_by="o-1:1")
+    after = apply(running, u.changes)
+    assert (after.process_state, after.locked_by, after.complete_by) == (
+        ProcessState.PENDING,
+        None,
+        None,
+    )
+    assert after.failure_count == 1 and after.next_attempt_at == now + 10 * S
+    assert after.retry_budget.used == 2, "only the attempts the agent spent"
+    assert after.steps["reserve"].status is StepStatus.NOT_STARTED
+    assert after.steps["reserve"].error == error
+    again = running.model_copy(update={"failure_count": 1})
+    parked = apply(
+        again,
+        release(
+            again, "reserve", instance="o-1:1", now=now, error=error, attempts_used=0, policy=policy
+        ).changes,
+    )
+    assert parked.process_state is ProcessState.ERROR
+    assert parked.error is not None and parked.error.kind is ErrorKind.RECOVERY_LIMIT
+    assert "HTTP 503" in parked.error.message
