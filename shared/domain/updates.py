@@ -250,7 +250,7 @@ def recover(record: StateRecord, *, now: datetime, policy: RecoveryPolicy) -> Up
         fields["error"] = ErrorInfo(
             kind=ErrorKind.RECOVERY_LIMIT,
             message=f"recovered {failures} times without finishing (threshold "
-            f"{policy.failure_threshold})",
+            f"{policy.failure_threshold}); last: {timed_out.message}",
             at=now,
         )
     else:
@@ -296,7 +296,7 @@ def release(
     if parked:
         fields["error"] = ErrorInfo(
             kind=ErrorKind.RECOVERY_LIMIT,
-            message=f"failed {failures} times without finishing (threshold "
+            message=f"recovered {failures} times without finishing (threshold "
             f"{policy.failure_threshold}); last: {error.message}"[:2000],
             at=now,
         )
