@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 Attempt = Callable[[StateRecord], Awaitable[None]]
 
+GATHER_S = 0.05
+"""At most this long a nearly full scheduler waits for room for several orders to gather."""
+
 
 class Scheduler:
     def __init__(self, runtime: Runtime) -> None:
@@ -72,6 +75,9 @@ class Scheduler:
         self, runner: OrderRunner, compensator: Compensator, stop: asyncio.Event
     ) -> None:
         limit = self._settings.scheduler_inflight
+        # When nearly full, let room for a few orders gather before claiming: one claim (and one
+        # history append) for several orders instead of one per finished order.
+        gather = max(1, min(limit, self._settings.claim_batch) // 5)
         failures = 0
         while not stop.is_set():
             free = limit - len(self._tasks)
@@ -79,6 +85,9 @@ class Scheduler:
                 self._room.clear()
                 await _wait_any(stop, self._room, timeout=self._settings.poll_interval_s)
                 continue
+            if free < gather:
+                await self._gather_room(limit, gather, stop)
+                free = limit - len(self._tasks)
             try:
                 # Compensations first: they finish orders that already hold resources.
                 undo = await self._claim(min(free, self._settings.claim_batch), compensating=True)
@@ -102,6 +111,16 @@ class Scheduler:
                 self._spawn(runner.run, record)
             if len(claimed) < min(free, self._settings.claim_batch):
                 await _wait_any(stop, timeout=self._settings.poll_interval_s)
+
+    async def _gather_room(self, limit: int, want: int, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + GATHER_S
+        while limit - len(self._tasks) < want and not stop.is_set():
+            left = until - loop.time()
+            if left <= 0:
+                return
+            self._room.clear()
+            await _wait_any(stop, self._room, timeout=left)
 
     async def _started(self, claimed: list[StateRecord]) -> None:
         """One history append for the whole claimed batch (before any of its steps). A failure
