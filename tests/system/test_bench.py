@@ -67,7 +67,10 @@ async def test_bench_reports_throughput_latency_and_process_costs_then_cleans_up
         "agent-shipping",
     }
     assert kinds["scheduler"]["processes"] == 2
-    assert all(k["cpu_ms_per_order"] > 0 and k["peak_rss_mib"] > 10 for k in kinds.values())
+    assert all(k["peak_rss_mib"] > 10 for k in kinds.values())
+    # The processes on every order's path used CPU for it (the supervisor may idle throughout).
+    busy = [k for name, k in kinds.items() if name != "supervisor"]
+    assert all(k["cpu_ms_per_order"] > 0 for k in busy)
     assert result["settings"]["schedulers"] == 2
     assert await _bench_schemas() == before, "the benchmark's hub is dropped"
 
