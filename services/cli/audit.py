@@ -45,7 +45,7 @@ class AuditReport:
         }
 
 
-async def _all_states(store: StateStore) -> list[StateRecord]:
+async def all_states(store: StateStore) -> list[StateRecord]:
     states: list[StateRecord] = []
     after: str | None = None
     while batch := await store.list_states(after=after, limit=PAGE):
@@ -67,7 +67,7 @@ async def audit(
     store: StateStore, effects: list[dict[str, Any]], *, now: datetime, grace: timedelta
 ) -> AuditReport:
     report = AuditReport(effects=len(effects))
-    states = {s.order_id: s for s in await _all_states(store)}
+    states = {s.order_id: s for s in await all_states(store)}
     order_ids = await _all_order_ids(store)
     report.orders = len(order_ids)
     counts: dict[str, int] = defaultdict(int)

@@ -35,6 +35,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from services.cli.audit import all_states
 from services.cli.explain import plain_console
 from services.cli.submit import generated_order, message_id_of
 from shared.bootstrap import initialise, open_broker
@@ -52,7 +53,6 @@ from shared.store.factory import open_store
 from shared.store.port import StateStore
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-PAGE = 5000
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -230,15 +230,6 @@ async def wait_settled(store: StateStore, run: Run, timeout: float, progress: bo
             if done >= run.orders or time.monotonic() > give_up:
                 return done
             await asyncio.sleep(0.1)
-
-
-async def all_states(store: StateStore) -> list[StateRecord]:
-    states: list[StateRecord] = []
-    after: str | None = None
-    while batch := await store.list_states(after=after, limit=PAGE):
-        states += batch
-        after = batch[-1].order_id
-    return states
 
 
 # -- the report ----------------------------------------------------------------------------------

@@ -226,22 +226,7 @@ class OrderRunner:
             )
         after = await ctx.write(running.order_id, update, history=events)
         if parked is not None:
-            await ctx.report.alert(
-                AlertKind.ORDER_ERROR,
-                f"order {running.order_id} in Error ({parked.kind}): {parked.message}",
-                alert_id=f"order-error:{running.order_id}:{running.attempt}",
-                order_id=running.order_id,
-                error_kind=parked.kind.value,
-                step=step,
-            )
-            await ctx.report.status(
-                running.order_id,
-                running.reply_to,
-                OrderStatus.FAILED,
-                after.process_state,
-                message_id=f"{running.order_id}:status:failed:{running.attempt}",
-                detail=parked.message,
-            )
+            await self._parked(running, after, parked, step)
         return after
 
     async def _complete(
@@ -341,6 +326,14 @@ class OrderRunner:
         after = await ctx.write(record.order_id, update, history=events)
         if compensate:
             return after
+        await self._parked(record, after, error, step)
+        return after
+
+    async def _parked(
+        self, record: StateRecord, after: StateRecord, error: ErrorInfo, step: str | None
+    ) -> None:
+        """An order this attempt parked in Error: the alert, and the Failed status message."""
+        ctx = self._ctx
         await ctx.report.alert(
             AlertKind.ORDER_ERROR,
             f"order {record.order_id} in Error ({error.kind}): {error.message}",
@@ -357,7 +350,6 @@ class OrderRunner:
             message_id=f"{record.order_id}:status:failed:{record.attempt}",
             detail=error.message,
         )
-        return after
 
 
 def _payload(order: OrderRecord, step: StepDefinition) -> dict[str, Any]:
