@@ -174,7 +174,8 @@ async def running_topology(hub: str, workdir: Path, **env: str) -> AsyncIterator
             POSTGRES_URL, hub, pool_size=2, timeout=5, command_timeout=10
         )
         await probe.close()
-        amqp = await connect(RABBITMQ_URL, timeout=5, name="system-tests")
+        probe_amqp = await connect(RABBITMQ_URL, timeout=5, name="system-tests")
+        await probe_amqp.close()
     except Exception as exc:
         service_missing("PostgreSQL and RabbitMQ", exc)
     topo = Topology(hub, workdir, env)
@@ -194,8 +195,13 @@ async def running_topology(hub: str, workdir: Path, **env: str) -> AsyncIterator
         await topo.remote.close()
         await topo.store.drop()
         await topo.store.close()
-        await delete_topology(await amqp.channel(), Names(hub))
-        await amqp.close()
+        # A fresh connection: a fault test may just have restarted RabbitMQ, and a
+        # connection held since the start would still be waiting to reconnect.
+        amqp = await connect(RABBITMQ_URL, timeout=10, name="system-tests")
+        try:
+            await delete_topology(await amqp.channel(), Names(hub))
+        finally:
+            await amqp.close()
 
 
 async def all_orders(topo: Topology) -> list[Any]:
