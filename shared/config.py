@@ -9,6 +9,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.domain.states import ErrorKind
+from shared.domain.workflow import current_workflow
 from shared.errors import ConfigurationError
 
 STORE_SCHEMES = {
@@ -55,6 +56,9 @@ class Settings(BaseSettings):
     compensate_on: str | None = Field(default=None, pattern=r"^[a-z-]+(,[a-z-]+)*$")
     """Error kinds that compensate (comma-separated, e.g. `permanent,budget-exhausted`);
     unset: each workflow's own policy (the order workflow compensates `permanent`)."""
+    workflow_version: int | None = Field(default=None, ge=1)
+    """Version of the order workflow that new orders start on (a staged rollout); unset: this
+    build's current version. Orders already started always finish on their own version."""
     undo_attempts: int = Field(default=3, ge=1, le=100)
     """Remote attempts one undo request may spend; an undo still failing after them makes the
     order CompensationFailed (undos do not draw on the order's retry budget)."""
@@ -120,6 +124,13 @@ class Settings(BaseSettings):
     backlog_check_s: float = Field(default=1.0, gt=0)
     """How often submission counts the outstanding backlog."""
 
+    # -- data retention
+    retention_s: float = Field(default=30 * 24 * 3600.0, gt=0)
+    """History and compensation records of a finished order (Processed or Compensated) are
+    deleted this long after it finished (the order and its state record stay)."""
+    retention_interval_s: float = Field(default=600.0, gt=0)
+    """How often the supervisor leader deletes expired history and compensation records."""
+
     # -- the supervisor (reporting)
     stuck_pending_s: float = Field(default=300.0, gt=0)
     """A Pending record due for longer than this is reported as stuck."""
@@ -179,6 +190,13 @@ class Settings(BaseSettings):
         for kind in (value or "").split(","):
             if value and kind not in known:
                 raise ValueError(f"{kind!r} is not an error kind: {', '.join(sorted(known))}")
+        return value
+
+    @field_validator("workflow_version")
+    @classmethod
+    def _registered_version(cls, value: int | None) -> int | None:
+        if value is not None:
+            current_workflow("order", value)  # raises ValueError naming the registered ones
         return value
 
     @model_validator(mode="after")

@@ -19,6 +19,7 @@ from services.cli.orders import orders
 from services.cli.serve import serve
 from services.cli.submit import submit
 from services.cli.up import up
+from services.cli.workflows import workflows
 from shared.bootstrap import initialise
 from shared.config import Settings, load_settings
 from shared.errors import ConfigurationError, OrderflowError, ServiceUnavailable, one_line
@@ -114,3 +115,4 @@ main.add_command(dlq)
 main.add_command(alerts)
 main.add_command(watch)
 main.add_command(bench)
+main.add_command(workflows)

@@ -28,12 +28,16 @@ from shared.metrics import serve_metrics
 
 log = logging.getLogger(__name__)
 
-UNDO_OF = {
-    "inventory.release": "inventory.reserve",
-    "payment.refund": "payment.charge",
-    "shipping.cancel": "shipping.create",
+UNDO_OF: dict[str, tuple[str, ...]] = {
+    "inventory.release": ("inventory.reserve",),
+    "payment.refund": ("payment.charge", "payment.capture"),
+    "payment.void": ("payment.authorize",),
+    "shipping.cancel": ("shipping.create",),
 }
-OPERATIONS = frozenset({*UNDO_OF, *UNDO_OF.values()})
+"""Each undo and the operations it undoes (an undo with nothing to undo is a no-op)."""
+OPERATIONS = frozenset({*UNDO_OF, *(op for done in UNDO_OF.values() for op in done)})
+DECLINABLE = frozenset({"payment.charge", "payment.authorize"})
+"""Where a card is declined: the charge (workflow v1) or the authorization (v2)."""
 
 
 class RemoteCall(BaseModel):
@@ -198,12 +202,12 @@ class RemoteService:
             done = [
                 e
                 for e in self.ledger.effects_of(body.order_id)
-                if e.operation == UNDO_OF[operation] and e.outcome == "applied"
+                if e.operation in UNDO_OF[operation] and e.outcome == "applied"
             ]
             if not done:
                 return "noop", {"undid": None}
             return "applied", {"undid": done[0].seq}
-        if operation == "payment.charge" and declined(body.order_id, self.faults.decline_rate):
+        if operation in DECLINABLE and declined(body.order_id, self.faults.decline_rate):
             return "declined", {"reason": "card declined"}
         ref = hashlib.sha256(body.idempotency_key.encode()).hexdigest()[:12]
         kept = {k: v for k, v in body.payload.items() if k != "payment_token"}

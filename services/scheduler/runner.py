@@ -20,7 +20,13 @@ from shared.domain.models import ErrorInfo, OrderRecord, StateRecord
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
 from shared.domain.timing import utcnow
 from shared.domain.updates import complete_step, fail, release, start_step
-from shared.domain.workflow import StepDefinition, Workflow, get_workflow, idempotency_key
+from shared.domain.workflow import (
+    StepDefinition,
+    Workflow,
+    get_workflow,
+    idempotency_key,
+    unknown_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +56,19 @@ class OrderRunner:
     async def _run(self, record: StateRecord, instance: str) -> StateRecord | None:
         """Run the steps not yet Completed; the record if it must now be compensated."""
         workflow = get_workflow(record.workflow, record.workflow_version)
+        unknown = unknown_version(record)
+        if unknown is not None:
+            # A newer build started it, or an old version was retired too early: an operator
+            # deploys a build that has it and resubmits. Never guess with another version.
+            error = ErrorInfo(kind=ErrorKind.UNKNOWN_WORKFLOW, at=utcnow(), message=unknown)
+            await self._fail(record, None, None, instance, error)
+            return None
         order = await self._ctx.store.get_order(record.order_id)
         if workflow is None or order is None:
-            missing = "order record" if order is None else "workflow"
-            kind = ErrorKind.UNKNOWN_WORKFLOW if workflow is None else ErrorKind.PERMANENT
             error = ErrorInfo(
-                kind=kind,
+                kind=ErrorKind.PERMANENT,
                 at=utcnow(),
-                message=f"no {missing} for {record.workflow} v{record.workflow_version}",
+                message=f"no order record for {record.workflow} v{record.workflow_version}",
             )
             await self._fail(record, None, None, instance, error)
             return None

@@ -21,7 +21,7 @@ from shared.domain.messages import OrderStatus, SubmitOrder
 from shared.domain.models import OrderRecord
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
-from shared.domain.workflow import ORDER_WORKFLOW, new_state_record
+from shared.domain.workflow import current_workflow, new_state_record
 from shared.errors import InvalidMessage
 from shared.reporting import Reporter
 from shared.store.port import InsertOutcome
@@ -38,6 +38,7 @@ class Submission:
         self._rt = runtime
         self._report: Reporter = runtime.reporter()
         self._threshold = runtime.settings.backlog_threshold
+        self._workflow = current_workflow("order", runtime.settings.workflow_version)
         self._consumer: Consumer | None = None
         self._backlog = 0
         """The last count of outstanding orders, plus the orders recorded since."""
@@ -58,7 +59,7 @@ class Submission:
         reply_to = message.reply_to or delivery.reply_to
         state = new_state_record(
             order,
-            ORDER_WORKFLOW,
+            self._workflow,
             now=now,
             retry_budget=self._rt.settings.retry_budget,
             reply_to=reply_to,

@@ -28,17 +28,28 @@ from shared.domain.journal import (
     UndoStatus,
 )
 from shared.domain.models import OrderRecord, StateRecord
-from shared.domain.states import ProcessState
+from shared.domain.states import TERMINAL_STATES, ProcessState
 from shared.domain.updates import ANY, Changes, Expect
 from shared.errors import ConfigurationError, ServiceUnavailable, one_line
 from shared.store.codec import plain, state_from
-from shared.store.port import InsertOutcome, ListCursor, ScanCursor, ScanPage, StateQuery, page_of
+from shared.store.port import (
+    InsertOutcome,
+    ListCursor,
+    Purged,
+    ScanCursor,
+    ScanPage,
+    StateQuery,
+    WorkflowUse,
+    page_of,
+)
 from shared.store.unavailable import translate_unavailable
 from shared.store.urls import redact
 
 _CLAIM_SPREAD = 4
 """A claimer looks at this many times its batch and picks at random, so that concurrent
 claimers mostly try different records instead of all racing for the same first few."""
+PURGE_PAGE = 500
+"""Finished orders one retention page looks at."""
 
 
 def _state_doc(state: StateRecord) -> dict[str, Any]:
@@ -273,6 +284,26 @@ class MongoStore:
         query = {"process_state": {"$in": [s.value for s in states]}}
         return int(await self._state.count_documents(query))
 
+    async def workflow_usage(self) -> list[WorkflowUse]:
+        pipeline: list[dict[str, Any]] = [
+            {
+                "$group": {
+                    "_id": {
+                        "w": "$workflow",
+                        "v": "$workflow_version",
+                        "s": "$process_state",
+                    },
+                    "n": {"$sum": 1},
+                }
+            }
+        ]
+        cursor = await self._state.aggregate(pipeline)
+        rows = [
+            (d["_id"]["w"], d["_id"]["v"], d["_id"]["s"], d["n"])
+            for d in await cursor.to_list(None)
+        ]
+        return [WorkflowUse(w, v, ProcessState(s), n) for w, v, s, n in sorted(rows)]
+
     async def find_stuck_pending(self, *, due_before: datetime, limit: int) -> list[StateRecord]:
         query = {
             "process_state": "Pending",
@@ -374,6 +405,48 @@ class MongoStore:
             {"$set": {"status": status.value, "done_at": done_at, "error": error}},
         )
         return bool(result.matched_count == 1)
+
+    async def purge_finished(self, *, finished_before: datetime, limit: int) -> Purged:
+        query = {
+            "process_state": {"$in": [s.value for s in TERMINAL_STATES]},
+            "updated_at": {"$lt": finished_before},
+        }
+        orders = history = compensation = 0
+        # Without a join, page through the finished orders and skip those already purged.
+        cursor = self._state.find(query, projection={"_id": 1}).sort("_id", ASCENDING)
+        batch: list[str] = []
+        async for doc in cursor:
+            batch.append(doc["_id"])
+            if len(batch) < PURGE_PAGE:
+                continue
+            done = await self._purge(batch, limit - orders)
+            orders, history, compensation = (
+                orders + done[0],
+                history + done[1],
+                compensation + done[2],
+            )
+            batch = []
+            if orders >= limit:
+                break
+        if batch and orders < limit:
+            done = await self._purge(batch, limit - orders)
+            orders, history, compensation = (
+                orders + done[0],
+                history + done[1],
+                compensation + done[2],
+            )
+        return Purged(orders, history, compensation)
+
+    async def _purge(self, ids: list[str], most: int) -> tuple[int, int, int]:
+        """Delete the journal of at most `most` of these orders: (orders, history, undos)."""
+        with_history = set(await self._history.distinct("order_id", {"order_id": {"$in": ids}}))
+        with_undo = set(await self._compensation.distinct("order_id", {"order_id": {"$in": ids}}))
+        victims = sorted(with_history | with_undo)[:most]
+        if not victims:
+            return 0, 0, 0
+        h = await self._history.delete_many({"order_id": {"$in": victims}})
+        c = await self._compensation.delete_many({"order_id": {"$in": victims}})
+        return len(victims), h.deleted_count, c.deleted_count
 
     # -- inbox
     async def inbox_claim(

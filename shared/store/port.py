@@ -74,6 +74,26 @@ class ListCursor:
     order_id: str
 
 
+@dataclass(frozen=True)
+class WorkflowUse:
+    """How many state records of one workflow version are in one state."""
+
+    workflow: str
+    version: int
+    state: ProcessState
+    count: int
+
+
+@dataclass(frozen=True)
+class Purged:
+    """What one retention pass deleted."""
+
+    orders: int
+    """Finished orders whose records were deleted."""
+    history: int
+    compensation: int
+
+
 class StateStore(Protocol):
     """Everything the processes keep. Every state change is conditional and says if it matched."""
 
@@ -149,6 +169,9 @@ class StateStore(Protocol):
     async def count_in_states(self, states: frozenset[ProcessState]) -> int:
         """How many records are in any of `states` (admission control's backlog)."""
 
+    async def workflow_usage(self) -> list[WorkflowUse]:
+        """State records per (workflow, version, state): which versions orders still use."""
+
     async def find_stuck_pending(self, *, due_before: datetime, limit: int) -> list[StateRecord]:
         """Unlocked Pending records that were due before `due_before`, oldest first."""
 
@@ -190,6 +213,10 @@ class StateStore(Protocol):
         error: str | None = None,
     ) -> bool:
         """Set an undo's outcome, unless it is Done already (Done is final)."""
+
+    async def purge_finished(self, *, finished_before: datetime, limit: int) -> Purged:
+        """Delete the history and compensation records of at most `limit` orders that finished
+        (Processed or Compensated) before `finished_before` and still have some (retention)."""
 
     # -- inbox: MessageId dedupe
     async def inbox_claim(

@@ -20,11 +20,20 @@ from shared.domain.journal import (
     UndoStatus,
 )
 from shared.domain.models import OrderRecord, StateRecord
-from shared.domain.states import ProcessState
+from shared.domain.states import TERMINAL_STATES, ProcessState
 from shared.domain.updates import ANY, Changes, Expect
 from shared.errors import ConfigurationError, ServiceUnavailable, one_line
 from shared.store.codec import jsonable, state_from
-from shared.store.port import InsertOutcome, ListCursor, ScanCursor, ScanPage, StateQuery, page_of
+from shared.store.port import (
+    InsertOutcome,
+    ListCursor,
+    Purged,
+    ScanCursor,
+    ScanPage,
+    StateQuery,
+    WorkflowUse,
+    page_of,
+)
 from shared.store.unavailable import translate_unavailable
 from shared.store.urls import redact
 
@@ -316,6 +325,18 @@ class PostgresStore:
         )
         return int(n)
 
+    async def workflow_usage(self) -> list[WorkflowUse]:
+        rows = await self._pool.fetch(
+            f"SELECT workflow, workflow_version, process_state, count(*) AS n FROM {self._s}.state "
+            "GROUP BY workflow, workflow_version, process_state ORDER BY 1, 2, 3"
+        )
+        return [
+            WorkflowUse(
+                r["workflow"], r["workflow_version"], ProcessState(r["process_state"]), r["n"]
+            )
+            for r in rows
+        ]
+
     async def find_stuck_pending(self, *, due_before: datetime, limit: int) -> list[StateRecord]:
         rows = await self._pool.fetch(
             f"SELECT * FROM {self._s}.state WHERE process_state = 'Pending' "
@@ -424,6 +445,33 @@ class PostgresStore:
             error,
         )
         return _affected(result) == 1
+
+    async def purge_finished(self, *, finished_before: datetime, limit: int) -> Purged:
+        row = await self._pool.fetchrow(
+            f"""
+            WITH victims AS (
+                SELECT s.order_id FROM {self._s}.state s
+                 WHERE s.process_state = ANY($1) AND s.updated_at < $2
+                   AND (EXISTS (SELECT 1 FROM {self._s}.history h WHERE h.order_id = s.order_id)
+                        OR EXISTS (SELECT 1 FROM {self._s}.compensation_log c
+                                    WHERE c.order_id = s.order_id))
+                 LIMIT $3
+            ), h AS (
+                DELETE FROM {self._s}.history
+                 WHERE order_id IN (SELECT order_id FROM victims) RETURNING 1
+            ), c AS (
+                DELETE FROM {self._s}.compensation_log
+                 WHERE order_id IN (SELECT order_id FROM victims) RETURNING 1
+            )
+            SELECT (SELECT count(*) FROM victims) AS orders, (SELECT count(*) FROM h) AS history,
+                   (SELECT count(*) FROM c) AS compensation
+            """,
+            [s.value for s in TERMINAL_STATES],
+            finished_before,
+            limit,
+        )
+        assert row is not None
+        return Purged(row["orders"], row["history"], row["compensation"])
 
     # -- inbox
     async def inbox_claim(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from shared.domain.journal import (
     Alert,
@@ -16,6 +16,7 @@ from shared.domain.journal import (
     Severity,
     UndoStatus,
 )
+from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.domain.updates import Changes, Expect
 from shared.store.port import StateStore
@@ -303,3 +304,66 @@ async def test_history_many_appends_in_order(store: StateStore) -> None:
     await store.append_history_many([])
     assert [e.attempt for e in await store.read_history("o-many0")] == [0, 2, 4]
     assert [e.attempt for e in await store.read_history("o-many1")] == [1, 3, 5]
+
+
+async def _finish(store: StateStore, order_id: str, state: ProcessState, at: datetime) -> None:
+    changes = Changes(fields={"process_state": state, "updated_at": at})
+    assert await store.update_state(order_id, Expect(), changes) is not None
+
+
+async def test_retention_deletes_only_the_journal_of_orders_finished_before_the_cutoff(
+    store: StateStore,
+) -> None:
+    now = utcnow()
+    old = now - timedelta(days=40)
+    cases = {
+        "o-old-done": (ProcessState.PROCESSED, old),
+        "o-old-undone": (ProcessState.COMPENSATED, old),
+        "o-old-error": (ProcessState.ERROR, old),  # not finished: an operator still needs it
+        "o-new-done": (ProcessState.PROCESSED, now),
+        "o-running": (ProcessState.PROCESSING, old),
+    }
+    for order_id, (state, at) in cases.items():
+        await store.insert_order(*order_pair(order_id))
+        await store.append_history(HistoryEvent(order_id=order_id, type=H.ORDER_SUBMITTED, at=old))
+        entry = CompensationEntry(
+            order_id=order_id,
+            step="reserve",
+            undo="inventory.release",
+            idempotency_key=f"{order_id}:reserve:undo",
+            recorded_at=old,
+        )
+        await store.append_compensation(entry)
+        await _finish(store, order_id, state, at)
+
+    cutoff = now - timedelta(days=30)
+    first = await store.purge_finished(finished_before=cutoff, limit=1)
+    assert (first.orders, first.history, first.compensation) == (1, 1, 1)
+    rest = await store.purge_finished(finished_before=cutoff, limit=100)
+    assert (rest.orders, rest.history, rest.compensation) == (1, 1, 1)
+    again = await store.purge_finished(finished_before=cutoff, limit=100)
+    assert again.orders == 0  # idempotent: nothing left to expire
+
+    for order_id in cases:
+        kept = order_id not in ("o-old-done", "o-old-undone")
+        assert bool(await store.read_history(order_id)) is kept, order_id
+        assert bool(await store.read_compensation(order_id)) is kept, order_id
+        # The order and its state record stay: only the journal expires.
+        assert await store.get_order(order_id) is not None
+        assert await store.get_state(order_id) is not None
+
+
+async def test_workflow_usage_counts_records_per_version_and_state(store: StateStore) -> None:
+    for i in range(3):
+        order, state = order_pair(f"o-v1-{i}")
+        await store.insert_order(order, state)
+    order, state = order_pair("o-v2")
+    await store.insert_order(order, state.model_copy(update={"workflow_version": 2}))
+    await _finish(store, "o-v1-0", ProcessState.PROCESSED, utcnow())
+
+    usage = {(u.workflow, u.version, u.state): u.count for u in await store.workflow_usage()}
+    assert usage == {
+        ("order", 1, ProcessState.PENDING): 2,
+        ("order", 1, ProcessState.PROCESSED): 1,
+        ("order", 2, ProcessState.PENDING): 1,
+    }

@@ -31,6 +31,16 @@ class _Cursor:
         docs = list(self._cursor)
         return docs if length is None else docs[:length]
 
+    def __aiter__(self) -> _Cursor:
+        return self
+
+    async def __anext__(self) -> Any:
+        await asyncio.sleep(0)
+        try:
+            return next(self._cursor)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
 
 class _Collection:
     def __init__(self, collection: Any) -> None:
@@ -38,6 +48,10 @@ class _Collection:
 
     def find(self, *args: Any, **kwargs: Any) -> _Cursor:
         return _Cursor(self._c.find(*args, **kwargs))
+
+    async def aggregate(self, pipeline: list[dict[str, Any]], **kwargs: Any) -> _Cursor:
+        await asyncio.sleep(0)
+        return _Cursor(iter(self._c.aggregate(pipeline, **kwargs)))
 
     async def create_index(self, keys: Any, **kwargs: Any) -> str:
         # mongomock ignores partial filters and TTLs: drop what it cannot take.
