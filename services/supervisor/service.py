@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -30,6 +31,8 @@ from shared.store.port import ScanCursor
 log = logging.getLogger(__name__)
 
 LEASE = "supervisor"
+RETENTION_BATCH = 1000
+RETENTION_BATCHES_PER_ROUND = 5
 RECOVERABLE = frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING})
 
 
@@ -45,6 +48,8 @@ class Supervisor:
         self._policy = RecoveryPolicy(
             failure_threshold=self._s.failure_threshold, backoff=self._backoff
         )
+        self._next_retention = 0.0
+        """When (monotonic) the leader next deletes expired journals; at once on taking over."""
         self._gauges = LeaderGauges(runtime.store, runtime.connection, runtime.names)
         SUPERVISOR_LEADER.set(0)
 
@@ -71,6 +76,7 @@ class Supervisor:
                         await self._sweep(stop)
                         await self._report_stuck()
                         await self._gauges.refresh()
+                        await self._expire_journal()
                 except ServiceUnavailable as exc:
                     log.warning("a server is unavailable; retrying", extra={"error": str(exc)})
                 except Exception:
@@ -158,6 +164,32 @@ class Supervisor:
             order_id=seen.order_id,
             error_kind="recovery-limit",
         )
+
+    async def _expire_journal(self) -> None:
+        """Retention: delete the history and compensation records of orders finished longer
+        than `retention_s` ago, a bounded amount per round so recoveries never wait long."""
+        if time.monotonic() < self._next_retention:
+            return
+        cutoff = utcnow() - timedelta(seconds=self._s.retention_s)
+        orders = history = undos = 0
+        for _ in range(RETENTION_BATCHES_PER_ROUND):
+            purged = await self._rt.store.purge_finished(
+                finished_before=cutoff, limit=RETENTION_BATCH
+            )
+            orders, history, undos = (
+                orders + purged.orders,
+                history + purged.history,
+                undos + purged.compensation,
+            )
+            if purged.orders < RETENTION_BATCH:
+                # Done until the next interval; a full last batch means come back next round.
+                self._next_retention = time.monotonic() + self._s.retention_interval_s
+                break
+        if orders:
+            log.info(
+                "expired the journal of finished orders",
+                extra={"orders": orders, "history": history, "compensation": undos},
+            )
 
     async def _report_stuck(self) -> None:
         cutoff = utcnow() - timedelta(seconds=self._s.stuck_pending_s)
