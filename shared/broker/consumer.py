@@ -29,6 +29,7 @@ from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
 from shared.domain.journal import InboxOutcome
 from shared.domain.messages import Contract, decode
+from shared.domain.redaction import redact_body
 from shared.domain.timing import utcnow
 from shared.errors import ContractViolation, PublishError, ServiceUnavailable
 from shared.metrics import DEAD_LETTERS, MESSAGES
@@ -37,6 +38,8 @@ from shared.store.port import StateStore
 log = logging.getLogger(__name__)
 
 REASON = "x-orderflow-reason"
+REDACTED = "x-orderflow-redacted"
+"""Set on a dead letter whose body had payment details masked (shared/domain/redaction.py)."""
 ERROR = "x-orderflow-error"
 SOURCE_QUEUE = "x-orderflow-source-queue"
 DEAD_LETTERED_AT = "x-orderflow-dead-lettered-at"
@@ -318,8 +321,12 @@ class Consumer:
             DEAD_LETTERED_AT: utcnow().isoformat(),
             DELIVERIES: delivery_count(message),
         }
+        # Whatever a sender put in a refused message must not sit in the DLQ in clear.
+        body, redacted = redact_body(message.body)
+        if redacted:
+            headers[REDACTED] = True
         copy = aio_pika.Message(
-            message.body,
+            body,
             headers=headers,
             message_id=message.message_id,
             correlation_id=message.correlation_id,

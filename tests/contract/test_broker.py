@@ -13,7 +13,14 @@ import aio_pika
 import pytest
 
 from shared.broker.connection import connect, quorum_available
-from shared.broker.consumer import REASON, SOURCE_QUEUE, Consumer, ConsumerPolicy, Delivery
+from shared.broker.consumer import (
+    REASON,
+    REDACTED,
+    SOURCE_QUEUE,
+    Consumer,
+    ConsumerPolicy,
+    Delivery,
+)
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names, QueuePolicy, declare_topology, delete_topology
 from shared.domain.messages import StepAction, StepOutcome, StepReply
@@ -296,3 +303,28 @@ async def test_stop_drains_the_message_in_hand(broker: Broker) -> None:
     await asyncio.wait_for(stopping, 10)
     assert finished == ["slow"]
     assert consumer.stats.handled == 1
+
+
+async def test_a_dead_lettered_body_keeps_no_card_number_in_clear(broker: Broker) -> None:
+    queue = broker.names.orders
+
+    async def refuse(delivery: Delivery) -> None:
+        raise AssertionError("a schema-invalid message never reaches the handler")
+
+    await broker.consume(queue, refuse)
+    body = json.dumps(
+        {
+            "schema_version": 1,
+            "order": {"order_id": "o-card", "payment": {"card_number": "4111111111111111"}},
+            "note": "card 4111 1111 1111 1111",
+        }
+    ).encode()
+    await broker.publisher.publish_raw(
+        aio_pika.Message(body, message_id="card-1", type="order.submit"),
+        exchange=broker.names.exchange,
+        routing_key=queue,
+    )
+    dead = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
+    assert dead[0].headers[REDACTED] is True
+    assert b"4111" not in dead[0].body
+    assert json.loads(dead[0].body)["order"]["order_id"] == "o-card"
