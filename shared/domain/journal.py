@@ -8,6 +8,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+JOURNAL_SCHEMA_VERSION = 1
+"""Version of the history, compensation-log and alert record layout written by this build."""
+
 
 class _Record(BaseModel):
     model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
@@ -43,6 +46,7 @@ class HistoryEvent(_Record):
     data: dict[str, Any] = Field(default_factory=dict)
     seq: int | None = None
     """Assigned by the store: the position in the timeline."""
+    schema_version: int = JOURNAL_SCHEMA_VERSION
 
 
 class UndoStatus(StrEnum):
@@ -67,6 +71,7 @@ class CompensationEntry(_Record):
     done_at: datetime | None = None
     error: str | None = None
     seq: int | None = None
+    schema_version: int = JOURNAL_SCHEMA_VERSION
 
 
 class AlertKind(StrEnum):
@@ -97,6 +102,7 @@ class Alert(_Record):
     source: str | None = None
     """The process that raised it."""
     data: dict[str, Any] = Field(default_factory=dict)
+    schema_version: int = JOURNAL_SCHEMA_VERSION
 
 
 class Lease(_Record):

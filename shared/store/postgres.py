@@ -210,22 +210,24 @@ class PostgresStore:
             columns = list(zip(*(_history_row(e) for e in history), strict=True))
             parts.append(
                 f"h AS (INSERT INTO {self._s}.history "
-                "(order_id, type, at, attempt, instance_id, step, data) "
-                f"SELECT o, t, a, n, i, p, d::jsonb FROM unnest("
+                "(order_id, type, at, attempt, instance_id, step, data, schema_version) "
+                f"SELECT o, t, a, n, i, p, d::jsonb, v FROM unnest("
                 f"{arg(list(columns[0]))}::text[], {arg(list(columns[1]))}::text[], "
                 f"{arg(list(columns[2]))}::timestamptz[], {arg(list(columns[3]))}::int[], "
                 f"{arg(list(columns[4]))}::text[], {arg(list(columns[5]))}::text[], "
-                f"{arg(list(columns[6]))}::text[]) WITH ORDINALITY AS x(o, t, a, n, i, p, d, k) "
+                f"{arg(list(columns[6]))}::text[], {arg(list(columns[7]))}::int[]) "
+                "WITH ORDINALITY AS x(o, t, a, n, i, p, d, v, k) "
                 "WHERE EXISTS (SELECT 1 FROM u) ORDER BY k)"
             )
         if compensation is not None:
             c = compensation
             parts.append(
                 f"c AS (INSERT INTO {self._s}.compensation_log (order_id, step, undo, "
-                "idempotency_key, recorded_at, status, done_at, error) "
+                "idempotency_key, recorded_at, status, done_at, error, schema_version) "
                 f"SELECT {arg(c.order_id)}, {arg(c.step)}, {arg(c.undo)}, "
                 f"{arg(c.idempotency_key)}, {arg(c.recorded_at)}::timestamptz, "
-                f"{arg(c.status.value)}, {arg(c.done_at)}::timestamptz, {arg(c.error)}::text "
+                f"{arg(c.status.value)}, {arg(c.done_at)}::timestamptz, {arg(c.error)}::text, "
+                f"{arg(c.schema_version)}::int "
                 "WHERE EXISTS (SELECT 1 FROM u) ON CONFLICT (order_id, step) DO NOTHING)"
             )
         row = await self._pool.fetchrow(f"WITH {', '.join(parts)} SELECT * FROM u", *args)
@@ -390,8 +392,9 @@ class PostgresStore:
         if not events:
             return
         await self._pool.executemany(
-            f"INSERT INTO {self._s}.history (order_id, type, at, attempt, instance_id, step, data)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb)",
+            f"INSERT INTO {self._s}.history "
+            "(order_id, type, at, attempt, instance_id, step, data, schema_version)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8)",
             [_history_row(e) for e in events],
         )
 
@@ -405,7 +408,8 @@ class PostgresStore:
     async def append_compensation(self, entry: CompensationEntry) -> bool:
         created = await self._pool.fetchval(
             f"INSERT INTO {self._s}.compensation_log (order_id, step, undo, idempotency_key, "
-            "recorded_at, status, done_at, error) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
+            "recorded_at, status, done_at, error, schema_version) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) "
             "ON CONFLICT (order_id, step) DO NOTHING RETURNING true",
             entry.order_id,
             entry.step,
@@ -415,6 +419,7 @@ class PostgresStore:
             entry.status.value,
             entry.done_at,
             entry.error,
+            entry.schema_version,
         )
         return bool(created)
 
@@ -577,7 +582,8 @@ class PostgresStore:
     # -- alerts
     async def raise_alert(self, alert: Alert) -> bool:
         created = await self._pool.fetchval(
-            f"INSERT INTO {self._s}.alerts VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
+            f"INSERT INTO {self._s}.alerts (alert_id, kind, severity, message, at, order_id, "
+            "source, data, schema_version) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) "
             "ON CONFLICT (alert_id) DO NOTHING RETURNING true",
             alert.alert_id,
             alert.kind.value,
@@ -587,6 +593,7 @@ class PostgresStore:
             alert.order_id,
             alert.source,
             jsonable(alert.data),
+            alert.schema_version,
         )
         return bool(created)
 
@@ -639,6 +646,7 @@ def _history_row(e: HistoryEvent) -> tuple[Any, ...]:
         e.instance_id,
         e.step,
         json.dumps(jsonable(e.data)),
+        e.schema_version,
     )
 
 

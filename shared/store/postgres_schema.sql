@@ -104,3 +104,10 @@ CREATE TABLE IF NOT EXISTS "{schema}".components (
     expires_at  timestamptz NOT NULL,
     data        jsonb NOT NULL
 );
+
+-- Added after the first release: the layout version of each journal record (DESIGN §5: every
+-- record carries its schema version). Rows written before it are version 1.
+ALTER TABLE "{schema}".history ADD COLUMN IF NOT EXISTS schema_version integer NOT NULL DEFAULT 1;
+ALTER TABLE "{schema}".compensation_log
+    ADD COLUMN IF NOT EXISTS schema_version integer NOT NULL DEFAULT 1;
+ALTER TABLE "{schema}".alerts ADD COLUMN IF NOT EXISTS schema_version integer NOT NULL DEFAULT 1;

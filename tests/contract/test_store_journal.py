@@ -367,3 +367,34 @@ async def test_workflow_usage_counts_records_per_version_and_state(store: StateS
         ("order", 1, ProcessState.PROCESSED): 1,
         ("order", 2, ProcessState.PENDING): 1,
     }
+
+
+async def test_journal_records_keep_the_schema_version_they_were_written_with(
+    store: StateStore,
+) -> None:
+    t = utcnow()
+    # A later build's layout (v2) must come back as v2, not as the store's default.
+    event = HistoryEvent(order_id="o-sv", type=H.ORDER_SUBMITTED, at=t, schema_version=2)
+    await store.append_history_many([event])
+    undo = CompensationEntry(
+        order_id="o-sv",
+        step="reserve",
+        undo="inventory.release",
+        idempotency_key="o-sv:reserve:undo",
+        recorded_at=t,
+        schema_version=2,
+    )
+    await store.append_compensation(undo)
+    alert = Alert(
+        alert_id="a-sv",
+        kind=AlertKind.ORDER_ERROR,
+        severity=Severity.CRITICAL,
+        message="m",
+        at=t,
+        schema_version=2,
+    )
+    await store.raise_alert(alert)
+    assert [e.schema_version for e in await store.read_history("o-sv")] == [2]
+    assert [e.schema_version for e in await store.read_compensation("o-sv")] == [2]
+    assert [a.schema_version for a in await store.list_alerts() if a.alert_id == "a-sv"] == [2]
+    assert HistoryEvent(order_id="o", type=H.ORDER_SUBMITTED, at=t).schema_version == 1
