@@ -394,15 +394,21 @@ def history_cmd(ctx: click.Context, order_id: str, as_json: bool) -> None:
     check_ids((order_id,))
     settings = _settings(ctx)
 
-    async def fetch() -> list[HistoryEvent]:
+    async def fetch() -> tuple[list[HistoryEvent], StateRecord | None]:
         store = await open_store(settings)
         try:
-            return await store.read_history(order_id)
+            return await store.read_history(order_id), await store.get_state(order_id)
         finally:
             await store.close()
 
-    events = asyncio.run(fetch())
+    events, state = asyncio.run(fetch())
     if not events:
+        if state is not None and state.process_state.is_terminal:
+            raise BadInput(
+                f"order {order_id} finished ({state.process_state.value} at "
+                f"{state.updated_at.isoformat()}); its history has expired "
+                f"(retention {settings.retention_s:g} s)"
+            )
         raise BadInput(f"no history for order {order_id} in hub {settings.hub}")
     start = events[0].at
     rows: list[dict[str, Any]] = []

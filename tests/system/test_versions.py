@@ -171,3 +171,5 @@ async def test_retention_expires_the_journal_of_finished_orders_only(topo: Topol
         assert await topo.store.read_compensation(order_id) == []
         assert await topo.store.get_order(order_id) is not None
     assert await topo.history("o-parked"), "an order in Error keeps its history for the operator"
+    shown = topo.cli("orders", "history", finished[0])
+    assert shown.returncode == 1 and "history has expired" in shown.stderr, shown.stderr
