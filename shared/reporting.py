@@ -126,7 +126,7 @@ class Reporter:
         try:
             await self._publisher.publish(
                 update,
-                exchange="",
+                exchange=self._names.status,
                 routing_key=reply_to,
                 message_id=message_id,
                 correlation_id=order_id,

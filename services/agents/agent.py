@@ -29,6 +29,7 @@ from services.remote.client import RemoteClient, RemoteFenced
 from shared.bootstrap import Runtime
 from shared.broker.consumer import Delivery
 from shared.broker.publisher import Publisher
+from shared.broker.topology import Names
 from shared.config import Settings
 from shared.domain.journal import AlertKind, Severity
 from shared.domain.messages import StepOutcome, StepReply, StepRequest
@@ -78,6 +79,7 @@ class Agent:
         self._client = client
         self._publisher = publisher
         self._settings = settings
+        self._replies = Names(settings.hub).replies
         self._breakers = Breakers(
             fail_max=settings.breaker_fail_max, reset_s=settings.breaker_reset_s
         )
@@ -239,7 +241,7 @@ class Agent:
         try:
             await self._publisher.publish(
                 reply,
-                exchange="",
+                exchange=self._replies,
                 routing_key=request.reply_to,
                 message_id=f"{delivery.message_id}:reply",
                 correlation_id=delivery.message_id,

@@ -194,7 +194,7 @@ async def publish(settings: Settings, run: Run, *, seed: int, concurrency: int =
                     try:
                         await publisher.publish(
                             SubmitOrder(order=order),
-                            exchange=names.exchange,
+                            exchange=names.submit,
                             routing_key=names.orders,
                             message_id=message_id_of(order),
                             correlation_id=order.order_id,

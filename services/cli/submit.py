@@ -10,6 +10,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 from aio_pika.abc import AbstractIncomingMessage
@@ -18,7 +19,7 @@ from pydantic import ValidationError
 from shared.bootstrap import open_broker
 from shared.broker.private import PrivateQueue
 from shared.broker.publisher import Publisher
-from shared.broker.topology import Names
+from shared.broker.topology import APP_NAME, Names
 from shared.config import Settings
 from shared.domain.messages import Contract, OrderStatus, OrderStatusUpdate, SubmitOrder
 from shared.domain.models import Address, OrderData, OrderLine
@@ -74,6 +75,18 @@ def orders_from_file(path: Path) -> list[OrderData]:
     return orders
 
 
+def app_name(settings: Settings, app: str | None) -> str:
+    """The submitting application's name, which prefixes its status queues: `--app`, or else
+    the user name in ORDERFLOW_RABBITMQ_URL (the RabbitMQ user is the application)."""
+    name = app or urlsplit(settings.rabbitmq_url).username or ""
+    if not APP_NAME.fullmatch(name):
+        raise ConfigurationError(
+            f"application name {name!r} (--app, or the user in ORDERFLOW_RABBITMQ_URL) must "
+            f"match {APP_NAME.pattern}: it prefixes the application's status queues"
+        )
+    return name
+
+
 def message_id_of(order: OrderData) -> str:
     """Stable for the same order data: a re-publish is deduplicated, a changed order is not."""
     return f"order:{order.order_id}:{order.fingerprint()[:16]}"
@@ -87,8 +100,10 @@ async def submit_orders(
     timeout: float,
     concurrency: int,
     echo: Any,
+    app: str | None = None,
 ) -> dict[str, Any]:
     names = Names(settings.hub)
+    status_queue = names.status_queue(app_name(settings, app)) if wait else None
     connection = await open_broker(settings, name="orderflow-submit")
     statuses: dict[str, OrderStatus] = {}
     finished = asyncio.Event()
@@ -105,10 +120,10 @@ async def submit_orders(
 
     replies = None
     try:
-        if wait:
+        if status_queue is not None:
             replies = PrivateQueue(
                 connection,
-                names.reply_queue("submit"),
+                status_queue,
                 on_status,
                 max_bytes=settings.max_message_bytes,
             )
@@ -152,7 +167,7 @@ async def _publish_all(
             try:
                 await publisher.publish(
                     SubmitOrder(order=order, reply_to=replies.name if replies else None),
-                    exchange=names.exchange,
+                    exchange=names.submit,
                     routing_key=names.orders,
                     message_id=message_id_of(order),
                     correlation_id=order.order_id,
@@ -180,6 +195,11 @@ async def _publish_all(
 @click.option("--wait/--no-wait", default=False, help="Follow status messages until final.")
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds --wait waits.")
 @click.option("--concurrency", default=200, show_default=True, help="Publishes awaiting confirms.")
+@click.option(
+    "--app",
+    help="Application name, the prefix of its status queue for --wait "
+    "[default: the user in ORDERFLOW_RABBITMQ_URL].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
 def submit(
@@ -191,9 +211,11 @@ def submit(
     wait: bool,
     timeout: float,
     concurrency: int,
+    app: str | None,
     as_json: bool,
 ) -> None:
-    """Publish orders to <hub>.orders with confirms (one generated order by default).
+    """Publish orders to <hub>.orders (through <hub>.submit) with confirms (one generated
+    order by default).
 
     Exit code 1 when a publish was refused (e.g. the orders queue is full) or, with --wait,
     when an order failed or did not finish in time.
@@ -214,7 +236,13 @@ def submit(
     echo = (lambda _: None) if as_json else click.echo
     result = asyncio.run(
         submit_orders(
-            settings, orders, wait=wait, timeout=timeout, concurrency=concurrency, echo=echo
+            settings,
+            orders,
+            wait=wait,
+            timeout=timeout,
+            concurrency=concurrency,
+            echo=echo,
+            app=app,
         )
     )
     # Scripts get every id; people get them only when there are few.

@@ -14,6 +14,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from shared.broker.topology import Names
 from shared.domain.messages import Contract, decode
 from shared.errors import ContractViolation
 
@@ -24,7 +25,11 @@ Listener = Callable[[Contract, AbstractIncomingMessage], None]
 
 class PrivateQueue:
     """Replies are not precious: one lost is a deadline that passes, which the supervisor handles.
-    So they are consumed without acks, and a bad one is logged and dropped, never requeued."""
+    So they are consumed without acks, and a bad one is logged and dropped, never requeued.
+
+    The queue is bound, with its own name as the routing key, to the exchange that feeds queues
+    of its kind (`Names.exchange_feeding`: `<hub>.replies` or `<hub>.status`), so that who may
+    send to it is a matter of permissions on that exchange, never of the default exchange."""
 
     def __init__(
         self,
@@ -50,6 +55,9 @@ class PrivateQueue:
         self._queue = await self._channel.declare_queue(
             self.name, exclusive=True, auto_delete=True, durable=False
         )
+        feeding = Names.exchange_feeding(self.name)
+        if feeding is not None:
+            await self._queue.bind(feeding, routing_key=self.name)
         self._tag = await self._queue.consume(self._on_message, no_ack=True)
 
     async def stop(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,9 @@ from shared.domain.workflow import AGENTS
 QUORUM_SINCE = (3, 8)
 """The first RabbitMQ release with quorum queues."""
 
+APP_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")
+"""A submitting application's name: it prefixes its status queues, so no dots."""
+
 
 @dataclass(frozen=True)
 class Names:
@@ -23,8 +27,31 @@ class Names:
 
     @property
     def exchange(self) -> str:
-        """Direct exchange for orders and agent requests (routing key = queue name)."""
+        """Direct exchange for agent requests and operator replays (routing key = queue name)."""
         return f"{self.hub}.direct"
+
+    @property
+    def submit(self) -> str:
+        """Fanout exchange bound only to `<hub>.orders`: what submitting applications publish to.
+
+        Write permission on an exchange cannot be limited by routing key, so an application
+        allowed to write to the direct exchange could send agent requests; on this one it can
+        only submit orders."""
+        return f"{self.hub}.submit"
+
+    @property
+    def replies(self) -> str:
+        """Topic exchange carrying agent replies to schedulers' reply queues (routing key = queue
+        name). Replies do not go through the default exchange: write permission on that one
+        would let an agent publish into any queue of the vhost."""
+        return f"{self.hub}.replies"
+
+    @property
+    def status(self) -> str:
+        """Topic exchange carrying order status messages to submitting applications' status
+        queues (routing key = queue name); topic permissions limit each application's
+        bindings to its own queues' names."""
+        return f"{self.hub}.status"
 
     @property
     def dead_letters(self) -> str:
@@ -51,8 +78,46 @@ class Names:
         """A private, per-process reply queue: it dies with its process, and so do late replies."""
         return f"{self.hub}.reply.{process}.{uuid.uuid4().hex[:12]}"
 
+    def status_prefix(self, app: str) -> str:
+        """What every status queue of the submitting application `app` starts with."""
+        if not APP_NAME.fullmatch(app):
+            raise ValueError(
+                f"application name {app!r} must match {APP_NAME.pattern} (it names its queues)"
+            )
+        return f"{self.hub}.status.{app}."
+
+    def status_queue(self, app: str) -> str:
+        """A private status queue of the submitting application `app`: named with the app's
+        prefix, which is all its RabbitMQ user may declare, bind and read."""
+        return f"{self.status_prefix(app)}{uuid.uuid4().hex[:12]}"
+
+    @staticmethod
+    def exchange_feeding(queue: str) -> str | None:
+        """The exchange a private queue is bound to, from its name: `<hub>.reply.…` queues get
+        agent replies from `<hub>.replies`, `<hub>.status.…` queues order statuses from
+        `<hub>.status`; other names none (a hub name has no dot, so the first part is it)."""
+        hub, _, rest = queue.partition(".")
+        kind = rest.partition(".")[0]
+        return {"reply": f"{hub}.replies", "status": f"{hub}.status"}.get(kind)
+
     def input_queues(self, agents: tuple[str, ...] = AGENTS) -> list[str]:
         return [self.orders, *(self.agent(a) for a in agents)]
+
+    def exchanges(self) -> list[str]:
+        """Every exchange `declare_topology` declares."""
+        return [
+            self.exchange,
+            self.dead_letters,
+            self.alerts,
+            self.submit,
+            self.replies,
+            self.status,
+        ]
+
+    def durable_queues(self, agents: tuple[str, ...] = AGENTS) -> list[str]:
+        """Every queue `declare_topology` declares: the input queues, their DLQs, the alerts."""
+        inputs = self.input_queues(agents)
+        return [*inputs, *(self.dlq(q) for q in inputs), self.alerts]
 
 
 @dataclass(frozen=True)
@@ -108,6 +173,11 @@ async def declare_topology(
     alerts = await channel.declare_exchange(
         names.alerts, aio_pika.ExchangeType.FANOUT, durable=True
     )
+    submit = await channel.declare_exchange(
+        names.submit, aio_pika.ExchangeType.FANOUT, durable=True
+    )
+    for private in (names.replies, names.status):
+        await channel.declare_exchange(private, aio_pika.ExchangeType.TOPIC, durable=True)
     for queue_name in names.input_queues(agents):
         dlq = await channel.declare_queue(
             names.dlq(queue_name), durable=True, arguments=durable_queue_arguments(policy)
@@ -117,6 +187,8 @@ async def declare_topology(
             queue_name, durable=True, arguments=input_queue_arguments(names, queue_name, policy)
         )
         await queue.bind(direct, routing_key=queue_name)
+        if queue_name == names.orders:
+            await queue.bind(submit)
     kept = await channel.declare_queue(
         names.alerts, durable=True, arguments=durable_queue_arguments(policy)
     )
@@ -131,5 +203,5 @@ async def delete_topology(
         await channel.queue_delete(queue_name)
         await channel.queue_delete(names.dlq(queue_name))
     await channel.queue_delete(names.alerts)
-    for exchange in (names.exchange, names.dead_letters, names.alerts):
+    for exchange in names.exchanges():
         await channel.exchange_delete(exchange)

@@ -19,6 +19,7 @@ from shared.broker.connection import connect
 from shared.broker.consumer import Delivery
 from shared.broker.private import PrivateQueue
 from shared.broker.publisher import Publisher
+from shared.broker.topology import Names, QueuePolicy, declare_topology, delete_topology
 from shared.config import load_settings
 from shared.domain.messages import StepAction, StepOutcome, StepReply, StepRequest
 from shared.domain.states import ErrorKind
@@ -133,7 +134,7 @@ class AgentRig:
     async def start(self) -> None:
         self.queue = PrivateQueue(
             self.connection,
-            f"test.reply.{free_port()}",
+            Names(self.settings.hub).reply_queue("agent-test"),
             lambda c, m: self.replies.append(c),
             max_bytes=65536,
         )
@@ -171,18 +172,25 @@ class AgentRig:
 
 
 @pytest.fixture
-async def rig(remote: Remote) -> AsyncIterator[AgentRig]:
+async def rig(remote: Remote, hub: str) -> AsyncIterator[AgentRig]:
     try:
         connection = await connect(RABBITMQ_URL, timeout=5, name="agent-tests")
     except Exception as exc:
         service_missing("RabbitMQ", exc)
-    settings = load_settings(breaker_fail_max=3, breaker_reset_s=60)
+    settings = load_settings(breaker_fail_max=3, breaker_reset_s=60, hub=hub)
+    names = Names(hub)
+    # The agent replies through the hub's replies exchange, which the reply queue is bound to.
+    policy = QueuePolicy(quorum=False, delivery_limit=5, orders_max_length=100)
+    await declare_topology(await connection.channel(), names, policy)
     r = AgentRig(remote, connection, settings)
-    await r.start()
-    yield r
-    await r.queue.stop()
-    await r.client.close()
-    await connection.close()
+    try:
+        await r.start()
+        yield r
+    finally:
+        await r.queue.stop()
+        await r.client.close()
+        await delete_topology(await connection.channel(), names)
+        await connection.close()
 
 
 async def test_agent_replies_ok_with_the_attempts_it_used(rig: AgentRig) -> None:
