@@ -78,7 +78,20 @@ class Runtime:
             await store.close()
             raise
         names = Names(settings.hub)
-        return cls(settings, name, store, connection, publisher, names, metrics)
+        runtime = cls(settings, name, store, connection, publisher, names, metrics)
+        if metrics is not None:
+            metrics.set_health(runtime.health)
+        return runtime
+
+    async def health(self) -> dict[str, bool]:
+        """`/healthz`: the broker connection is up (a robust connection clears `connected`
+        while it reconnects) and the store answers a ping."""
+        try:
+            await self.store.ping()
+            store = True
+        except Exception:
+            store = False
+        return {"broker": self.connection.connected.is_set(), "store": store}
 
     def reporter(self) -> Reporter:
         return Reporter(self.store, self.publisher, self.names, self.name)

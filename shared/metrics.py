@@ -4,12 +4,18 @@ The metrics live in one process-wide registry (not prometheus-client's default o
 nothing registered by a library leaks in and tests read exactly these). A process serves it at
 `http://<host>:ORDERFLOW_METRICS_PORT/metrics` once its bootstrap calls `serve_metrics`; with the
 port 0 there is no endpoint and the metrics are only counted in memory.
+
+The same server answers `GET /healthz`: 200 while the process is up and its checks pass (its
+broker connection is open, its store answers), 503 with the failing checks otherwise. It is what
+`orderflow health` asks, the container healthcheck of every orderflow service.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import (
@@ -111,6 +117,10 @@ DEAD_LETTERS = Counter(
 )
 
 
+HealthCheck = Callable[[], Awaitable[dict[str, bool]]]
+"""Named checks of a running process: each True when that part works."""
+
+
 def exposition() -> bytes:
     """The registry in Prometheus's text format."""
     return generate_latest(REGISTRY)
@@ -124,13 +134,44 @@ class MetricsEndpoint:
         self._runner = runner
         self.port = port
 
+    def set_health(self, check: HealthCheck) -> None:
+        """What `/healthz` checks from now on (before: only that the process answers)."""
+        self._runner.app[_HEALTH].check = check
+
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self._runner.cleanup()
 
 
+class _Health:
+    def __init__(self) -> None:
+        self.check: HealthCheck | None = None
+
+
+_HEALTH = web.AppKey("health", _Health)
+HEALTH_TIMEOUT_S = 3.0
+"""Upper bound on one health check (the container healthcheck's own timeout is longer)."""
+
+
 async def _metrics(_: web.Request) -> web.Response:
     return web.Response(body=exposition(), headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    check = request.app[_HEALTH].check
+    checks: dict[str, bool] = {}
+    if check is not None:
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT_S):
+                checks = await check()
+        except Exception as exc:  # a check that hangs or breaks is a failing check
+            log.warning("health check failed", extra={"error": repr(exc)})
+            checks = {"checks": False}
+    healthy = all(checks.values())
+    return web.json_response(
+        {"status": "ok" if healthy else "failing", "checks": checks},
+        status=200 if healthy else 503,
+    )
 
 
 async def serve_metrics(port: int, host: str = "0.0.0.0") -> MetricsEndpoint | None:
@@ -138,7 +179,9 @@ async def serve_metrics(port: int, host: str = "0.0.0.0") -> MetricsEndpoint | N
     if not port:
         return None
     app = web.Application()
+    app[_HEALTH] = _Health()
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/healthz", _healthz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
