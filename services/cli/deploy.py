@@ -1,0 +1,111 @@
+"""`orderflow deploy …`: the deployment files generated from the code.
+
+`write` regenerates every committed one (after a setting, a queue or an index changed); `write
+--check` only reports the stale ones, as the unit tests do.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from services.deploy.envfile import compose_settings, env_example
+from services.deploy.files import generated_files
+from services.deploy.mongodb import init_script
+from services.deploy.rabbitmq import DEFAULT_APPS, definitions, render
+from shared.broker.topology import APP_NAME
+from shared.config import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _hub(ctx: click.Context, hub: str | None) -> str:
+    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
+    return hub or settings.hub
+
+
+def _apps(_: click.Context, __: click.Parameter, apps: tuple[str, ...]) -> tuple[str, ...]:
+    for app in apps:
+        if not APP_NAME.fullmatch(app):
+            raise click.BadParameter(f"{app!r} must match {APP_NAME.pattern}")
+    return apps or DEFAULT_APPS
+
+
+@click.group()
+def deploy() -> None:
+    """Generate deployment files (RabbitMQ definitions, MongoDB init, .env.example)."""
+
+
+@deploy.command("rabbitmq-definitions")
+@click.option("--hub", help="Task hub [default: ORDERFLOW_HUB].")
+@click.option("--vhost", help="RabbitMQ virtual host [default: the hub].")
+@click.option(
+    "--app",
+    "apps",
+    multiple=True,
+    callback=_apps,
+    help="A submitting application (repeatable) [default: shop].",
+)
+@click.option("--user-prefix", help="Prefix of the services' user names [default: '<hub>-'].")
+@click.pass_context
+def rabbitmq_definitions(
+    ctx: click.Context,
+    hub: str | None,
+    vhost: str | None,
+    apps: tuple[str, ...],
+    user_prefix: str | None,
+) -> None:
+    """Vhost, users and least-privilege permissions, with password placeholders
+    (infra/rabbitmq/render-definitions.sh fills in hashes from the environment)."""
+    the_hub = _hub(ctx, hub)
+    document = definitions(the_hub, vhost or the_hub, apps=apps, user_prefix=user_prefix)
+    click.echo(render(document), nl=False)
+
+
+@deploy.command("mongodb-init")
+@click.option("--hub", help="Task hub, the database [default: ORDERFLOW_HUB].")
+@click.pass_context
+def mongodb_init(ctx: click.Context, hub: str | None) -> None:
+    """The mongo image's init script: the application user and MongoStore's indexes."""
+    click.echo(init_script(_hub(ctx, hub)), nl=False)
+
+
+@deploy.command("env-example")
+def env_example_cmd() -> None:
+    """.env.example: every setting with its default and doc, and the deployment's passwords."""
+    click.echo(env_example(), nl=False)
+
+
+@deploy.command("compose-settings")
+def compose_settings_cmd() -> None:
+    """infra/compose/settings.yml: the settings each orderflow container takes from .env."""
+    click.echo(compose_settings(), nl=False)
+
+
+@deploy.command()
+@click.option("--check", is_flag=True, help="Only report stale files (exit 1 if any).")
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=ROOT,
+    show_default="the repository",
+)
+def write(check: bool, root: Path) -> None:
+    """Regenerate every committed deployment file (the compose deployment's hub: orderflow)."""
+    stale = []
+    for relative, content in generated_files().items():
+        path = root / relative
+        if path.exists() and path.read_text() == content:
+            continue
+        stale.append(relative)
+        if not check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+            click.echo(f"wrote {relative}")
+    if check and stale:
+        click.echo(f"stale: {', '.join(stale)} (run `orderflow deploy write`)", err=True)
+        sys.exit(1)
+    if not stale:
+        click.echo("every deployment file is up to date")
