@@ -14,6 +14,7 @@ from shared.domain.updates import (
     Expect,
     RecoveryPolicy,
     apply,
+    chain,
     complete_step,
     extend_deadline,
     fail,
@@ -265,3 +266,59 @@ def test_release_gives_the_order_back_with_a_backoff_or_parks_it() -> None:
     assert parked.process_state is ProcessState.ERROR
     assert parked.error is not None and parked.error.kind is ErrorKind.RECOVERY_LIMIT
     assert "HTTP 503" in parked.error.message
+
+
+def test_a_chained_update_completes_one_step_and_starts_the_next_in_one_write() -> None:
+    record = claimed()
+    now = utcnow()
+    running = apply(
+        record,
+        start_step(record, "reserve", instance="o-1:1", now=now, timeout=S, allowance=3).changes,
+    )
+    done = complete_step(
+        running,
+        ORDER_WORKFLOW,
+        "reserve",
+        instance="o-1:1",
+        now=now,
+        result={"reservation": "r-1"},
+        attempts_used=1,
+    )
+
+    def start_charge(after_reserve):
+        # The allowance comes from the budget as the completion leaves it (2 given back).
+        assert after_reserve.retry_budget.used == 1
+        return start_step(
+            after_reserve, "charge", instance="o-1:1", now=now, timeout=5 * S, allowance=3
+        )
+
+    u = chain(running, done, start_charge)
+    assert u.expect == done.expect  # fenced like each of the two
+    after = apply(running, u.changes)
+    assert after.steps["reserve"].status is StepStatus.COMPLETED
+    assert after.steps["reserve"].result == {"reservation": "r-1"}
+    charge = after.steps["charge"]
+    assert (charge.status, charge.attempts, charge.allowance) == (StepStatus.RUNNING, 1, 3)
+    assert after.retry_budget.used == 4
+    assert after.complete_by == now + 5 * S
+
+
+def test_a_chain_refuses_a_second_update_of_another_attempt() -> None:
+    record = claimed()
+    done = complete_step(
+        record,
+        ORDER_WORKFLOW,
+        "reserve",
+        instance="o-1:1",
+        now=utcnow(),
+        result={},
+        attempts_used=0,
+    )
+    with pytest.raises(ValueError, match="would not match"):
+        chain(
+            record,
+            done,
+            lambda r: start_step(
+                r, "charge", instance="o-1:2", now=utcnow(), timeout=S, allowance=1
+            ),
+        )
