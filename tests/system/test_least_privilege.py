@@ -1,6 +1,7 @@
 """Least privilege on the real RabbitMQ: the generated definitions, loaded into a vhost of this
 test's own, let each user do what its service does and refuse the rest; and the real processes,
-each under its own user, take orders to Processed without a password in their logs.
+each under its own user, take orders to Processed without a password in their logs. Last, the
+postgres profile's init script against the real PostgreSQL.
 
 The definitions go through the same path as in the compose deployment: generated with password
 placeholders, rendered by `infra/rabbitmq/render-definitions.sh` (the shell script computes the
@@ -18,9 +19,11 @@ import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aio_pika
 import aiormq
+import asyncpg
 import pytest
 
 from services.deploy.rabbitmq import definitions, password_variable, render
@@ -28,7 +31,8 @@ from shared.broker.access import SERVICE_ROLES
 from shared.broker.topology import Names, QueuePolicy, declare_topology
 from shared.config import load_settings
 from shared.domain.states import ProcessState
-from tests.conftest import service_missing
+from shared.store.postgres import PostgresStore
+from tests.conftest import POSTGRES_URL, service_missing
 from tests.support.topology import Topology, free_port, running_topology
 from tests.support.waiting import eventually
 
@@ -286,3 +290,70 @@ async def test_the_real_processes_work_end_to_end_each_under_its_own_user(
 
         outputs = "".join(r.stdout + r.stderr for r in (submitted, dead, stats, refused_dlq))
         _no_secrets(topo, broker.passwords, outputs)
+
+
+# -- PostgreSQL: the postgres profile's init script, run against the real server
+
+
+async def test_the_postgres_init_script_makes_an_owner_of_its_database_and_nothing_more(
+    hub: str,
+) -> None:
+    if shutil.which("psql") is None:
+        service_missing("psql (to run infra/postgres/init-app-user.sh)", "not on PATH")
+    server = urlsplit(POSTGRES_URL)
+    role, database, password = f"{hub}_app", f"{hub}_db", secrets.token_hex(16)
+    env = os.environ | {
+        "PGHOST": server.hostname or "127.0.0.1",
+        "PGPORT": str(server.port or 5432),
+        "POSTGRES_USER": server.username or "postgres",
+        "POSTGRES_APP_USER": role,
+        "POSTGRES_APP_DB": database,
+        "POSTGRES_APP_PASSWORD": password,
+    }
+    superuser = await asyncpg.connect(POSTGRES_URL)
+    try:
+        done = subprocess.run(
+            ["sh", str(ROOT / "infra" / "postgres" / "init-app-user.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert password not in done.stdout + done.stderr
+        flags = await superuser.fetchrow(
+            "SELECT rolsuper, rolcreatedb, rolcreaterole, rolpassword IS NOT NULL AS has_password"
+            " FROM pg_authid WHERE rolname = $1",
+            role,
+        )
+        assert dict(flags) == {
+            "rolsuper": False,
+            "rolcreatedb": False,
+            "rolcreaterole": False,
+            "has_password": True,
+        }
+        owner = await superuser.fetchval(
+            "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = $1", database
+        )
+        assert owner == role
+        # As the application: the store initialises its schema and works; nothing beyond.
+        app_url = f"postgresql://{role}:{password}@{env['PGHOST']}:{env['PGPORT']}/{database}"
+        store = await PostgresStore.connect(
+            app_url, "orderflow", pool_size=1, timeout=5, command_timeout=10
+        )
+        try:
+            await store.init()
+            await store.ping()
+        finally:
+            await store.close()
+        app = await asyncpg.connect(app_url)
+        try:
+            for statement in (f"CREATE ROLE {hub}_other", f"CREATE DATABASE {hub}_other"):
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await app.execute(statement)
+        finally:
+            await app.close()
+    finally:
+        await superuser.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        await superuser.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await superuser.close()
