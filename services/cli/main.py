@@ -22,7 +22,7 @@ from services.cli.serve import serve
 from services.cli.submit import submit
 from services.cli.up import up
 from services.cli.workflows import workflows
-from shared.bootstrap import initialise
+from shared.bootstrap import InitReport, initialise
 from shared.config import Settings, load_settings
 from shared.errors import ConfigurationError, OrderflowError, ServiceUnavailable, one_line
 
@@ -95,11 +95,35 @@ def main(
     ctx.obj = load_settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
+async def initialise_when_up(settings: Settings, wait_s: float) -> InitReport:
+    """`initialise`, retried with backoff for up to `wait_s` while a server is unreachable
+    (in a deployment, the servers may still be starting)."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + wait_s
+    delay = 0.5
+    while True:
+        try:
+            return await initialise(settings)
+        except ServiceUnavailable:
+            if loop.time() + delay > give_up:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
 @main.command()
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Retry for up to this many seconds while a server is unreachable.",
+)
 @click.pass_context
-def init(ctx: click.Context) -> None:
+def init(ctx: click.Context, wait_s: float) -> None:
     """Create the store's schema and indexes and declare the hub's queues. Idempotent."""
-    report = run(initialise(settings_from(ctx)))
+    report = run(initialise_when_up(settings_from(ctx), wait_s))
     kind = "quorum" if report.quorum else "classic"
     click.echo(f"store: {report.store_kind}, hub {report.hub!r}: schema and indexes ready")
     click.echo(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -131,3 +132,13 @@ def test_unreachable_servers_and_bad_urls_give_one_line_and_an_exit_code(
     assert says in lines[0]
     assert "secret" not in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_init_wait_retries_an_unreachable_server_for_a_bounded_time() -> None:
+    started = time.monotonic()
+    result = orderflow(
+        "init", "--wait", "2", hub="tneverused", ORDERFLOW_RABBITMQ_URL="amqp://127.0.0.1:1/"
+    )
+    took = time.monotonic() - started
+    assert result.returncode == 3 and "RabbitMQ at" in result.stderr
+    assert 1.0 <= took < 20, took  # retried (0.5 s, 1 s, ...), then gave up
