@@ -270,7 +270,9 @@ def attempt_outcome(exc: Exception, *, called: bool) -> str:
 async def serve_agent(name: str, runtime: Runtime, stop: asyncio.Event) -> None:
     """Consume `<hub>.agent.<name>` until `stop`, then drain."""
     settings = runtime.settings
-    client = RemoteClient.open(settings.remote_url, pool=max(10, settings.prefetch * 2))
+    client = RemoteClient.open(
+        settings.remote_url, pool=max(10, settings.prefetch * 2), account=settings.hub
+    )
     agent = Agent(name, client, runtime.publisher, settings)
     report = runtime.reporter()
 

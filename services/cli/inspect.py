@@ -204,7 +204,7 @@ def alerts_list(ctx: click.Context, since: str | None, limit: int, as_json: bool
 async def _audit(settings: Settings, grace: float) -> dict[str, Any]:
     client = RemoteClient.open(settings.remote_url)
     try:
-        effects = await client.ledger()
+        effects = await client.ledger(account=settings.hub)  # this hub's effects only
     finally:
         await client.close()
     store = await open_store(settings)

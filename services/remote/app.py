@@ -5,7 +5,7 @@
 - 422 `{"outcome": "declined", ...}`: a permanent business failure (same answer on every repeat)
 - 409 `{"outcome": "stale-fencing-token"}`: the attempt was superseded
 - 503 `{"error": "transient"|"outage"}`: try again later; no effect was made
-`GET /ledger?order_id=&after=&limit=`, `GET|PUT /admin/faults`, `GET /health`.
+`GET /ledger?account=&order_id=&after=&limit=`, `GET|PUT /admin/faults`, `GET /health`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import logging
 import random
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Annotated, Any
@@ -22,6 +23,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from services.remote.client import ACCOUNT_HEADER
 from services.remote.ledger import Effect, Ledger, StaleFencingToken
 from shared.config import Settings
 from shared.metrics import serve_metrics
@@ -38,6 +40,9 @@ UNDO_OF: dict[str, tuple[str, ...]] = {
 OPERATIONS = frozenset({*UNDO_OF, *(op for done in UNDO_OF.values() for op in done)})
 DECLINABLE = frozenset({"payment.charge", "payment.authorize"})
 """Where a card is declined: the charge (workflow v1) or the authorization (v2)."""
+
+
+ACCOUNT = re.compile(r"[a-z][a-z0-9_]{0,39}|")
 
 
 class RemoteCall(BaseModel):
@@ -146,10 +151,13 @@ class RemoteService:
         except ValueError:
             return web.json_response({"error": "after and limit must be integers"}, status=400)
         order_id = request.query.get("order_id")
+        account = request.query.get("account")
+        if account is not None and not ACCOUNT.fullmatch(account):
+            return web.json_response({"error": "account must be a task hub name"}, status=400)
         effects = (
-            self.ledger.effects_of(order_id)
+            self.ledger.effects_of(account, order_id)
             if order_id
-            else self.ledger.page(after=after, limit=limit)
+            else self.ledger.page(after=after, limit=limit, account=account)
         )
         return web.json_response({"effects": [e.to_json() for e in effects]})
 
@@ -162,6 +170,9 @@ class RemoteService:
         operation = f"{request.match_info['service']}.{request.match_info['action']}"
         if operation not in OPERATIONS:
             return web.json_response({"error": f"no operation {operation}"}, status=404)
+        account = request.headers.get(ACCOUNT_HEADER, "")
+        if not ACCOUNT.fullmatch(account):
+            return web.json_response({"error": f"{ACCOUNT_HEADER} must be a hub name"}, status=400)
         try:
             body = RemoteCall.model_validate_json(await request.read())
         except ValidationError as exc:
@@ -174,21 +185,22 @@ class RemoteService:
             return web.json_response({"error": "transient"}, status=503)
         try:
             if self.rng.random() < self.faults.hang_rate:
-                self.ledger.observe_fence(body.order_id, body.fencing_token)
+                self.ledger.observe_fence(account, body.order_id, body.fencing_token)
                 await asyncio.sleep(self.faults.hang_s)
-            effect, made = self._apply(operation, body)
+            effect, made = self._apply(account, operation, body)
         except StaleFencingToken as exc:
             return web.json_response(
                 {"outcome": "stale-fencing-token", "error": str(exc)}, status=409
             )
         return _answer(effect, replayed=not made)
 
-    def _apply(self, operation: str, body: RemoteCall) -> tuple[Effect, bool]:
-        existing = self.ledger.find(body.idempotency_key)
+    def _apply(self, account: str, operation: str, body: RemoteCall) -> tuple[Effect, bool]:
+        existing = self.ledger.find(account, body.idempotency_key)
         if existing is not None:
             return existing, False
-        outcome, result = self._decide(operation, body)
+        outcome, result = self._decide(account, operation, body)
         return self.ledger.record(
+            account=account,
             idempotency_key=body.idempotency_key,
             operation=operation,
             order_id=body.order_id,
@@ -197,11 +209,11 @@ class RemoteService:
             result=result,
         )
 
-    def _decide(self, operation: str, body: RemoteCall) -> tuple[str, dict[str, Any]]:
+    def _decide(self, account: str, operation: str, body: RemoteCall) -> tuple[str, dict[str, Any]]:
         if operation in UNDO_OF:
             done = [
                 e
-                for e in self.ledger.effects_of(body.order_id)
+                for e in self.ledger.effects_of(account, body.order_id)
                 if e.operation in UNDO_OF[operation] and e.outcome == "applied"
             ]
             if not done:

@@ -9,6 +9,11 @@ import aiohttp
 
 from shared.errors import PermanentError, TransientError, one_line
 
+ACCOUNT_HEADER = "X-Orderflow-Account"
+"""Who calls: the calling deployment's task hub. The remote service scopes idempotency keys,
+orders and fencing tokens by it, as a payment provider scopes them by API key, so two hubs that
+share one remote service never share an effect. No header: the unnamed account."""
+
 
 class RemoteTransient(TransientError):
     """The remote service did not make the effect this time: 5xx, timeout, no connection."""
@@ -39,9 +44,11 @@ class RemoteClient:
         self._session = session
 
     @classmethod
-    def open(cls, base_url: str, *, pool: int = 100) -> RemoteClient:
+    def open(cls, base_url: str, *, pool: int = 100, account: str = "") -> RemoteClient:
+        """A client calling as `account` (the deployment's task hub; see ACCOUNT_HEADER)."""
         connector = aiohttp.TCPConnector(limit=pool, keepalive_timeout=30)
-        return cls(base_url, aiohttp.ClientSession(connector=connector))
+        headers = {ACCOUNT_HEADER: account} if account else None
+        return cls(base_url, aiohttp.ClientSession(connector=connector, headers=headers))
 
     async def close(self) -> None:
         await self._session.close()
@@ -74,15 +81,18 @@ class RemoteClient:
             raise RemoteTransient(f"{operation}: {type(exc).__name__} {one_line(exc)}") from exc
         return _interpret(operation, status, text)
 
-    async def ledger(self, *, order_id: str | None = None) -> list[dict[str, Any]]:
-        """Every effect (or one order's), in ledger order."""
+    async def ledger(
+        self, *, order_id: str | None = None, account: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Every effect (or one order's), in ledger order: of one account, or of all."""
+        scope = {} if account is None else {"account": account}
         if order_id is not None:
-            page = await self._get("/ledger", order_id=order_id)
+            page = await self._get("/ledger", order_id=order_id, **scope)
             return list(page["effects"])
         effects: list[dict[str, Any]] = []
         after = 0
         while True:
-            page = await self._get("/ledger", after=str(after), limit="10000")
+            page = await self._get("/ledger", after=str(after), limit="10000", **scope)
             batch = page["effects"]
             effects += batch
             if len(batch) < 10000:

@@ -2,7 +2,9 @@
 
 One effect per key: a repeated key returns the first outcome and makes no second effect. Fencing
 tokens (`<order_id>:<attempt>`) only move forward per order: a request carrying an older attempt
-than one already seen is refused.
+than one already seen is refused. Keys, orders and fences are scoped by the calling **account**
+(as a payment provider scopes idempotency keys by API key): two deployments (task hubs) calling
+one remote service never share an effect, even for the same order id.
 """
 
 from __future__ import annotations
@@ -14,24 +16,45 @@ from datetime import UTC, datetime
 from typing import Any
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS effects (
+CREATE TABLE IF NOT EXISTS account_effects (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    idempotency_key TEXT NOT NULL UNIQUE,
+    account TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
     operation TEXT NOT NULL,
     order_id TEXT NOT NULL,
     fencing_token TEXT NOT NULL,
     outcome TEXT NOT NULL,
     result TEXT NOT NULL,
-    at TEXT NOT NULL
+    at TEXT NOT NULL,
+    UNIQUE (account, idempotency_key)
 );
-CREATE INDEX IF NOT EXISTS effects_by_order ON effects (order_id, seq);
-CREATE TABLE IF NOT EXISTS fences (order_id TEXT PRIMARY KEY, attempt INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS account_effects_by_order ON account_effects (account, order_id, seq);
+CREATE TABLE IF NOT EXISTS account_fences (
+    account TEXT NOT NULL,
+    order_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    PRIMARY KEY (account, order_id)
+);
 """
+
+MIGRATE_UNSCOPED = """
+INSERT INTO account_effects
+    (seq, account, idempotency_key, operation, order_id, fencing_token, outcome, result, at)
+    SELECT seq, '', idempotency_key, operation, order_id, fencing_token, outcome, result, at
+      FROM effects;
+INSERT INTO account_fences SELECT '', order_id, attempt FROM fences;
+DROP TABLE effects;
+DROP TABLE fences;
+"""
+"""A ledger written before accounts existed: its effects belong to the unnamed account."""
+
+COLUMNS = "seq, account, idempotency_key, operation, order_id, fencing_token, outcome, result, at"
 
 
 @dataclass(frozen=True)
 class Effect:
     seq: int
+    account: str
     idempotency_key: str
     operation: str
     order_id: str
@@ -44,6 +67,7 @@ class Effect:
     def to_json(self) -> dict[str, Any]:
         return {
             "seq": self.seq,
+            "account": self.account,
             "idempotency_key": self.idempotency_key,
             "operation": self.operation,
             "order_id": self.order_id,
@@ -69,31 +93,44 @@ class Ledger:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # durable across a process crash
         self._db.executescript(SCHEMA)
+        old = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'effects'"
+        ).fetchone()
+        if old is not None:
+            self._db.executescript(f"BEGIN; {MIGRATE_UNSCOPED} COMMIT;")
 
     def close(self) -> None:
         self._db.close()
 
-    def find(self, idempotency_key: str) -> Effect | None:
+    def find(self, account: str, idempotency_key: str) -> Effect | None:
         row = self._db.execute(
-            "SELECT * FROM effects WHERE idempotency_key = ?", (idempotency_key,)
+            f"SELECT {COLUMNS} FROM account_effects WHERE account = ? AND idempotency_key = ?",
+            (account, idempotency_key),
         ).fetchone()
         return None if row is None else _effect(row)
 
-    def effects_of(self, order_id: str) -> list[Effect]:
+    def effects_of(self, account: str | None, order_id: str) -> list[Effect]:
+        """One order's effects in ledger order: in one account, or in every account (None)."""
         rows = self._db.execute(
-            "SELECT * FROM effects WHERE order_id = ? ORDER BY seq", (order_id,)
+            f"SELECT {COLUMNS} FROM account_effects WHERE order_id = ? "
+            "AND (? IS NULL OR account = ?) ORDER BY seq",
+            (order_id, account, account),
         ).fetchall()
         return [_effect(r) for r in rows]
 
-    def page(self, *, after: int, limit: int) -> list[Effect]:
+    def page(self, *, after: int, limit: int, account: str | None = None) -> list[Effect]:
+        """Effects in ledger order after `after`: of one account, or of all (None)."""
         rows = self._db.execute(
-            "SELECT * FROM effects WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
+            f"SELECT {COLUMNS} FROM account_effects WHERE seq > ? "
+            "AND (? IS NULL OR account = ?) ORDER BY seq LIMIT ?",
+            (after, account, account, limit),
         ).fetchall()
         return [_effect(r) for r in rows]
 
     def record(
         self,
         *,
+        account: str,
         idempotency_key: str,
         operation: str,
         order_id: str,
@@ -109,26 +146,28 @@ class Ledger:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            existing = self.find(idempotency_key)
+            existing = self.find(account, idempotency_key)
             if existing is not None:
                 db.execute("COMMIT")
                 return existing, False
             attempt = attempt_of(fencing_token)
             row = db.execute(
-                "SELECT attempt FROM fences WHERE order_id = ?", (order_id,)
+                "SELECT attempt FROM account_fences WHERE account = ? AND order_id = ?",
+                (account, order_id),
             ).fetchone()
             if row is not None and row[0] > attempt:
                 raise StaleFencingToken(f"attempt {attempt} of {order_id} superseded by {row[0]}")
             db.execute(
-                "INSERT INTO fences VALUES (?, ?) ON CONFLICT (order_id) DO UPDATE "
-                "SET attempt = max(attempt, excluded.attempt)",
-                (order_id, attempt),
+                "INSERT INTO account_fences VALUES (?, ?, ?) ON CONFLICT (account, order_id) "
+                "DO UPDATE SET attempt = max(attempt, excluded.attempt)",
+                (account, order_id, attempt),
             )
             at = datetime.now(UTC).isoformat()
             cur = db.execute(
-                "INSERT INTO effects (idempotency_key, operation, order_id, fencing_token, "
-                "outcome, result, at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO account_effects (account, idempotency_key, operation, order_id, "
+                "fencing_token, outcome, result, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
+                    account,
                     idempotency_key,
                     operation,
                     order_id,
@@ -144,19 +183,20 @@ class Ledger:
             raise
         seq = cur.lastrowid or 0
         effect = Effect(
-            seq, idempotency_key, operation, order_id, fencing_token, outcome, result, at
+            seq, account, idempotency_key, operation, order_id, fencing_token, outcome, result, at
         )
         return effect, True
 
-    def observe_fence(self, order_id: str, fencing_token: str) -> None:
+    def observe_fence(self, account: str, order_id: str, fencing_token: str) -> None:
         """Refuse now if the token is stale (used before a call hangs or waits)."""
         row = self._db.execute(
-            "SELECT attempt FROM fences WHERE order_id = ?", (order_id,)
+            "SELECT attempt FROM account_fences WHERE account = ? AND order_id = ?",
+            (account, order_id),
         ).fetchone()
         if row is not None and row[0] > attempt_of(fencing_token):
             raise StaleFencingToken(f"attempt of {fencing_token} superseded by {row[0]}")
 
 
 def _effect(row: tuple[Any, ...]) -> Effect:
-    seq, key, operation, order_id, token, outcome, result, at = row
-    return Effect(seq, key, operation, order_id, token, outcome, json.loads(result), at)
+    seq, account, key, operation, order_id, token, outcome, result, at = row
+    return Effect(seq, account, key, operation, order_id, token, outcome, json.loads(result), at)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sqlite3
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +15,7 @@ from aiohttp import web
 from services.agents.agent import Agent
 from services.remote.app import Faults, RemoteService
 from services.remote.client import RemoteClient, RemoteDeclined, RemoteFenced, RemoteRejected
-from services.remote.ledger import Ledger
+from services.remote.ledger import Ledger, StaleFencingToken
 from shared.broker.connection import connect
 from shared.broker.consumer import Delivery
 from shared.broker.private import PrivateQueue
@@ -87,6 +88,54 @@ async def test_a_repeated_key_returns_the_first_outcome_even_after_a_restart(
     after_restart = await call(client, "payment.charge", "o-1", "o-1:2")
     assert after_restart["seq"] == first["seq"] and after_restart["replayed"]
     assert len(await client.ledger(order_id="o-1")) == 1
+
+
+async def test_accounts_never_share_keys_fences_or_undos(remote: Remote) -> None:
+    # Two deployments (hubs) calling one remote service, with the same order id and key.
+    a = RemoteClient.open(remote.url, account="hub_a")
+    b = RemoteClient.open(remote.url, account="hub_b")
+    try:
+        first = await call(a, "payment.charge", "o-9", "o-9:3")
+        other = await call(b, "payment.charge", "o-9", "o-9:1")  # A's attempt 3 fences not B
+        assert not first["replayed"] and not other["replayed"]
+        assert other["seq"] != first["seq"]
+        undo = await call(b, "payment.refund", "o-9", "o-9:1")
+        assert undo["outcome"] == "applied"  # B's refund undoes B's charge, not A's
+        assert [e["operation"] for e in await a.ledger(order_id="o-9", account="hub_a")] == [
+            "payment.charge"
+        ]
+        assert {e["account"] for e in await a.ledger(order_id="o-9")} == {"hub_a", "hub_b"}
+        assert len(await a.ledger(account="hub_b")) == 2
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_ledger_from_before_accounts_is_migrated_to_the_unnamed_account(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE effects (seq INTEGER PRIMARY KEY AUTOINCREMENT, idempotency_key TEXT NOT "
+        "NULL UNIQUE, operation TEXT NOT NULL, order_id TEXT NOT NULL, fencing_token TEXT NOT "
+        "NULL, outcome TEXT NOT NULL, result TEXT NOT NULL, at TEXT NOT NULL);"
+        "CREATE TABLE fences (order_id TEXT PRIMARY KEY, attempt INTEGER NOT NULL);"
+        "INSERT INTO effects VALUES (7, 'o-1:charge', 'payment.charge', 'o-1', 'o-1:2', "
+        "'applied', '{}', '2026-01-01T00:00:00+00:00');"
+        "INSERT INTO fences VALUES ('o-1', 2);"
+    )
+    db.close()
+    ledger = Ledger(str(path))
+    try:
+        kept = ledger.find("", "o-1:charge")
+        assert kept is not None and (kept.seq, kept.account) == (7, "")
+        with pytest.raises(StaleFencingToken):
+            ledger.observe_fence("", "o-1", "o-1:1")
+        again = Ledger(str(path))  # a second open finds nothing left to migrate
+        again.close()
+    finally:
+        ledger.close()
 
 
 async def test_stale_fencing_tokens_are_refused(client) -> None:

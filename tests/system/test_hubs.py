@@ -320,14 +320,6 @@ def serve_workers(topo: Topology) -> None:
         topo.serve(agent, "agent", agent)
 
 
-SHARED_REMOTE_BUG = (
-    "BUG (hub isolation at a shared remote service): idempotency keys are `<order_id>:<step>` "
-    "and fences are per order_id, with no hub in either, so an order id used in two hubs makes "
-    "one effect: the second hub's order is answered with the first hub's result (its customer "
-    "is never charged, never shipped to) and still ends Processed."
-)
-
-
 async def test_two_hubs_sharing_one_remote_service_each_make_their_own_effects(
     hub: str, tmp_path: Path
 ) -> None:
@@ -363,15 +355,16 @@ async def test_two_hubs_sharing_one_remote_service_each_make_their_own_effects(
             for e in await a.remote.ledger(order_id="o-same")
             if e["operation"] == "payment.charge" and e["outcome"] == "applied"
         ]
-        amounts = sorted(e["result"]["amount_cents"] for e in charges)
+        by_account = sorted((e["account"], e["result"]["amount_cents"]) for e in charges)
         state_b = await b.store.get_state("o-same")
         assert state_b is not None
         charge_b = state_b.steps["charge"].result
         assert charge_b is not None
-        if amounts == [2500] and charge_b["amount_cents"] == 2500:
-            # Exactly the known bug: Bob's order "charged" with Alice's charge. Anything else
-            # (a setup failure, another symptom) fails below instead of hiding as an xfail.
-            pytest.xfail(SHARED_REMOTE_BUG)
-        # Alice pays 2 x 12.50, Bob 5 x 9.99: one charge each, each in its own order's record.
-        assert amounts == [2500, 4995], charges
+        # Alice pays 2 x 12.50, Bob 5 x 9.99: one charge each, each in its own hub's account
+        # (the remote service scopes idempotency keys and fences by the caller's hub).
+        assert by_account == [(hub, 2500), (f"{hub}_b", 4995)], charges
         assert charge_b["amount_cents"] == 4995, charge_b
+        # Each hub's audit reads its own account's effects only.
+        for topo in (a, b):
+            report = await topo.audit()
+            assert report["ok"] and report["effects"] == 3, report
