@@ -14,6 +14,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT INT TERM
 
 cp "$template" "$work/rendered"
+# Variable names are single words: splitting the list on whitespace is what is wanted.
+# shellcheck disable=SC2013
 for variable in $(grep -o '@HASH:[A-Z][A-Z0-9_]*@' "$template" | sed 's/^@HASH:\(.*\)@$/\1/' | sort -u); do
     # $variable matched [A-Z][A-Z0-9_]*, so the eval only reads that variable.
     eval "password=\${$variable:-}"

