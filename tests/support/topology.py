@@ -184,7 +184,8 @@ async def running_topology(hub: str, workdir: Path, **env: str) -> AsyncIterator
     topo.store = await PostgresStore.connect(
         POSTGRES_URL, hub, pool_size=5, timeout=5, command_timeout=10
     )
-    topo.remote = RemoteClient.open(topo.remote_url)
+    # Forged calls and replays in tests act as the hub, as its agents do.
+    topo.remote = RemoteClient.open(topo.remote_url, account=hub)
     try:
         yield topo
     finally:
