@@ -24,7 +24,12 @@ class Settings(BaseSettings):
     """Every setting of every process. Field docs are the documented defaults (README)."""
 
     model_config = SettingsConfigDict(
-        env_prefix="ORDERFLOW_", extra="ignore", frozen=True, use_attribute_docstrings=True
+        env_prefix="ORDERFLOW_",
+        extra="ignore",
+        frozen=True,
+        use_attribute_docstrings=True,
+        # `ORDERFLOW_X=` (as an uncommented .env.example line passes it) means the default.
+        env_ignore_empty=True,
     )
 
     # -- where things are

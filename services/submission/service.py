@@ -39,6 +39,7 @@ class Submission:
         self._report: Reporter = runtime.reporter()
         self._threshold = runtime.settings.backlog_threshold
         self._workflow = current_workflow("order", runtime.settings.workflow_version)
+        self._names = runtime.names
         self._consumer: Consumer | None = None
         self._backlog = 0
         """The last count of outstanding orders, plus the orders recorded since."""
@@ -56,7 +57,14 @@ class Submission:
             )
         now = utcnow()
         order = OrderRecord.of(message.order, now)
-        reply_to = message.reply_to or delivery.reply_to
+        asked = message.reply_to or delivery.reply_to
+        reply_to = self._names.accepted_status_queue(asked, delivery.user_id)
+        if asked is not None and reply_to is None:
+            log.warning(
+                "reply_to refused: not a status queue of this hub and this application; "
+                "the order is recorded without status messages",
+                extra={"message_id": delivery.message_id, "reply_to": asked[:100]},
+            )
         state = new_state_record(
             order,
             self._workflow,

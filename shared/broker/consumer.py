@@ -57,6 +57,9 @@ class Delivery:
     headers: dict[str, Any]
     deliveries: int
     """1 on the first delivery; more when the broker redelivers."""
+    user_id: str | None = None
+    """The publisher's broker user when it set `user_id` (RabbitMQ checks it is the connection's
+    user, so it cannot be forged)."""
 
 
 Handler = Callable[[Delivery], Awaitable[None]]
@@ -222,6 +225,7 @@ class Consumer:
             reply_to=message.reply_to,
             headers=dict(message.headers or {}),
             deliveries=deliveries,
+            user_id=message.user_id,
         )
         if self._store is None:
             await self._handle(message, delivery, holder=None)

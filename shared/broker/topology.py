@@ -17,6 +17,8 @@ QUORUM_SINCE = (3, 8)
 
 APP_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")
 """A submitting application's name: it prefixes its status queues, so no dots."""
+STATUS_TAG = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""The last part of a status queue's name: no dots, so no other routing key can hide in it."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,22 @@ class Names:
         """A private status queue of the submitting application `app`: named with the app's
         prefix, which is all its RabbitMQ user may declare, bind and read."""
         return f"{self.status_prefix(app)}{uuid.uuid4().hex[:12]}"
+
+    def accepted_status_queue(self, reply_to: str | None, user_id: str | None) -> str | None:
+        """`reply_to` if statuses may be sent to it, else None. Statuses travel on
+        `<hub>.status` with the queue's name as routing key, so only a status queue of this hub
+        qualifies (anything else would be refused by the broker's topic permissions, closing the
+        publisher's channel); and when the publisher's broker user is known (`user_id`), only
+        that application's own status queues (no application may address another's)."""
+        if reply_to is None:
+            return None
+        prefix = f"{self.hub}.status."
+        app, dot, tag = reply_to.removeprefix(prefix).partition(".")
+        if not reply_to.startswith(prefix) or not dot or not STATUS_TAG.fullmatch(tag):
+            return None
+        if not APP_NAME.fullmatch(app) or (user_id is not None and app != user_id):
+            return None
+        return reply_to
 
     @staticmethod
     def exchange_feeding(queue: str) -> str | None:

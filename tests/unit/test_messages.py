@@ -110,3 +110,24 @@ def test_invalid_message_names_the_fields() -> None:
         decode("order.submit", body, max_bytes=65536)
     assert "order.customer_id" in str(caught.value)
     assert "extra" in str(caught.value)
+
+
+def test_only_a_status_queue_of_the_hub_and_of_the_publishing_application_gets_statuses() -> None:
+    from shared.broker.topology import Names
+
+    names = Names("h")
+    mine = names.status_queue("shop")
+    assert names.accepted_status_queue(mine, None) == mine
+    assert names.accepted_status_queue(mine, "shop") == mine
+    assert names.accepted_status_queue(None, "shop") is None
+    refused = [
+        (mine, "other-app"),  # one application addressing another's queue
+        ("h.status.shop", None),  # no tag
+        ("h.status.shop.a.b", None),  # a routing key with more words
+        ("other.status.shop.abc", None),  # another hub
+        ("h.reply.scheduler-1.abc", None),  # a scheduler's reply queue
+        ("amq.gen-abc", None),
+        ("h.status.Shop!.abc", None),
+    ]
+    for reply_to, user in refused:
+        assert names.accepted_status_queue(reply_to, user) is None, reply_to
