@@ -9,13 +9,15 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
+import aio_pika
 import pytest
 
 from services.remote.app import declined
 from shared.broker.connection import connect
 from shared.broker.publisher import Publisher
+from shared.broker.topology import Names
 from shared.domain.journal import AlertKind, HistoryEventType
-from shared.domain.messages import StepAction, StepOutcome, StepReply
+from shared.domain.messages import StepAction, StepOutcome, StepReply, SubmitOrder
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
 from shared.domain.timing import utcnow
 from shared.domain.updates import Changes, Expect
@@ -405,3 +407,38 @@ async def test_audit_finds_lost_orders_and_duplicate_effects(topo: Topology) -> 
     assert result.returncode == 1
     assert f"violation of invariant 2: {victim}: 2 effects of payment.charge" in result.stdout
     assert "violation of invariant 1: o-lost: Processing with no deadline" in result.stdout
+
+
+async def test_a_reply_to_that_is_not_a_status_queue_of_the_app_gets_no_statuses(
+    topo: Topology,
+) -> None:
+    await topo.start_all()
+    names = Names(topo.hub)
+    connection = await connect(RABBITMQ_URL, timeout=5, name="spoofer")
+    try:
+        publisher = await Publisher.open(connection, timeout=5)
+        # A scheduler's reply queue, and another application's status queue (the publisher
+        # says it is `guest`, which RabbitMQ checks): neither may receive this order's statuses.
+        for order_id, reply_to in (
+            ("o-spoof-1", f"{topo.hub}.reply.scheduler-x.abc"),
+            ("o-spoof-2", names.status_queue("other-app")),
+        ):
+            await publisher.publish_raw(
+                aio_pika.Message(
+                    SubmitOrder(order=order_data(order_id), reply_to=reply_to).to_json(),
+                    message_id=f"m-{order_id}",
+                    type="order.submit",
+                    user_id="guest",
+                ),
+                exchange=names.submit,
+                routing_key=names.orders,
+            )
+    finally:
+        await connection.close()
+    counts = await topo.wait_settled(2, timeout=60)
+    assert counts[ProcessState.PROCESSED] == 2, "the orders themselves are fine"
+    for order_id in ("o-spoof-1", "o-spoof-2"):
+        state = await topo.store.get_state(order_id)
+        assert state is not None and state.reply_to is None
+    assert topo.logs("submission").count("reply_to refused") == 2
+    assert all(p.poll() is None for p in topo.procs.values())
