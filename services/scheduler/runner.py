@@ -81,8 +81,8 @@ class OrderRunner:
                 message_id=f"{record.order_id}:status:processing",
             )
         current = record
+        # Whether the step about to run was started by the write that completed the last one.
         started = False
-        """Whether the step about to run was started by the write that completed the last one."""
         for i, step in enumerate(workflow.steps):
             if current.steps[step.name].status is StepStatus.COMPLETED:
                 continue  # a checkpoint: never run again
@@ -320,10 +320,11 @@ class OrderRunner:
             )
         undo: CompensationEntry | None = None
         if following is not None and not last:
-            start = self._start(apply(running, update.changes), order, following, instance)
+            completed = apply(running, update.changes)
+            start = self._start(completed, order, following, instance)
             if start is not None:
                 next_update, scheduled, undo = start
-                update = chain(running, update, lambda _: next_update)
+                update = chain(update, next_update, after_first=completed)
                 events.append(scheduled)
         after = await ctx.write(running.order_id, update, history=events, compensation=undo)
         if after.process_state is ProcessState.PROCESSED:

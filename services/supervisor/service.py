@@ -26,7 +26,7 @@ from shared.domain.timing import recovery_backoff, utcnow
 from shared.domain.updates import RecoveryPolicy, recover
 from shared.errors import ServiceUnavailable
 from shared.metrics import RECOVERIES, SUPERVISOR_LEADER
-from shared.store.port import ScanCursor
+from shared.store.port import Purged, ScanCursor
 
 log = logging.getLogger(__name__)
 
@@ -171,24 +171,24 @@ class Supervisor:
         if time.monotonic() < self._next_retention:
             return
         cutoff = utcnow() - timedelta(seconds=self._s.retention_s)
-        orders = history = undos = 0
+        total = Purged(0, 0, 0)
         for _ in range(RETENTION_BATCHES_PER_ROUND):
             purged = await self._rt.store.purge_finished(
                 finished_before=cutoff, limit=RETENTION_BATCH
             )
-            orders, history, undos = (
-                orders + purged.orders,
-                history + purged.history,
-                undos + purged.compensation,
-            )
+            total += purged
             if purged.orders < RETENTION_BATCH:
                 # Done until the next interval; a full last batch means come back next round.
                 self._next_retention = time.monotonic() + self._s.retention_interval_s
                 break
-        if orders:
+        if total.orders:
             log.info(
                 "expired the journal of finished orders",
-                extra={"orders": orders, "history": history, "compensation": undos},
+                extra={
+                    "orders": total.orders,
+                    "history": total.history,
+                    "compensation": total.compensation,
+                },
             )
 
     async def _report_stuck(self) -> None:

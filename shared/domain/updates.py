@@ -78,16 +78,12 @@ def apply(record: StateRecord, changes: Changes) -> StateRecord:
     return record.model_copy(update={**changes.fields, "steps": steps})
 
 
-def chain(
-    record: StateRecord, first: Update, make_second: Callable[[StateRecord], Update]
-) -> Update:
-    """Two updates of one attempt as one: `first`, then the update `make_second` builds for the
-    record as `first` leaves it. The result expects what `first` expects and sets what both set
-    (the second wins where both set a field), so the store applies both or neither. Refused when
-    the second would not match after the first (it would be a different attempt's write)."""
-    middle = apply(record, first.changes)
-    second = make_second(middle)
-    if not matches(middle, second.expect):
+def chain(first: Update, second: Update, *, after_first: StateRecord) -> Update:
+    """Two updates of one attempt as one: `first`, then `second`, which was built for the record
+    as `first` leaves it (`after_first`). The result expects what `first` expects and sets what
+    both set (the second wins where both set a field), so the store applies both or neither.
+    Refused when the second would not match after the first (a different attempt's write)."""
+    if not matches(after_first, second.expect):
         raise ValueError("the second update would not match the record the first one leaves")
     return Update(
         first.expect,

@@ -411,42 +411,31 @@ class MongoStore:
             "process_state": {"$in": [s.value for s in TERMINAL_STATES]},
             "updated_at": {"$lt": finished_before},
         }
-        orders = history = compensation = 0
         # Without a join, page through the finished orders and skip those already purged.
         cursor = self._state.find(query, projection={"_id": 1}).sort("_id", ASCENDING)
+        total = Purged(0, 0, 0)
         batch: list[str] = []
         async for doc in cursor:
             batch.append(doc["_id"])
-            if len(batch) < PURGE_PAGE:
-                continue
-            done = await self._purge(batch, limit - orders)
-            orders, history, compensation = (
-                orders + done[0],
-                history + done[1],
-                compensation + done[2],
-            )
-            batch = []
-            if orders >= limit:
-                break
-        if batch and orders < limit:
-            done = await self._purge(batch, limit - orders)
-            orders, history, compensation = (
-                orders + done[0],
-                history + done[1],
-                compensation + done[2],
-            )
-        return Purged(orders, history, compensation)
+            if len(batch) == PURGE_PAGE:
+                total += await self._purge(batch, limit - total.orders)
+                batch = []
+                if total.orders >= limit:
+                    return total
+        if batch:
+            total += await self._purge(batch, limit - total.orders)
+        return total
 
-    async def _purge(self, ids: list[str], most: int) -> tuple[int, int, int]:
-        """Delete the journal of at most `most` of these orders: (orders, history, undos)."""
+    async def _purge(self, ids: list[str], most: int) -> Purged:
+        """Delete the journal of at most `most` of these orders."""
         with_history = set(await self._history.distinct("order_id", {"order_id": {"$in": ids}}))
         with_undo = set(await self._compensation.distinct("order_id", {"order_id": {"$in": ids}}))
         victims = sorted(with_history | with_undo)[:most]
         if not victims:
-            return 0, 0, 0
+            return Purged(0, 0, 0)
         h = await self._history.delete_many({"order_id": {"$in": victims}})
         c = await self._compensation.delete_many({"order_id": {"$in": victims}})
-        return len(victims), h.deleted_count, c.deleted_count
+        return Purged(len(victims), h.deleted_count, c.deleted_count)
 
     # -- inbox
     async def inbox_claim(

@@ -93,6 +93,13 @@ class Purged:
     history: int
     compensation: int
 
+    def __add__(self, other: Purged) -> Purged:
+        return Purged(
+            self.orders + other.orders,
+            self.history + other.history,
+            self.compensation + other.compensation,
+        )
+
 
 class StateStore(Protocol):
     """Everything the processes keep. Every state change is conditional and says if it matched."""

@@ -292,7 +292,8 @@ def test_a_chained_update_completes_one_step_and_starts_the_next_in_one_write() 
             after_reserve, "charge", instance="o-1:1", now=now, timeout=5 * S, allowance=3
         )
 
-    u = chain(running, done, start_charge)
+    completed = apply(running, done.changes)
+    u = chain(done, start_charge(completed), after_first=completed)
     assert u.expect == done.expect  # fenced like each of the two
     after = apply(running, u.changes)
     assert after.steps["reserve"].status is StepStatus.COMPLETED
@@ -314,11 +315,7 @@ def test_a_chain_refuses_a_second_update_of_another_attempt() -> None:
         result={},
         attempts_used=0,
     )
+    completed = apply(record, done.changes)
+    other = start_step(completed, "charge", instance="o-1:2", now=utcnow(), timeout=S, allowance=1)
     with pytest.raises(ValueError, match="would not match"):
-        chain(
-            record,
-            done,
-            lambda r: start_step(
-                r, "charge", instance="o-1:2", now=utcnow(), timeout=S, allowance=1
-            ),
-        )
+        chain(done, other, after_first=completed)
