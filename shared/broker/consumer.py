@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -25,6 +25,7 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
+from shared.batching import GroupCommit
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
 from shared.domain.journal import InboxOutcome
@@ -33,7 +34,7 @@ from shared.domain.redaction import redact_body
 from shared.domain.timing import utcnow
 from shared.errors import ContractViolation, PublishError, ServiceUnavailable
 from shared.metrics import DEAD_LETTERS, MESSAGES
-from shared.store.port import StateStore
+from shared.store.port import InboxClaim, InboxDone, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,13 @@ class Consumer:
         self._tag: str | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self.stats = _Stats()
+        # Messages handled side by side share their inbox round trips (group commit).
+        self._claims: GroupCommit[InboxClaim, InboxOutcome] = GroupCommit(
+            self._claim_batch, max_batch=policy.prefetch
+        )
+        self._completions: GroupCommit[InboxDone, bool] = GroupCommit(
+            self._complete_batch, max_batch=policy.prefetch
+        )
 
     async def start(self) -> None:
         await self._channel.set_qos(prefetch_count=self._policy.prefetch)
@@ -249,14 +257,8 @@ class Consumer:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self._policy.claim_ttl.total_seconds() + 1
         while True:
-            now = utcnow()
-            outcome = await self._store.inbox_claim(
-                self._queue_name,
-                message_id,
-                holder=holder,
-                now=now,
-                claim_until=now + self._policy.claim_ttl,
-            )
+            claim = InboxClaim(message_id, holder, utcnow() + self._policy.claim_ttl)
+            outcome = await self._claims.submit(claim)
             if outcome is not InboxOutcome.BUSY or loop.time() >= give_up:
                 return outcome
             await asyncio.sleep(self._policy.busy_poll)
@@ -286,14 +288,17 @@ class Consumer:
         self._count("handled")
         await message.ack()
 
-    async def _complete(self, message_id: str, holder: str) -> None:
+    async def _claim_batch(self, claims: Sequence[InboxClaim]) -> list[InboxOutcome]:
         assert self._store is not None
-        await self._store.inbox_complete(
-            self._queue_name,
-            message_id,
-            holder=holder,
-            keep_until=utcnow() + self._policy.dedupe_window,
-        )
+        return await self._store.inbox_claim_many(self._queue_name, claims, now=utcnow())
+
+    async def _complete(self, message_id: str, holder: str) -> None:
+        keep_until = utcnow() + self._policy.dedupe_window
+        await self._completions.submit(InboxDone(message_id, holder, keep_until))
+
+    async def _complete_batch(self, done: Sequence[InboxDone]) -> list[bool]:
+        assert self._store is not None
+        return await self._store.inbox_complete_many(self._queue_name, done)
 
     async def _release(self, message_id: str, holder: str) -> None:
         assert self._store is not None

@@ -33,6 +33,8 @@ from shared.domain.updates import ANY, Changes, Expect
 from shared.errors import ConfigurationError, ServiceUnavailable, one_line
 from shared.store.codec import plain, state_from
 from shared.store.port import (
+    InboxClaim,
+    InboxDone,
     InsertOutcome,
     ListCursor,
     Purged,
@@ -465,6 +467,23 @@ class MongoStore:
         if doc is not None and doc["state"] == "done":
             return InboxOutcome.DUPLICATE
         return InboxOutcome.BUSY
+
+    async def inbox_claim_many(
+        self, queue: str, claims: Sequence[InboxClaim], *, now: datetime
+    ) -> list[InboxOutcome]:
+        # One at a time, in order: each claim's outcome needs its own conditional write.
+        return [
+            await self.inbox_claim(
+                queue, c.message_id, holder=c.holder, now=now, claim_until=c.claim_until
+            )
+            for c in claims
+        ]
+
+    async def inbox_complete_many(self, queue: str, done: Sequence[InboxDone]) -> list[bool]:
+        return [
+            await self.inbox_complete(queue, d.message_id, holder=d.holder, keep_until=d.keep_until)
+            for d in done
+        ]
 
     async def inbox_complete(
         self, queue: str, message_id: str, *, holder: str, keep_until: datetime

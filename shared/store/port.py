@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -29,6 +29,45 @@ class InsertOutcome(StrEnum):
     """The same order was recorded before (a redelivery or a repeated submission)."""
     CONFLICT = "conflict"
     """An order with this id but different data exists; nothing was overwritten."""
+
+
+@dataclass(frozen=True)
+class InboxClaim:
+    """One consumer's bid for a message id (see `StateStore.inbox_claim_many`)."""
+
+    message_id: str
+    holder: str
+    claim_until: datetime
+
+
+@dataclass(frozen=True)
+class InboxDone:
+    """One handled message id (see `StateStore.inbox_complete_many`)."""
+
+    message_id: str
+    holder: str
+    keep_until: datetime
+
+
+def first_claims(
+    claims: Sequence[InboxClaim],
+) -> tuple[list[InboxClaim], Callable[[int, InboxOutcome], InboxOutcome]]:
+    """For a store that claims a batch in one statement: the first claim of each message id,
+    and how to turn the outcome of a message id's first claim into the outcome of claim `i`. A
+    later claim by another holder in the same batch finds the id taken (BUSY), as it would a
+    moment later."""
+    first: dict[str, InboxClaim] = {}
+    for claim in claims:
+        first.setdefault(claim.message_id, claim)
+
+    def outcome(i: int, of_first: InboxOutcome) -> InboxOutcome:
+        claim = claims[i]
+        head = first[claim.message_id]
+        if head is not claim and head.holder != claim.holder and of_first is InboxOutcome.CLAIMED:
+            return InboxOutcome.BUSY
+        return of_first
+
+    return list(first.values()), outcome
 
 
 @dataclass(frozen=True)
@@ -232,10 +271,20 @@ class StateStore(Protocol):
         """Take a message id for handling, unless it was handled (or is being handled by another
         holder). Re-entrant: the same holder may claim again (a retry of the same delivery)."""
 
+    async def inbox_claim_many(
+        self, queue: str, claims: Sequence[InboxClaim], *, now: datetime
+    ) -> list[InboxOutcome]:
+        """`inbox_claim` for several message ids at once (one round trip where the store can):
+        one outcome per claim, in order. Of two claims of one id by different holders in one
+        call, the first may take it and the second finds it BUSY."""
+
     async def inbox_complete(
         self, queue: str, message_id: str, *, holder: str, keep_until: datetime
     ) -> bool:
         """Mark the message handled; duplicates within the window are dropped."""
+
+    async def inbox_complete_many(self, queue: str, done: Sequence[InboxDone]) -> list[bool]:
+        """`inbox_complete` for several message ids at once: one result per entry, in order."""
 
     async def inbox_release(self, queue: str, message_id: str, *, holder: str) -> bool:
         """Give up a claim whose handling failed, so a redelivery is handled again."""

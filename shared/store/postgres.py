@@ -25,6 +25,8 @@ from shared.domain.updates import ANY, Changes, Expect
 from shared.errors import ConfigurationError, ServiceUnavailable, one_line
 from shared.store.codec import jsonable, state_from
 from shared.store.port import (
+    InboxClaim,
+    InboxDone,
     InsertOutcome,
     ListCursor,
     Purged,
@@ -32,6 +34,7 @@ from shared.store.port import (
     ScanPage,
     StateQuery,
     WorkflowUse,
+    first_claims,
     page_of,
 )
 from shared.store.unavailable import translate_unavailable
@@ -482,42 +485,70 @@ class PostgresStore:
     async def inbox_claim(
         self, queue: str, message_id: str, *, holder: str, now: datetime, claim_until: datetime
     ) -> InboxOutcome:
+        claim = InboxClaim(message_id, holder, claim_until)
+        return (await self.inbox_claim_many(queue, [claim], now=now))[0]
+
+    async def inbox_claim_many(
+        self, queue: str, claims: Sequence[InboxClaim], *, now: datetime
+    ) -> list[InboxOutcome]:
+        unique, outcome = first_claims(claims)
         # New, or expired (a dedupe window that passed, or a claim whose holder died): take it.
-        taken = await self._pool.fetchval(
+        rows = await self._pool.fetch(
             f"""
-            INSERT INTO {self._s}.inbox AS i VALUES ($1, $2, 'processing', $3, $4)
+            INSERT INTO {self._s}.inbox AS i (queue, message_id, state, holder, expires_at)
+            SELECT $1, m, 'processing', h, e
+              FROM unnest($2::text[], $3::text[], $4::timestamptz[]) AS x(m, h, e)
             ON CONFLICT (queue, message_id) DO UPDATE
                SET state = 'processing', holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
              WHERE i.expires_at <= $5 OR (i.holder = EXCLUDED.holder AND i.state = 'processing')
-            RETURNING true
+            RETURNING message_id
             """,
             queue,
-            message_id,
-            holder,
-            claim_until,
+            [c.message_id for c in unique],
+            [c.holder for c in unique],
+            [c.claim_until for c in unique],
             now,
         )
-        if taken:
-            return InboxOutcome.CLAIMED
-        state = await self._pool.fetchval(
-            f"SELECT state FROM {self._s}.inbox WHERE queue = $1 AND message_id = $2",
-            queue,
-            message_id,
-        )
-        return InboxOutcome.DUPLICATE if state == "done" else InboxOutcome.BUSY
+        taken = {r["message_id"] for r in rows}
+        states: dict[str, str] = {}
+        if len(taken) < len(unique):
+            rows = await self._pool.fetch(
+                f"SELECT message_id, state FROM {self._s}.inbox "
+                "WHERE queue = $1 AND message_id = ANY($2::text[])",
+                queue,
+                [c.message_id for c in unique if c.message_id not in taken],
+            )
+            states = {r["message_id"]: r["state"] for r in rows}
+
+        def of_first(message_id: str) -> InboxOutcome:
+            if message_id in taken:
+                return InboxOutcome.CLAIMED
+            done = states.get(message_id) == "done"
+            return InboxOutcome.DUPLICATE if done else InboxOutcome.BUSY
+
+        return [outcome(i, of_first(c.message_id)) for i, c in enumerate(claims)]
 
     async def inbox_complete(
         self, queue: str, message_id: str, *, holder: str, keep_until: datetime
     ) -> bool:
-        result = await self._pool.execute(
-            f"UPDATE {self._s}.inbox SET state = 'done', expires_at = $4 "
-            "WHERE queue = $1 AND message_id = $2 AND holder = $3",
+        done = InboxDone(message_id, holder, keep_until)
+        return (await self.inbox_complete_many(queue, [done]))[0]
+
+    async def inbox_complete_many(self, queue: str, done: Sequence[InboxDone]) -> list[bool]:
+        rows = await self._pool.fetch(
+            f"""
+            UPDATE {self._s}.inbox AS i SET state = 'done', expires_at = x.e
+              FROM unnest($2::text[], $3::text[], $4::timestamptz[]) AS x(m, h, e)
+             WHERE i.queue = $1 AND i.message_id = x.m AND i.holder = x.h
+            RETURNING i.message_id, i.holder
+            """,
             queue,
-            message_id,
-            holder,
-            keep_until,
+            [d.message_id for d in done],
+            [d.holder for d in done],
+            [d.keep_until for d in done],
         )
-        return _affected(result) == 1
+        matched = {(r["message_id"], r["holder"]) for r in rows}
+        return [(d.message_id, d.holder) in matched for d in done]
 
     async def inbox_release(self, queue: str, message_id: str, *, holder: str) -> bool:
         result = await self._pool.execute(

@@ -19,7 +19,7 @@ from shared.domain.journal import (
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.domain.updates import Changes, Expect
-from shared.store.port import StateStore
+from shared.store.port import InboxClaim, InboxDone, StateStore
 from tests.support.factories import order_pair
 
 H = HistoryEventType
@@ -86,6 +86,38 @@ async def test_inbox_handles_a_message_id_once(store: StateStore) -> None:
     assert await store.inbox_claim("other-q", "m1", holder="b", **claim) is InboxOutcome.CLAIMED
     assert await store.inbox_complete("q", "m1", holder="a", keep_until=now + timedelta(hours=1))
     assert await store.inbox_claim("q", "m1", holder="b", **claim) is InboxOutcome.DUPLICATE
+
+
+async def test_inbox_claims_and_completes_a_batch_with_one_outcome_each(store: StateStore) -> None:
+    now = utcnow()
+    until = now + timedelta(seconds=30)
+    keep = now + timedelta(hours=1)
+    await store.inbox_claim("q", "done", holder="x", now=now, claim_until=until)
+    await store.inbox_complete("q", "done", holder="x", keep_until=keep)
+    await store.inbox_claim("q", "held", holder="x", now=now, claim_until=until)
+    await store.inbox_claim("q", "mine", holder="a", now=now, claim_until=until)
+    claims = [
+        InboxClaim("new", "a", until),
+        InboxClaim("done", "a", until),
+        InboxClaim("held", "a", until),
+        InboxClaim("mine", "a", until),  # re-entrant: the same holder claims again
+        InboxClaim("new", "b", until),  # a second copy in the same batch finds it taken
+        InboxClaim("other", "b", until),
+    ]
+    assert await store.inbox_claim_many("q", claims, now=now) == [
+        InboxOutcome.CLAIMED,
+        InboxOutcome.DUPLICATE,
+        InboxOutcome.BUSY,
+        InboxOutcome.CLAIMED,
+        InboxOutcome.BUSY,
+        InboxOutcome.CLAIMED,
+    ]
+    assert await store.inbox_complete_many(
+        "q",
+        [InboxDone("new", "a", keep), InboxDone("other", "a", keep), InboxDone("other", "b", keep)],
+    ) == [True, False, True]
+    again = [InboxClaim("new", "c", until), InboxClaim("other", "c", until)]
+    assert await store.inbox_claim_many("q", again, now=now) == [InboxOutcome.DUPLICATE] * 2
 
 
 async def test_inbox_release_lets_a_redelivery_be_handled(store: StateStore) -> None:
