@@ -53,6 +53,8 @@ from shared.store.factory import open_store
 from shared.store.port import StateStore
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+REMOTE_KIND = "remote (stand-in)"
+"""The remote service's line in the report: the stand-in for the outside service."""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -81,6 +83,51 @@ class ProcUsage:
     cpu_s: float
     peak_rss_mib: float
     rss_mib: float
+
+
+SERVERS = {"beam.smp": "rabbitmq (server)", "postgres": "postgresql (server)"}
+"""Local server processes whose CPU the report shows too (by /proc comm name)."""
+
+
+def servers() -> dict[int, str]:
+    """Local RabbitMQ and PostgreSQL processes (none when they run elsewhere)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if comm in SERVERS:
+            found[int(entry.name)] = SERVERS[comm]
+    return found
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
+    try:
+        fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
+    return (total - idle) / CLOCK_TICKS, total / CLOCK_TICKS
+
+
+def children(pid: int) -> dict[int, str]:
+    """The child processes of `pid` and their command lines (empty where /proc cannot tell)."""
+    try:
+        pids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return {}
+    found = {}
+    for child in map(int, pids):
+        try:
+            found[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+    return found
 
 
 def proc_usage(pid: int) -> ProcUsage | None:
@@ -321,6 +368,13 @@ def print_report(result: dict[str, Any]) -> None:
             f"{p['peak_rss_mib']:.0f}",
         )
     console.print(procs)
+    machine = result.get("machine")
+    if machine:
+        console.print(
+            f"machine: {machine['cores']} cores {100 * machine['utilisation']:.0f}% busy, "
+            f"{machine['cpu_ms_per_order']:.2f} CPU ms/order in all "
+            f"({machine['unlisted_cpu_s']:.1f} CPU s not in the table)"
+        )
     console.print(f"supervisor recoveries: {result['recoveries']}")
     console.print("settings: " + ", ".join(f"{k}={v}" for k, v in result["settings"].items()))
 
@@ -469,8 +523,15 @@ async def _bench(
                 settings, schedulers=schedulers, agents=agents, env=env, workdir=workdir
             ) as up:
                 statuses = await wait_ready(store, expected, up, timeout=60)
+                # The remote service has no heartbeat; it is a stand-in for the outside world,
+                # but its CPU is this machine's too, so it is reported on a line of its own.
+                remote = {
+                    pid: REMOTE_KIND
+                    for pid, cmdline in children(up.pid).items()
+                    if "serve remote" in cmdline
+                }
                 try:
-                    return await _measure(store, run, statuses, seed, timeout, progress)
+                    return await _measure(store, run, statuses, seed, timeout, progress, remote)
                 except click.ClickException:
                     raise
                 except Exception as exc:
@@ -488,18 +549,41 @@ async def _measure(
     seed: int,
     timeout: float,
     progress: bool,
+    others: dict[int, str] | None = None,
 ) -> dict[str, Any]:
-    kinds = {int(s.data["pid"]): s.kind for s in statuses if "pid" in s.data}
+    kinds = {int(s.data["pid"]): s.kind for s in statuses if "pid" in s.data} | (others or {})
+    kinds |= servers()
     before = {pid: u for pid in kinds if (u := proc_usage(pid)) is not None}
+    busy_before, total_before = machine_cpu()
     run.started = time.monotonic()
     publishing = asyncio.create_task(publish(run.settings, run, seed=seed))
     terminal = await wait_settled(store, run, timeout, progress)
     run.finished = time.monotonic()
     await publishing
+    busy_after, total_after = machine_cpu()
+    kinds |= servers()  # server processes started meanwhile (new connections' backends)
     after = {pid: u for pid in kinds if (u := proc_usage(pid)) is not None}
     result = report(run, await all_states(store), before, after, kinds)
     result["terminal"] = terminal
+    result["machine"] = machine_report(
+        busy_after - busy_before, total_after - total_before, result["processes"], result["orders"]
+    )
     return result
+
+
+def machine_report(
+    busy_s: float, total_s: float, processes: dict[str, dict[str, Any]], orders: int
+) -> dict[str, Any]:
+    """The whole machine's CPU over the run: how saturated it was, and how much of it the
+    processes listed do not account for (this bench itself, exited backends, everything else)."""
+    listed = sum(p["cpu_s"] for p in processes.values())
+    return {
+        "cores": os.cpu_count() or 1,
+        "busy_cpu_s": round(busy_s, 2),
+        "utilisation": round(busy_s / total_s, 3) if total_s else 0.0,
+        "cpu_ms_per_order": round(1000 * busy_s / max(1, orders), 3),
+        "unlisted_cpu_s": round(max(0.0, busy_s - listed), 2),
+    }
 
 
 # -- recovery ------------------------------------------------------------------------------------

@@ -65,6 +65,11 @@ async def test_bench_reports_throughput_latency_and_process_costs_then_cleans_up
         "agent-inventory",
         "agent-payment",
         "agent-shipping",
+        # The remote stand-in and the local servers, so that the report accounts for the
+        # whole machine's CPU.
+        "remote (stand-in)",
+        "rabbitmq (server)",
+        "postgresql (server)",
     }
     assert kinds["scheduler"]["processes"] == 2
     assert all(k["peak_rss_mib"] > 10 for k in kinds.values())
@@ -72,6 +77,11 @@ async def test_bench_reports_throughput_latency_and_process_costs_then_cleans_up
     busy = [k for name, k in kinds.items() if name != "supervisor"]
     assert all(k["cpu_ms_per_order"] > 0 for k in busy)
     assert result["settings"]["schedulers"] == 2
+    machine = result["machine"]
+    assert machine["cores"] == os.cpu_count()
+    assert 0 < machine["utilisation"] <= 1
+    listed = sum(k["cpu_s"] for k in kinds.values())
+    assert machine["busy_cpu_s"] >= 0.5 * listed, "the machine's busy time covers the processes"
     assert await _bench_schemas() == before, "the benchmark's hub is dropped"
 
 

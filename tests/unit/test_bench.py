@@ -7,7 +7,17 @@ from datetime import timedelta
 
 import pytest
 
-from services.cli.bench import ProcUsage, Run, latency_summary, percentile, proc_usage, report
+from services.cli.bench import (
+    ProcUsage,
+    Run,
+    children,
+    latency_summary,
+    machine_report,
+    percentile,
+    proc_usage,
+    report,
+    servers,
+)
 from shared.config import Settings
 from shared.domain.states import ProcessState, StepStatus
 from shared.domain.timing import utcnow
@@ -69,3 +79,18 @@ def test_the_report_measures_publish_to_processed_and_cpu_per_order() -> None:
     }
     assert result["recoveries"] == 1
     assert result["by_state"] == {"Processed": 2}
+
+
+def test_the_machine_line_shows_saturation_and_what_the_table_leaves_out() -> None:
+    processes = {"scheduler": {"cpu_s": 3.0}, "postgresql (server)": {"cpu_s": 4.0}}
+    machine = machine_report(10.0, 20.0, processes, orders=1000)
+    assert machine["utilisation"] == 0.5
+    assert machine["cpu_ms_per_order"] == 10.0
+    assert machine["unlisted_cpu_s"] == 3.0
+    assert machine_report(0.0, 0.0, {}, orders=0)["utilisation"] == 0.0
+
+
+def test_servers_are_found_by_name_and_children_by_parent() -> None:
+    assert set(servers().values()) <= {"rabbitmq (server)", "postgresql (server)"}
+    assert children(os.getpid()) == {}
+    assert children(-1) == {}
