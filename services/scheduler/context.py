@@ -6,17 +6,18 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from shared.batching import GroupCommit
 from shared.broker.private import ReplyRouter
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
 from shared.config import Settings
 from shared.domain.journal import CompensationEntry, HistoryEvent
 from shared.domain.messages import StepReply, StepRequest
-from shared.domain.models import StateRecord
+from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.timing import recovery_backoff, utcnow
 from shared.domain.updates import RecoveryPolicy, Update, extend_deadline
 from shared.errors import PublishError
@@ -36,6 +37,9 @@ Renew = Callable[[], Awaitable[datetime]]
 
 _RNG = random.Random()
 
+ORDER_READ_BATCH = 100
+"""Order records one read fetches at most."""
+
 OUTAGE_PATIENCE_S = 300.0
 """How long an attempt holds its order while the broker refuses its request."""
 
@@ -49,6 +53,15 @@ class AttemptContext:
     reply_queue: str
     report: Reporter
     settings: Settings
+    _orders: GroupCommit[str, OrderRecord | None] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # The attempts of one claimed batch start together: one read for all their orders.
+        self._orders = GroupCommit(self.store.get_orders, max_batch=ORDER_READ_BATCH)
+
+    async def order(self, order_id: str) -> OrderRecord | None:
+        """The order record (read together with those of other attempts starting now)."""
+        return await self._orders.submit(order_id)
 
     @property
     def policy(self) -> RecoveryPolicy:

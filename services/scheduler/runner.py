@@ -63,7 +63,7 @@ class OrderRunner:
             error = ErrorInfo(kind=ErrorKind.UNKNOWN_WORKFLOW, at=utcnow(), message=unknown)
             await self._fail(record, None, None, instance, error)
             return None
-        order = await self._ctx.store.get_order(record.order_id)
+        order = await self._ctx.order(record.order_id)
         if workflow is None or order is None:
             error = ErrorInfo(
                 kind=ErrorKind.PERMANENT,

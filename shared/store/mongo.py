@@ -184,6 +184,13 @@ class MongoStore:
         doc = await self._orders.find_one({"_id": order_id})
         return None if doc is None else _load(OrderRecord, doc)
 
+    async def get_orders(self, order_ids: Sequence[str]) -> list[OrderRecord | None]:
+        found = {
+            doc["_id"]: _load(OrderRecord, doc)
+            async for doc in self._orders.find({"_id": {"$in": list(set(order_ids))}})
+        }
+        return [found.get(order_id) for order_id in order_ids]
+
     async def get_state(self, order_id: str) -> StateRecord | None:
         doc = await self._state.find_one({"_id": order_id})
         return None if doc is None else _load_state(doc)

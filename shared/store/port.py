@@ -163,6 +163,9 @@ class StateStore(Protocol):
 
     async def get_order(self, order_id: str) -> OrderRecord | None: ...
 
+    async def get_orders(self, order_ids: Sequence[str]) -> list[OrderRecord | None]:
+        """Several orders in one round trip: one entry per id, in order (None: no such order)."""
+
     async def get_state(self, order_id: str) -> StateRecord | None: ...
 
     async def update_state(

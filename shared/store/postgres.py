@@ -171,9 +171,14 @@ class PostgresStore:
         )
         if row is None:
             return None
-        doc = dict(row)
-        del doc["order_id"]
-        return OrderRecord.model_validate(doc, strict=False)
+        return _order_from(row)
+
+    async def get_orders(self, order_ids: Sequence[str]) -> list[OrderRecord | None]:
+        rows = await self._pool.fetch(
+            f"SELECT * FROM {self._s}.orders WHERE order_id = ANY($1::text[])", list(order_ids)
+        )
+        found = {row["order_id"]: _order_from(row) for row in rows}
+        return [found.get(order_id) for order_id in order_ids]
 
     async def get_state(self, order_id: str) -> StateRecord | None:
         row = await self._pool.fetchrow(
@@ -693,3 +698,9 @@ async def _reset_connection(connection: asyncpg.Connection) -> None:
 def _affected(status: str) -> int:
     """asyncpg returns a command tag such as 'UPDATE 1'."""
     return int(status.rsplit(" ", 1)[-1])
+
+
+def _order_from(row: asyncpg.Record) -> OrderRecord:
+    doc = dict(row)
+    del doc["order_id"]
+    return OrderRecord.model_validate(doc, strict=False)

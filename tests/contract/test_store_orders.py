@@ -57,6 +57,16 @@ async def test_records_round_trip_exactly(store: StateStore) -> None:
     assert await store.get_order("missing") is None
 
 
+async def test_several_orders_read_at_once_come_back_in_the_order_asked(store: StateStore) -> None:
+    pairs = [order_pair(f"o-many-{i}") for i in range(3)]
+    for order, state in pairs:
+        await store.insert_order(order, state)
+    orders = [order for order, _ in pairs]
+    ids = ["o-many-2", "missing", "o-many-0", "o-many-2", "o-many-1"]
+    assert await store.get_orders(ids) == [orders[2], None, orders[0], orders[2], orders[1]]
+    assert await store.get_orders([]) == []
+
+
 async def test_update_applies_exactly_the_changes_when_the_condition_holds(
     store: StateStore,
 ) -> None:
