@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -36,9 +37,26 @@ Service = Callable[[Runtime, asyncio.Event], Awaitable[None]]
 STARTUP_TIMEOUT_S = 60.0
 
 
+GC_YOUNG_THRESHOLD = 10_000
+"""Net container allocations between young-generation collections (CPython's default: 700)."""
+
+
+def tune_gc() -> None:
+    """Keep the cyclic garbage collector off a serving process's hot path. Refcounting frees
+    almost everything an order allocates, but at CPython's default threshold the orders in
+    flight kept crossing it: measured, collections took a tenth of a scheduler's CPU, most
+    of it rescanning the ~78,000 objects that imports and set-up leave behind. Those are moved
+    to the permanent generation (`gc.freeze`), and young collections wait for 10,000 net
+    allocations; real cycles are still collected, in larger batches."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD)
+
+
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
     """Run a serving process's event loop: uvloop where it is installed (the default
     dependency on Linux; about a tenth less CPU per order), asyncio's own loop otherwise."""
+    tune_gc()
     try:
         import uvloop  # noqa: PLC0415 - optional: only where it is installed
     except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
