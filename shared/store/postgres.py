@@ -497,12 +497,17 @@ class PostgresStore:
         self, queue: str, claims: Sequence[InboxClaim], *, now: datetime
     ) -> list[InboxOutcome]:
         unique, outcome = first_claims(claims)
+        # One lock order for every batch: two consumers holding copies of the same messages
+        # wait for each other instead of deadlocking.
+        unique.sort(key=lambda c: c.message_id)
         # New, or expired (a dedupe window that passed, or a claim whose holder died): take it.
         rows = await self._pool.fetch(
             f"""
             INSERT INTO {self._s}.inbox AS i (queue, message_id, state, holder, expires_at)
             SELECT $1, m, 'processing', h, e
-              FROM unnest($2::text[], $3::text[], $4::timestamptz[]) AS x(m, h, e)
+              FROM unnest($2::text[], $3::text[], $4::timestamptz[])
+                   WITH ORDINALITY AS x(m, h, e, k)
+             ORDER BY k
             ON CONFLICT (queue, message_id) DO UPDATE
                SET state = 'processing', holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
              WHERE i.expires_at <= $5 OR (i.holder = EXCLUDED.holder AND i.state = 'processing')

@@ -120,6 +120,29 @@ async def test_inbox_claims_and_completes_a_batch_with_one_outcome_each(store: S
     assert await store.inbox_claim_many("q", again, now=now) == [InboxOutcome.DUPLICATE] * 2
 
 
+async def test_concurrent_batches_of_the_same_ids_in_any_order_claim_each_once(
+    store: StateStore,
+) -> None:
+    """Copies of the same messages in two consumers' batches, in crossing order (a duplicate
+    delivery): without one lock order the inserts deadlock."""
+    now = utcnow()
+    until = now + timedelta(seconds=30)
+    for attempt in range(5):
+        ids = [f"x{attempt}-{i:02}" for i in range(40)]
+        batches = [
+            [InboxClaim(m, f"holder-{j}", until) for m in (ids if j % 2 else ids[::-1])]
+            for j in range(6)
+        ]
+        claimed = await asyncio.gather(*(store.inbox_claim_many("q", b, now=now) for b in batches))
+        for m in ids:
+            winners = [
+                j
+                for j, (b, r) in enumerate(zip(batches, claimed, strict=True))
+                if r[[c.message_id for c in b].index(m)] is InboxOutcome.CLAIMED
+            ]
+            assert len(winners) == 1, (m, winners)
+
+
 async def test_inbox_release_lets_a_redelivery_be_handled(store: StateStore) -> None:
     now = utcnow()
     claim = {"now": now, "claim_until": now + timedelta(seconds=30)}
