@@ -31,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -53,6 +54,8 @@ from shared.store.factory import open_store
 from shared.store.port import StateStore
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+STATS_FLUSH_S = 1.5
+"""PostgreSQL backends publish their statistics at most once a second (and when idle)."""
 REMOTE_KIND = "remote (stand-in)"
 """The remote service's line in the report: the stand-in for the outside service."""
 
@@ -104,15 +107,54 @@ def servers() -> dict[int, str]:
     return found
 
 
-def machine_cpu() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
+@dataclass(frozen=True)
+class MachineUsage:
+    """The whole machine since boot, from /proc/stat."""
+
+    busy_s: float
+    total_s: float
+    context_switches: int
+
+    def __sub__(self, other: MachineUsage) -> MachineUsage:
+        return MachineUsage(
+            self.busy_s - other.busy_s,
+            self.total_s - other.total_s,
+            self.context_switches - other.context_switches,
+        )
+
+
+def machine_usage() -> MachineUsage:
     try:
-        fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return 0.0, 0.0
+        lines = Path("/proc/stat").read_text().splitlines()
+        fields = [int(f) for f in lines[0].split()[1:]]
+        switches = next((int(line.split()[1]) for line in lines if line.startswith("ctxt ")), 0)
+    except (OSError, ValueError, IndexError):
+        return MachineUsage(0.0, 0.0, 0)
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
-    return (total - idle) / CLOCK_TICKS, total / CLOCK_TICKS
+    return MachineUsage((total - idle) / CLOCK_TICKS, total / CLOCK_TICKS, switches)
+
+
+async def store_transactions(url: str) -> int | None:
+    """Transactions the store's PostgreSQL database has run so far (every statement the store
+    sends outside an explicit transaction is one); None for another store, or when the count
+    cannot be read."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        return None
+    try:
+        connection = await asyncpg.connect(url, timeout=5)
+    except (OSError, asyncpg.PostgresError, TimeoutError):
+        return None
+    try:
+        # The server publishes its counters at most once a second: ask for a fresh snapshot.
+        await connection.execute("SELECT pg_stat_clear_snapshot()")
+        count = await connection.fetchval(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+            "WHERE datname = current_database()"
+        )
+        return int(count) if count is not None else None
+    finally:
+        await connection.close()
 
 
 def children(pid: int) -> dict[int, str]:
@@ -373,8 +415,11 @@ def print_report(result: dict[str, Any]) -> None:
         console.print(
             f"machine: {machine['cores']} cores {100 * machine['utilisation']:.0f}% busy, "
             f"{machine['cpu_ms_per_order']:.2f} CPU ms/order in all "
-            f"({machine['unlisted_cpu_s']:.1f} CPU s not in the table)"
+            f"({machine['unlisted_cpu_s']:.1f} CPU s not in the table), "
+            f"{machine['context_switches_per_order']:.0f} context switches/order"
         )
+    if "store_transactions_per_order" in result:
+        console.print(f"store transactions per order: {result['store_transactions_per_order']}")
     console.print(f"supervisor recoveries: {result['recoveries']}")
     console.print("settings: " + ", ".join(f"{k}={v}" for k, v in result["settings"].items()))
 
@@ -554,35 +599,43 @@ async def _measure(
     kinds = {int(s.data["pid"]): s.kind for s in statuses if "pid" in s.data} | (others or {})
     kinds |= servers()
     before = {pid: u for pid in kinds if (u := proc_usage(pid)) is not None}
-    busy_before, total_before = machine_cpu()
+    machine_before = machine_usage()
+    transactions_before = await store_transactions(run.settings.store_url)
     run.started = time.monotonic()
     publishing = asyncio.create_task(publish(run.settings, run, seed=seed))
     terminal = await wait_settled(store, run, timeout, progress)
     run.finished = time.monotonic()
     await publishing
-    busy_after, total_after = machine_cpu()
+    machine = machine_usage() - machine_before
     kinds |= servers()  # server processes started meanwhile (new connections' backends)
     after = {pid: u for pid in kinds if (u := proc_usage(pid)) is not None}
     result = report(run, await all_states(store), before, after, kinds)
     result["terminal"] = terminal
-    result["machine"] = machine_report(
-        busy_after - busy_before, total_after - total_before, result["processes"], result["orders"]
-    )
+    result["machine"] = machine_report(machine, result["processes"], result["orders"])
+    await asyncio.sleep(STATS_FLUSH_S)  # idle backends publish their last counts within this
+    transactions_after = await store_transactions(run.settings.store_url)
+    if transactions_before is not None and transactions_after is not None:
+        result["store_transactions_per_order"] = round(
+            (transactions_after - transactions_before) / max(1, result["orders"]), 2
+        )
     return result
 
 
 def machine_report(
-    busy_s: float, total_s: float, processes: dict[str, dict[str, Any]], orders: int
+    used: MachineUsage, processes: dict[str, dict[str, Any]], orders: int
 ) -> dict[str, Any]:
-    """The whole machine's CPU over the run: how saturated it was, and how much of it the
-    processes listed do not account for (this bench itself, exited backends, everything else)."""
+    """The whole machine over the run: how saturated it was, how much of its CPU the processes
+    listed do not account for (this bench itself, exited backends, everything else), and how
+    often it switched between processes."""
     listed = sum(p["cpu_s"] for p in processes.values())
+    n = max(1, orders)
     return {
         "cores": os.cpu_count() or 1,
-        "busy_cpu_s": round(busy_s, 2),
-        "utilisation": round(busy_s / total_s, 3) if total_s else 0.0,
-        "cpu_ms_per_order": round(1000 * busy_s / max(1, orders), 3),
-        "unlisted_cpu_s": round(max(0.0, busy_s - listed), 2),
+        "busy_cpu_s": round(used.busy_s, 2),
+        "utilisation": round(used.busy_s / used.total_s, 3) if used.total_s else 0.0,
+        "cpu_ms_per_order": round(1000 * used.busy_s / n, 3),
+        "unlisted_cpu_s": round(max(0.0, used.busy_s - listed), 2),
+        "context_switches_per_order": round(used.context_switches / n, 1),
     }
 
 

@@ -26,9 +26,6 @@ log = logging.getLogger(__name__)
 
 Attempt = Callable[[StateRecord], Awaitable[None]]
 
-GATHER_S = 0.05
-"""At most this long a nearly full scheduler waits for room for several orders to gather."""
-
 
 class Scheduler:
     def __init__(self, runtime: Runtime) -> None:
@@ -45,6 +42,8 @@ class Scheduler:
         self._tasks: set[asyncio.Task[None]] = set()
         self._report = runtime.reporter()
         self._room = asyncio.Event()
+        self._room_wanted = 1
+        """How much room the starter waits for."""
         self.started = 0
 
     def status(self) -> dict[str, Any]:
@@ -75,26 +74,34 @@ class Scheduler:
         self, runner: OrderRunner, compensator: Compensator, stop: asyncio.Event
     ) -> None:
         limit = self._settings.scheduler_inflight
-        # When nearly full, let room for a few orders gather before claiming: one claim (and one
-        # history append) for several orders instead of one per finished order.
-        gather = max(1, min(limit, self._settings.claim_batch) // 5)
+        batch = self._settings.claim_batch
+        # Under a backlog a full scheduler waits for room for `gather` orders before it claims:
+        # one claim, one order read and one history append for several orders, however many
+        # schedulers share the backlog. Without one, it claims whatever room it has at once.
+        gather = max(1, min(limit, batch) // 5)
+        backlog = False
+        loop = asyncio.get_running_loop()
+        undo_due = 0.0  # loop time of the next look for compensations
         failures = 0
         while not stop.is_set():
-            free = limit - len(self._tasks)
-            if free <= 0:
+            self._room_wanted = gather if backlog else 1
+            if limit - len(self._tasks) < self._room_wanted:
                 self._room.clear()
                 await _wait_any(stop, self._room, timeout=self._settings.poll_interval_s)
                 continue
-            if free < gather:
-                await self._gather_room(limit, gather, stop)
-                free = limit - len(self._tasks)
+            free = limit - len(self._tasks)
             try:
-                # Compensations first: they finish orders that already hold resources.
-                undo = await self._claim(min(free, self._settings.claim_batch), compensating=True)
+                # Compensations first: they finish orders that already hold resources. They are
+                # rare, so they are looked for once a poll interval unless some were found.
+                undo: list[StateRecord] = []
+                if loop.time() >= undo_due:
+                    undo = await self._claim(min(free, batch), compensating=True)
+                    undo_due = loop.time() + (0.0 if undo else self._settings.poll_interval_s)
                 for record in undo:
                     self._spawn(compensator.run, record)
                 free -= len(undo)
-                claimed = await self._claim(min(free, self._settings.claim_batch)) if free else []
+                want = min(free, batch)
+                claimed = await self._claim(want) if want else []
                 failures = 0
             except ServiceUnavailable as exc:
                 failures += 1
@@ -109,18 +116,9 @@ class Scheduler:
             await self._started(claimed)
             for record in claimed:
                 self._spawn(runner.run, record)
-            if len(claimed) < min(free, self._settings.claim_batch):
+            backlog = bool(want) and len(claimed) == want
+            if not backlog and not undo:
                 await _wait_any(stop, timeout=self._settings.poll_interval_s)
-
-    async def _gather_room(self, limit: int, want: int, stop: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
-        until = loop.time() + GATHER_S
-        while limit - len(self._tasks) < want and not stop.is_set():
-            left = until - loop.time()
-            if left <= 0:
-                return
-            self._room.clear()
-            await _wait_any(stop, self._room, timeout=left)
 
     async def _started(self, claimed: list[StateRecord]) -> None:
         """One history append for the whole claimed batch (before any of its steps). A failure
@@ -164,7 +162,9 @@ class Scheduler:
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         INFLIGHT.set(len(self._tasks))
-        self._room.set()
+        # Wake the starter only once there is the room it waits for, not at every finish.
+        if self._settings.scheduler_inflight - len(self._tasks) >= self._room_wanted:
+            self._room.set()
 
     async def _guarded(self, run: Attempt, record: StateRecord) -> None:
         try:

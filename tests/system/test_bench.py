@@ -82,6 +82,8 @@ async def test_bench_reports_throughput_latency_and_process_costs_then_cleans_up
     assert 0 < machine["utilisation"] <= 1
     listed = sum(k["cpu_s"] for k in kinds.values())
     assert machine["busy_cpu_s"] >= 0.5 * listed, "the machine's busy time covers the processes"
+    # Each order needs at least its state writes (four) and its order insert.
+    assert result["store_transactions_per_order"] >= 5
     assert await _bench_schemas() == before, "the benchmark's hub is dropped"
 
 

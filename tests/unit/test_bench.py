@@ -8,11 +8,13 @@ from datetime import timedelta
 import pytest
 
 from services.cli.bench import (
+    MachineUsage,
     ProcUsage,
     Run,
     children,
     latency_summary,
     machine_report,
+    machine_usage,
     percentile,
     proc_usage,
     report,
@@ -83,11 +85,15 @@ def test_the_report_measures_publish_to_processed_and_cpu_per_order() -> None:
 
 def test_the_machine_line_shows_saturation_and_what_the_table_leaves_out() -> None:
     processes = {"scheduler": {"cpu_s": 3.0}, "postgresql (server)": {"cpu_s": 4.0}}
-    machine = machine_report(10.0, 20.0, processes, orders=1000)
+    used = MachineUsage(30.0, 60.0, 9000) - MachineUsage(20.0, 40.0, 4000)
+    machine = machine_report(used, processes, orders=1000)
     assert machine["utilisation"] == 0.5
     assert machine["cpu_ms_per_order"] == 10.0
     assert machine["unlisted_cpu_s"] == 3.0
-    assert machine_report(0.0, 0.0, {}, orders=0)["utilisation"] == 0.0
+    assert machine["context_switches_per_order"] == 5.0
+    assert machine_report(MachineUsage(0.0, 0.0, 0), {}, orders=0)["utilisation"] == 0.0
+    now = machine_usage()
+    assert now.total_s >= now.busy_s > 0 and now.context_switches > 0
 
 
 def test_servers_are_found_by_name_and_children_by_parent() -> None:
