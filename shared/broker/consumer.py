@@ -133,7 +133,7 @@ class Consumer:
         self._claims: GroupCommit[InboxClaim, InboxOutcome] = GroupCommit(
             self._claim_batch, max_batch=policy.prefetch
         )
-        self._completions: GroupCommit[InboxDone, bool] = GroupCommit(
+        self._completions: GroupCommit[InboxDone, None] = GroupCommit(
             self._complete_batch, max_batch=policy.prefetch
         )
 
@@ -296,9 +296,10 @@ class Consumer:
         keep_until = utcnow() + self._policy.dedupe_window
         await self._completions.submit(InboxDone(message_id, holder, keep_until))
 
-    async def _complete_batch(self, done: Sequence[InboxDone]) -> list[bool]:
+    async def _complete_batch(self, done: Sequence[InboxDone]) -> list[None]:
         assert self._store is not None
-        return await self._store.inbox_complete_many(self._queue_name, done)
+        await self._store.inbox_complete_many(self._queue_name, done)
+        return [None] * len(done)
 
     async def _release(self, message_id: str, holder: str) -> None:
         assert self._store is not None

@@ -486,11 +486,9 @@ class MongoStore:
             for c in claims
         ]
 
-    async def inbox_complete_many(self, queue: str, done: Sequence[InboxDone]) -> list[bool]:
-        return [
+    async def inbox_complete_many(self, queue: str, done: Sequence[InboxDone]) -> None:
+        for d in done:
             await self.inbox_complete(queue, d.message_id, holder=d.holder, keep_until=d.keep_until)
-            for d in done
-        ]
 
     async def inbox_complete(
         self, queue: str, message_id: str, *, holder: str, keep_until: datetime

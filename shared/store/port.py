@@ -286,8 +286,9 @@ class StateStore(Protocol):
     ) -> bool:
         """Mark the message handled; duplicates within the window are dropped."""
 
-    async def inbox_complete_many(self, queue: str, done: Sequence[InboxDone]) -> list[bool]:
-        """`inbox_complete` for several message ids at once: one result per entry, in order."""
+    async def inbox_complete_many(self, queue: str, done: Sequence[InboxDone]) -> None:
+        """`inbox_complete` for several message ids at once (an entry whose holder no longer
+        holds its id changes nothing)."""
 
     async def inbox_release(self, queue: str, message_id: str, *, holder: str) -> bool:
         """Give up a claim whose handling failed, so a redelivery is handled again."""

@@ -520,15 +520,16 @@ class PostgresStore:
             now,
         )
         taken = {r["message_id"] for r in rows}
-        states: dict[str, str] = {}
-        if len(taken) < len(unique):
-            rows = await self._pool.fetch(
-                f"SELECT message_id, state FROM {self._s}.inbox "
-                "WHERE queue = $1 AND message_id = ANY($2::text[])",
+        # Rare (a duplicate, or a copy being handled elsewhere): one primary-key read each.
+        states = {
+            c.message_id: await self._pool.fetchval(
+                f"SELECT state FROM {self._s}.inbox WHERE queue = $1 AND message_id = $2",
                 queue,
-                [c.message_id for c in unique if c.message_id not in taken],
+                c.message_id,
             )
-            states = {r["message_id"]: r["state"] for r in rows}
+            for c in unique
+            if c.message_id not in taken
+        }
 
         def of_first(message_id: str) -> InboxOutcome:
             if message_id in taken:
@@ -542,23 +543,16 @@ class PostgresStore:
         self, queue: str, message_id: str, *, holder: str, keep_until: datetime
     ) -> bool:
         done = InboxDone(message_id, holder, keep_until)
-        return (await self.inbox_complete_many(queue, [done]))[0]
+        result = await self._pool.execute(_INBOX_COMPLETE.format(s=self._s), *_done(queue, done))
+        return _affected(result) == 1
 
-    async def inbox_complete_many(self, queue: str, done: Sequence[InboxDone]) -> list[bool]:
-        rows = await self._pool.fetch(
-            f"""
-            UPDATE {self._s}.inbox AS i SET state = 'done', expires_at = x.e
-              FROM unnest($2::text[], $3::text[], $4::timestamptz[]) AS x(m, h, e)
-             WHERE i.queue = $1 AND i.message_id = x.m AND i.holder = x.h
-            RETURNING i.message_id, i.holder
-            """,
-            queue,
-            [d.message_id for d in done],
-            [d.holder for d in done],
-            [d.keep_until for d in done],
+    async def inbox_complete_many(self, queue: str, done: Sequence[InboxDone]) -> None:
+        # One round trip (asyncpg pipelines the executions) of the one-row statement, whose
+        # every plan is a primary-key lookup. A join against the batch was tried: its plan,
+        # cached while the table was small, read the queue's whole inbox each time.
+        await self._pool.executemany(
+            _INBOX_COMPLETE.format(s=self._s), [_done(queue, d) for d in done]
         )
-        matched = {(r["message_id"], r["holder"]) for r in rows}
-        return [(d.message_id, d.holder) in matched for d in done]
 
     async def inbox_release(self, queue: str, message_id: str, *, holder: str) -> bool:
         result = await self._pool.execute(
@@ -698,6 +692,16 @@ async def _reset_connection(connection: asyncpg.Connection) -> None:
     CPU) is replaced by ending a transaction that was left open, if any."""
     if connection.is_in_transaction():
         await connection.execute("ROLLBACK")
+
+
+_INBOX_COMPLETE = (
+    "UPDATE {s}.inbox SET state = 'done', expires_at = $4 "
+    "WHERE queue = $1 AND message_id = $2 AND holder = $3"
+)
+
+
+def _done(queue: str, done: InboxDone) -> tuple[str, str, str, datetime]:
+    return queue, done.message_id, done.holder, done.keep_until
 
 
 def _affected(status: str) -> int:

@@ -112,12 +112,19 @@ async def test_inbox_claims_and_completes_a_batch_with_one_outcome_each(store: S
         InboxOutcome.BUSY,
         InboxOutcome.CLAIMED,
     ]
-    assert await store.inbox_complete_many(
-        "q",
-        [InboxDone("new", "a", keep), InboxDone("other", "a", keep), InboxDone("other", "b", keep)],
-    ) == [True, False, True]
-    again = [InboxClaim("new", "c", until), InboxClaim("other", "c", until)]
-    assert await store.inbox_claim_many("q", again, now=now) == [InboxOutcome.DUPLICATE] * 2
+    # "held" is x's: b's completion of it changes nothing.
+    done = [
+        InboxDone("new", "a", keep),
+        InboxDone("other", "b", keep),
+        InboxDone("held", "b", keep),
+    ]
+    await store.inbox_complete_many("q", done)
+    again = [InboxClaim(m, "c", until) for m in ("new", "other", "held")]
+    assert await store.inbox_claim_many("q", again, now=now) == [
+        InboxOutcome.DUPLICATE,
+        InboxOutcome.DUPLICATE,
+        InboxOutcome.BUSY,
+    ]
 
 
 async def test_concurrent_batches_of_the_same_ids_in_any_order_claim_each_once(
