@@ -626,12 +626,13 @@ async def _measure(
     result = report(run, await all_states(store), before, after, kinds)
     result["terminal"] = terminal
     result["machine"] = machine_report(machine, result["processes"], result["orders"])
-    await asyncio.sleep(STATS_FLUSH_S)  # idle backends publish their last counts within this
-    transactions_after = await store_transactions(run.settings.store_url)
-    if transactions_before is not None and transactions_after is not None:
-        result["store_transactions_per_order"] = round(
-            (transactions_after - transactions_before) / max(1, result["orders"]), 2
-        )
+    if transactions_before is not None:
+        await asyncio.sleep(STATS_FLUSH_S)  # idle backends publish their last counts within this
+        transactions_after = await store_transactions(run.settings.store_url)
+        if transactions_after is not None:
+            result["store_transactions_per_order"] = round(
+                (transactions_after - transactions_before) / max(1, result["orders"]), 2
+            )
     return result
 
 

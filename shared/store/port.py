@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -47,27 +47,6 @@ class InboxDone:
     message_id: str
     holder: str
     keep_until: datetime
-
-
-def first_claims(
-    claims: Sequence[InboxClaim],
-) -> tuple[list[InboxClaim], Callable[[int, InboxOutcome], InboxOutcome]]:
-    """For a store that claims a batch in one statement: the first claim of each message id,
-    and how to turn the outcome of a message id's first claim into the outcome of claim `i`. A
-    later claim by another holder in the same batch finds the id taken (BUSY), as it would a
-    moment later."""
-    first: dict[str, InboxClaim] = {}
-    for claim in claims:
-        first.setdefault(claim.message_id, claim)
-
-    def outcome(i: int, of_first: InboxOutcome) -> InboxOutcome:
-        claim = claims[i]
-        head = first[claim.message_id]
-        if head is not claim and head.holder != claim.holder and of_first is InboxOutcome.CLAIMED:
-            return InboxOutcome.BUSY
-        return of_first
-
-    return list(first.values()), outcome
 
 
 @dataclass(frozen=True)

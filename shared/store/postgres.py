@@ -34,7 +34,6 @@ from shared.store.port import (
     ScanPage,
     StateQuery,
     WorkflowUse,
-    first_claims,
     page_of,
 )
 from shared.store.unavailable import translate_unavailable
@@ -496,10 +495,12 @@ class PostgresStore:
     async def inbox_claim_many(
         self, queue: str, claims: Sequence[InboxClaim], *, now: datetime
     ) -> list[InboxOutcome]:
-        unique, outcome = first_claims(claims)
+        first: dict[str, InboxClaim] = {}
+        for claim in claims:
+            first.setdefault(claim.message_id, claim)
         # One lock order for every batch: two consumers holding copies of the same messages
         # wait for each other instead of deadlocking.
-        unique.sort(key=lambda c: c.message_id)
+        unique = sorted(first.values(), key=lambda c: c.message_id)
         # New, or expired (a dedupe window that passed, or a claim whose holder died): take it.
         rows = await self._pool.fetch(
             f"""
@@ -531,19 +532,24 @@ class PostgresStore:
             if c.message_id not in taken
         }
 
-        def of_first(message_id: str) -> InboxOutcome:
-            if message_id in taken:
-                return InboxOutcome.CLAIMED
-            done = states.get(message_id) == "done"
+        def outcome(claim: InboxClaim) -> InboxOutcome:
+            head = first[claim.message_id]
+            if claim.message_id in taken:
+                # A later copy of the id by another holder in the same batch finds it taken,
+                # as it would a moment later.
+                mine = head is claim or head.holder == claim.holder
+                return InboxOutcome.CLAIMED if mine else InboxOutcome.BUSY
+            done = states.get(claim.message_id) == "done"
             return InboxOutcome.DUPLICATE if done else InboxOutcome.BUSY
 
-        return [outcome(i, of_first(c.message_id)) for i, c in enumerate(claims)]
+        return [outcome(c) for c in claims]
 
     async def inbox_complete(
         self, queue: str, message_id: str, *, holder: str, keep_until: datetime
     ) -> bool:
-        done = InboxDone(message_id, holder, keep_until)
-        result = await self._pool.execute(_INBOX_COMPLETE.format(s=self._s), *_done(queue, done))
+        result = await self._pool.execute(
+            _INBOX_COMPLETE.format(s=self._s), queue, message_id, holder, keep_until
+        )
         return _affected(result) == 1
 
     async def inbox_complete_many(self, queue: str, done: Sequence[InboxDone]) -> None:
@@ -551,7 +557,8 @@ class PostgresStore:
         # every plan is a primary-key lookup. A join against the batch was tried: its plan,
         # cached while the table was small, read the queue's whole inbox each time.
         await self._pool.executemany(
-            _INBOX_COMPLETE.format(s=self._s), [_done(queue, d) for d in done]
+            _INBOX_COMPLETE.format(s=self._s),
+            [(queue, d.message_id, d.holder, d.keep_until) for d in done],
         )
 
     async def inbox_release(self, queue: str, message_id: str, *, holder: str) -> bool:
@@ -698,10 +705,6 @@ _INBOX_COMPLETE = (
     "UPDATE {s}.inbox SET state = 'done', expires_at = $4 "
     "WHERE queue = $1 AND message_id = $2 AND holder = $3"
 )
-
-
-def _done(queue: str, done: InboxDone) -> tuple[str, str, str, datetime]:
-    return queue, done.message_id, done.holder, done.keep_until
 
 
 def _affected(status: str) -> int:
