@@ -56,8 +56,9 @@ from shared.store.port import StateStore
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SETTLED_POLL_S = 0.5
 """How often the bench counts the orders that settled."""
-STATS_FLUSH_S = 1.5
-"""PostgreSQL backends publish their statistics at most once a second (and when idle)."""
+STATS_FLUSH_S = 11.0
+"""A PostgreSQL backend that stays connected publishes its statistics at most once a second
+while busy and 10 s after it goes idle (one that exits, at once)."""
 REMOTE_KIND = "remote (stand-in)"
 """The remote service's line in the report: the stand-in for the outside service."""
 
@@ -574,7 +575,12 @@ async def _bench(
         try:
             if attach:
                 statuses = await wait_ready(store, 1, None, timeout=10)
-                return await _measure(store, run, statuses, seed, timeout, progress)
+                counted = await store_transactions(settings.store_url)
+                result = await _measure(store, run, statuses, seed, timeout, progress)
+                if counted is not None:
+                    # Processes that stay up publish their counts up to 10 s late (when idle).
+                    await asyncio.sleep(STATS_FLUSH_S)
+                return await with_transactions(result, counted, settings.store_url)
             expected = 2 + schedulers + agents * len(AGENTS)
             await initialise(settings)
             env = _env(settings, faults, workdir)
@@ -589,13 +595,16 @@ async def _bench(
                     for pid, cmdline in children(up.pid).items()
                     if "serve remote" in cmdline
                 }
+                counted = await store_transactions(settings.store_url)
                 try:
-                    return await _measure(store, run, statuses, seed, timeout, progress, remote)
+                    result = await _measure(store, run, statuses, seed, timeout, progress, remote)
                 except click.ClickException:
                     raise
                 except Exception as exc:
                     tail = (workdir / "up.log").read_text(errors="replace")[-2000:]
                     raise click.ClickException(f"{exc!r}; the topology said:\n{tail}") from exc
+            # Stopped: every backend of the topology published its counts as it exited.
+            return await with_transactions(result, counted, settings.store_url)
         finally:
             await _cleanup(settings, store, keep)
             await store.close()
@@ -614,7 +623,6 @@ async def _measure(
     kinds |= servers()
     before = {pid: u for pid in kinds if (u := proc_usage(pid)) is not None}
     machine_before = machine_usage()
-    transactions_before = await store_transactions(run.settings.store_url)
     run.started = time.monotonic()
     publishing = asyncio.create_task(publish(run.settings, run, seed=seed))
     terminal = await wait_settled(store, run, timeout, progress)
@@ -626,13 +634,17 @@ async def _measure(
     result = report(run, await all_states(store), before, after, kinds)
     result["terminal"] = terminal
     result["machine"] = machine_report(machine, result["processes"], result["orders"])
-    if transactions_before is not None:
-        await asyncio.sleep(STATS_FLUSH_S)  # idle backends publish their last counts within this
-        transactions_after = await store_transactions(run.settings.store_url)
-        if transactions_after is not None:
-            result["store_transactions_per_order"] = round(
-                (transactions_after - transactions_before) / max(1, result["orders"]), 2
-            )
+    return result
+
+
+async def with_transactions(
+    result: dict[str, Any], before: int | None, store_url: str
+) -> dict[str, Any]:
+    """Add the store transactions per order since `before` (PostgreSQL only)."""
+    if before is not None and (after := await store_transactions(store_url)) is not None:
+        result["store_transactions_per_order"] = round(
+            (after - before) / max(1, result["orders"]), 2
+        )
     return result
 
 
