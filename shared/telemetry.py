@@ -2,14 +2,45 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 # Attributes every LogRecord has; anything else passed through `extra=` is an event field.
 _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+# The identifiers of the work in hand (`order_id`, `instance_id`, `step`, `message_id`, ...), set
+# where the work starts and carried by every log line written while doing it, including lines
+# written by code that knows nothing of the order. asyncio copies the context into each task, so
+# one order's fields never leak into another's lines.
+_FIELDS: ContextVar[Mapping[str, Any]] = ContextVar(
+    "orderflow_log_fields", default=MappingProxyType({})
+)
+
+
+def _merged(fields: Mapping[str, Any]) -> Mapping[str, Any]:
+    return {**_FIELDS.get(), **{k: v for k, v in fields.items() if v is not None}}
+
+
+def bind_log_fields(**fields: Any) -> None:
+    """Add fields to every later log line of the current task (and of tasks it starts)."""
+    _FIELDS.set(_merged(fields))
+
+
+@contextlib.contextmanager
+def log_fields(**fields: Any) -> Iterator[None]:
+    """Add fields to every log line written inside the block."""
+    token = _FIELDS.set(_merged(fields))
+    try:
+        yield
+    finally:
+        _FIELDS.reset(token)
 
 
 class JsonFormatter(logging.Formatter):
@@ -24,6 +55,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "event": record.getMessage(),
             **self._static,
+            **_FIELDS.get(),
         }
         event |= {k: v for k, v in vars(record).items() if k not in _STANDARD}
         if record.exc_info:

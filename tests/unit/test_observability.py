@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,6 +24,7 @@ from shared.domain.journal import Alert, AlertKind, ComponentStatus, Lease, Seve
 from shared.errors import ConfigurationError, ServiceUnavailable
 from shared.heartbeat import Heartbeat, status_of
 from shared.metrics import REGISTRY, exposition
+from shared.telemetry import JsonFormatter, bind_log_fields, log_fields
 from tests.support.waiting import eventually
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -330,3 +333,38 @@ async def test_a_heartbeat_reports_runs_its_checks_and_forgets_on_exit() -> None
         reports = store.reports
         await eventually(lambda: asyncio.sleep(0, store.reports >= reports + 2), what="beats")
     assert store.statuses == {}, "a clean stop forgets the status"
+
+
+def _log_line(message: str) -> dict[str, Any]:
+    record = logging.getLogger("orderflow.test").makeRecord(
+        "orderflow.test", logging.INFO, __file__, 1, message, (), None
+    )
+    return json.loads(JsonFormatter(process="scheduler-1", hub="shop").format(record))
+
+
+def test_log_lines_carry_the_fields_bound_for_the_work_in_hand() -> None:
+    assert "order_id" not in _log_line("idle")
+    with log_fields(order_id="ord-1", instance_id="ord-1:2", step=None):
+        line = _log_line("step started")
+        with log_fields(step="reserve"):
+            inner = _log_line("reply")
+        after = _log_line("between steps")
+    assert line["order_id"] == "ord-1" and line["instance_id"] == "ord-1:2"
+    assert "step" not in line  # None binds nothing
+    assert inner["step"] == "reserve" and inner["order_id"] == "ord-1"
+    assert "step" not in after
+    assert (line["hub"], line["process"]) == ("shop", "scheduler-1")
+    assert "order_id" not in _log_line("idle again")
+
+
+async def test_bound_log_fields_stay_in_their_own_task() -> None:
+    seen: dict[str, dict[str, Any]] = {}
+
+    async def attempt(order_id: str) -> None:
+        bind_log_fields(order_id=order_id)
+        await asyncio.sleep(0)
+        seen[order_id] = _log_line("working")
+
+    await asyncio.gather(attempt("a"), attempt("b"))
+    assert seen["a"]["order_id"] == "a" and seen["b"]["order_id"] == "b"
+    assert "order_id" not in _log_line("outside")
