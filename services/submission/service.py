@@ -98,6 +98,7 @@ class Submission:
                 HistoryEventType.ORDER_SUBMITTED,
                 message_id=delivery.message_id,
                 reply_to=reply_to,
+                fingerprint=order.fingerprint,
             )
         await self._report.status(
             order_id,
