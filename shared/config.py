@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import random
 from datetime import timedelta
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.domain.models import StateRecord
 from shared.domain.states import ErrorKind
-from shared.domain.workflow import current_workflow
+from shared.domain.timing import recovery_backoff
+from shared.domain.updates import RecoveryPolicy
+from shared.domain.workflow import WORKFLOWS, Workflow, current_workflow, get_workflow
 from shared.errors import ConfigurationError
 
 STORE_SCHEMES = {
@@ -58,9 +62,11 @@ class Settings(BaseSettings):
     retry_budget: int = Field(default=12, ge=1, le=1000)
     """Remote attempts an order may spend end to end (agent retries and recoveries)."""
 
-    compensate_on: str | None = Field(default=None, pattern=r"^[a-z-]+(,[a-z-]+)*$")
-    """Error kinds that compensate (comma-separated, e.g. `permanent,budget-exhausted`);
-    unset: each workflow's own policy (the order workflow compensates `permanent`)."""
+    compensate_on: str | None = Field(default=None, max_length=1000)
+    """Error kinds that compensate rather than park in Error, for every workflow
+    (`permanent,budget-exhausted`) or per workflow (`order=permanent,recovery-limit;other=`);
+    kinds: `permanent`, `budget-exhausted`, `recovery-limit`. A workflow not named keeps its own
+    policy (the order workflow compensates `permanent`: a declined payment)."""
     workflow_version: int | None = Field(default=None, ge=1)
     """Version of the order workflow that new orders start on (a staged rollout); unset: this
     build's current version. Orders already started always finish on their own version."""
@@ -191,10 +197,8 @@ class Settings(BaseSettings):
     @field_validator("compensate_on")
     @classmethod
     def _error_kinds(cls, value: str | None) -> str | None:
-        known = {kind.value for kind in ErrorKind}
-        for kind in (value or "").split(","):
-            if value and kind not in known:
-                raise ValueError(f"{kind!r} is not an error kind: {', '.join(sorted(known))}")
+        if value is not None:
+            _compensation_policies(value)
         return value
 
     @field_validator("workflow_version")
@@ -239,11 +243,57 @@ class Settings(BaseSettings):
     def step_timeout(self) -> timedelta:
         return timedelta(seconds=self.step_timeout_s)
 
-    @property
-    def compensate_override(self) -> frozenset[ErrorKind] | None:
-        if self.compensate_on is None:
-            return None
-        return frozenset(ErrorKind(kind) for kind in self.compensate_on.split(","))
+    def compensates(self, workflow: Workflow, kind: ErrorKind) -> bool:
+        """Whether a failure of this kind compensates the workflow's completed steps (else the
+        order is parked in Error for an operator)."""
+        policies = {} if self.compensate_on is None else _compensation_policies(self.compensate_on)
+        override = policies.get(workflow.name, policies.get(None))
+        return workflow.compensates(kind, override)
+
+    def recovery_policy(self, rng: random.Random) -> RecoveryPolicy:
+        """When a recovered order may be claimed again, and what happens at the threshold."""
+
+        def compensate_at_limit(record: StateRecord) -> bool:
+            workflow = get_workflow(record.workflow, record.workflow_version)
+            return workflow is not None and self.compensates(workflow, ErrorKind.RECOVERY_LIMIT)
+
+        return RecoveryPolicy(
+            failure_threshold=self.failure_threshold,
+            backoff=lambda failures: recovery_backoff(
+                failures,
+                base=timedelta(seconds=self.backoff_base_s),
+                cap=timedelta(seconds=self.backoff_cap_s),
+                cooldown_after=self.cooldown_after,
+                cooldown=timedelta(seconds=self.cooldown_s),
+                rng=rng,
+            ),
+            compensate_at_limit=compensate_at_limit,
+        )
+
+
+COMPENSABLE = (ErrorKind.PERMANENT, ErrorKind.BUDGET_EXHAUSTED, ErrorKind.RECOVERY_LIMIT)
+"""The failures that end an attempt for good, which a workflow may compensate or park."""
+
+
+def _compensation_policies(value: str) -> dict[str | None, frozenset[ErrorKind]]:
+    """`kind,kind` (every workflow) or `name=kind,kind;name=...` (per workflow; an empty list
+    parks every failure), keyed by workflow name, None for every workflow."""
+    known = {kind.value: kind for kind in COMPENSABLE}
+    names = {workflow.name for workflow in WORKFLOWS}
+    policies: dict[str | None, frozenset[ErrorKind]] = {}
+    for part in value.split(";"):
+        name, equals, kinds = part.strip().rpartition("=")
+        key = name.strip() if equals else None
+        if key is not None and key not in names:
+            raise ValueError(f"{key!r} is not a workflow: {', '.join(sorted(names))}")
+        if key in policies:
+            raise ValueError(f"workflow {key or '(every)'} is given twice")
+        chosen = [kind.strip() for kind in kinds.split(",") if kind.strip()]
+        for kind in chosen:
+            if kind not in known:
+                raise ValueError(f"{kind!r} cannot compensate: {', '.join(known)}")
+        policies[key] = frozenset(known[kind] for kind in chosen)
+    return policies
 
 
 def _check_port(url: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from services.scheduler.compensator import Compensator
 from services.scheduler.context import AttemptContext, Superseded
-from shared.domain.journal import AlertKind, CompensationEntry, HistoryEvent
+from shared.domain.journal import AlertKind, CompensationEntry, HistoryEvent, Severity
 from shared.domain.journal import HistoryEventType as H
 from shared.domain.messages import OrderStatus, StepAction, StepOutcome, StepReply
 from shared.domain.models import ErrorInfo, OrderRecord, StateRecord
@@ -27,6 +27,7 @@ from shared.domain.workflow import (
     idempotency_key,
     unknown_version,
 )
+from shared.telemetry import bind_log_fields, log_fields
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ class OrderRunner:
 
     async def run(self, record: StateRecord) -> None:
         instance = record.locked_by or ""
+        # This attempt is a task of its own: every line it logs carries these.
+        bind_log_fields(order_id=record.order_id, instance_id=instance)
         # ExecutionStarted was appended for the whole claimed batch by the scheduler.
         try:
             compensating = await self._run(record, instance)
@@ -94,9 +97,10 @@ class OrderRunner:
                 ),
                 None,
             )
-            outcome, started = await self._run_step(
-                current, order, workflow, step, instance, started=started, following=following
-            )
+            with log_fields(step=step.name):
+                outcome, started = await self._run_step(
+                    current, order, workflow, step, instance, started=started, following=following
+                )
             if outcome is None:
                 return None  # the deadline passed: left Processing for the supervisor
             if outcome.process_state is ProcessState.COMPENSATING:
@@ -259,7 +263,7 @@ class OrderRunner:
                 reason="released by its attempt after transient failures",
             ),
         ]
-        parked = update.changes.fields.get("error")
+        parked = update.changes.fields.get("error") if target is ProcessState.ERROR else None
         if parked is not None:
             events.append(
                 ctx.report.event(
@@ -271,6 +275,10 @@ class OrderRunner:
                 )
             )
         after = await ctx.write(running.order_id, update, history=events)
+        log.info(
+            "step failed transiently; order given back",
+            extra={"to": target.value, "error": error.message, "failures": after.failure_count},
+        )
         if parked is not None:
             await self._parked(running, after, parked, step)
         return after
@@ -349,9 +357,7 @@ class OrderRunner:
     ) -> StateRecord:
         """Park the order in Error (and alert), or move it to Compensating, per the workflow."""
         ctx = self._ctx
-        compensate = workflow is not None and workflow.compensates(
-            error.kind, ctx.settings.compensate_override
-        )
+        compensate = workflow is not None and ctx.settings.compensates(workflow, error.kind)
         update = fail(
             record,
             step or next(iter(record.steps)),
@@ -383,9 +389,28 @@ class OrderRunner:
                 )
             )
         after = await ctx.write(record.order_id, update, history=events)
-        if compensate:
-            return after
-        await self._parked(record, after, error, step)
+        log.info(
+            "order failed",
+            extra={
+                "to": after.process_state.value,
+                "kind": error.kind.value,
+                "error": error.message,
+            },
+        )
+        if not compensate:
+            await self._parked(record, after, error, step)
+        elif error.kind is ErrorKind.BUDGET_EXHAUSTED:
+            # The order is compensated, not parked, but a spent budget is still news for an
+            # operator: the remote service may be failing every call.
+            await ctx.report.alert(
+                AlertKind.BUDGET_EXHAUSTED,
+                f"order {record.order_id} compensated: {error.message}",
+                alert_id=f"budget:{record.order_id}:{record.attempt}",
+                order_id=record.order_id,
+                error_kind=error.kind.value,
+                step=step,
+                severity=Severity.WARNING,
+            )
         return after
 
     async def _parked(

@@ -1,9 +1,10 @@
 """The supervisor: one leader at a time recovers attempts whose deadline passed (DESIGN §4).
 
-Leadership is the store's lease, renewed every interval; a dead leader's lease expires and another
-supervisor takes it within one lease period. Each sweep pages through expired Processing records
-and recovers each with a conditional update that expects the `locked_by` and `complete_by` it saw,
-so a step restarted meanwhile, or a second supervisor, makes the recovery match nothing.
+Leadership is the store's lease, renewed every interval; a dead leader's lease expires and a
+standby, which tries again as the lease it saw runs out, takes it within one lease period. Each
+sweep pages through expired Processing records and recovers each with a conditional update that
+expects the `locked_by` and `complete_by` it saw, so a step restarted meanwhile, or a second
+supervisor, makes the recovery match nothing.
 """
 
 from __future__ import annotations
@@ -20,19 +21,24 @@ from services.supervisor.gauges import LeaderGauges
 from shared.bootstrap import Runtime
 from shared.domain.compensation import recover_compensation
 from shared.domain.journal import AlertKind, HistoryEventType, Severity
+from shared.domain.messages import OrderStatus
 from shared.domain.models import StateRecord
 from shared.domain.states import ProcessState
-from shared.domain.timing import recovery_backoff, utcnow
-from shared.domain.updates import RecoveryPolicy, recover
+from shared.domain.timing import utcnow
+from shared.domain.updates import recover
 from shared.errors import ServiceUnavailable
 from shared.metrics import RECOVERIES, SUPERVISOR_LEADER
 from shared.store.port import Purged, ScanCursor
+from shared.telemetry import log_fields
 
 log = logging.getLogger(__name__)
 
 LEASE = "supervisor"
 RETENTION_BATCH = 1000
 RETENTION_BATCHES_PER_ROUND = 5
+EXPIRY_MARGIN_S = 0.02
+"""A standby's next try comes this long after the lease it saw expires (clocks are
+milliseconds)."""
 RECOVERABLE = frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING})
 
 
@@ -45,9 +51,10 @@ class Supervisor:
         self.recoveries = 0
         self._report = runtime.reporter()
         self._rng = random.Random()
-        self._policy = RecoveryPolicy(
-            failure_threshold=self._s.failure_threshold, backoff=self._backoff
-        )
+        self._policy = self._s.recovery_policy(self._rng)
+        self._wait = self._s.supervisor_interval_s
+        """Until the next round: the interval, or less for a standby whose leader's lease
+        expires sooner, so a dead leader is replaced as its lease runs out."""
         self._next_retention = 0.0
         """When (monotonic) the leader next deletes expired journals; at once on taking over."""
         self._gauges = LeaderGauges(runtime.store, runtime.connection, runtime.names)
@@ -56,16 +63,6 @@ class Supervisor:
     def status(self) -> dict[str, Any]:
         """This supervisor's part of its heartbeat."""
         return {"leader": self.leader}
-
-    def _backoff(self, failures: int) -> timedelta:
-        return recovery_backoff(
-            failures,
-            base=timedelta(seconds=self._s.backoff_base_s),
-            cap=timedelta(seconds=self._s.backoff_cap_s),
-            cooldown_after=self._s.cooldown_after,
-            cooldown=timedelta(seconds=self._s.cooldown_s),
-            rng=self._rng,
-        )
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("supervisor ready")
@@ -82,7 +79,8 @@ class Supervisor:
                 except Exception:
                     log.exception("supervisor round failed")
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=self._s.supervisor_interval_s)
+                    await asyncio.wait_for(stop.wait(), timeout=self._wait)
+                self._wait = self._s.supervisor_interval_s
         finally:
             await self._gauges.clear()
             if self.leader:
@@ -101,6 +99,8 @@ class Supervisor:
                 )
         else:
             held = await store.lease_acquire(LEASE, holder=self.name, now=now, expires_at=expires)
+        if not held:
+            await self._wait_for_expiry()
         if held != self.leader:
             log.info("leadership " + ("taken" if held else "lost"), extra={"supervisor": self.name})
             if not held:
@@ -108,6 +108,14 @@ class Supervisor:
         self.leader = held
         SUPERVISOR_LEADER.set(int(held))
         return held
+
+    async def _wait_for_expiry(self) -> None:
+        """A standby tries again when the current lease runs out, if that is before the next
+        round: a leader that died just after renewing is replaced within one lease period."""
+        lease = await self._rt.store.lease_get(LEASE)
+        if lease is not None:
+            left = (lease.expires_at - utcnow()).total_seconds() + EXPIRY_MARGIN_S
+            self._wait = max(EXPIRY_MARGIN_S, min(self._s.supervisor_interval_s, left))
 
     async def _sweep(self, stop: asyncio.Event) -> None:
         cursor: ScanCursor | None = None
@@ -122,6 +130,10 @@ class Supervisor:
                 return
 
     async def _recover(self, seen: StateRecord) -> None:
+        with log_fields(order_id=seen.order_id, instance_id=seen.locked_by):
+            await self._recover_seen(seen)
+
+    async def _recover_seen(self, seen: StateRecord) -> None:
         now = utcnow()
         compensating = seen.process_state is ProcessState.COMPENSATING
         update = (recover_compensation if compensating else recover)(
@@ -163,6 +175,14 @@ class Supervisor:
             alert_id=f"parked:{seen.order_id}:{seen.attempt}",
             order_id=seen.order_id,
             error_kind="recovery-limit",
+        )
+        await self._report.status(
+            seen.order_id,
+            seen.reply_to,
+            OrderStatus.FAILED,
+            after.process_state,
+            message_id=f"{seen.order_id}:status:failed:{seen.attempt}",
+            detail=message,
         )
 
     async def _expire_journal(self) -> None:

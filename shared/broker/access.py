@@ -14,7 +14,7 @@ tests compare it with a table of uses, a system test runs every process under it
 | admin (init)  | -                      | -                               | the topology    |
 | submission    | orders                 | dlx, alerts, status             | -               |
 | scheduler     | its reply queue        | direct (requests), alerts, status | its reply queue |
-| supervisor    | -                      | alerts                          | -               |
+| supervisor    | -                      | alerts, status                  | -               |
 | agent X       | agent.X                | dlx, alerts, replies            | -               |
 | operator      | every DLQ (get, purge) | direct (replays)                | -               |
 | application A | its status queues      | submit                          | its status queues |
@@ -109,7 +109,11 @@ def grant(names: Names, role: str) -> Grant:
             ),
         )
     if role == "supervisor":
-        return Grant(write=_one(names.alerts))
+        # status: the Failed message of an order it parks at the failure threshold.
+        return Grant(
+            write=_one(names.alerts, names.status),
+            topics=(TopicGrant(names.status, write=status_keys),),
+        )
     if role.startswith("agent-") and role.removeprefix("agent-") in AGENTS:
         return Grant(
             write=_one(names.dead_letters, names.alerts, names.replies),

@@ -83,6 +83,8 @@ class AlertKind(StrEnum):
     BACKLOG_OVER_THRESHOLD = "backlog-over-threshold"
     STUCK_PENDING = "stuck-pending"
     NO_LEADER = "no-leader"
+    BUDGET_EXHAUSTED = "budget-exhausted"
+    """An order spent its retry budget and is being compensated (parked ones raise order-error)."""
 
 
 class Severity(StrEnum):

@@ -84,8 +84,10 @@ TRANSITIONS: tuple[Transition, ...] = (
          fenced=True, condition="locked_by = own instance id; last step -> Processed"),
     _row(Action.FAIL, Actor.SCHEDULER, {P.PROCESSING}, {P.ERROR, P.COMPENSATING}, fenced=True,
          condition="locked_by = own instance id; raises an alert"),
-    _row(Action.RECOVER, Actor.SUPERVISOR, {P.PROCESSING}, {P.PENDING, P.ERROR}, fenced=True,
-         condition="locked_by = the id seen and complete_by = the expired deadline seen"),
+    _row(Action.RECOVER, Actor.SUPERVISOR, {P.PROCESSING}, {P.PENDING, P.ERROR, P.COMPENSATING},
+         fenced=True, condition="locked_by = the id seen and complete_by = the expired deadline "
+                                "seen; at the failure threshold -> Error + alert, or "
+                                "Compensating where the workflow compensates `recovery-limit`"),
     _row(Action.RESUBMIT, Actor.OPERATOR, {P.ERROR}, {P.PENDING}, fenced=False,
          condition="process_state and updated_at as the operator saw them"),
     _row(Action.COMPENSATE, Actor.OPERATOR, {P.ERROR, P.COMPENSATION_FAILED}, {P.COMPENSATING},

@@ -228,6 +228,28 @@ class RecoveryPolicy:
     failure_threshold: int
     backoff: Callable[[int], timedelta]
     """The wait, after `failure_count` failures, before the order may be claimed again."""
+    compensate_at_limit: Callable[[StateRecord], bool] = lambda record: False
+    """Whether an order at the failure threshold is compensated (its workflow compensates
+    `recovery-limit`) rather than parked in Error."""
+
+
+def _at_limit(
+    record: StateRecord, failures: int, policy: RecoveryPolicy, last: str, now: datetime
+) -> tuple[ProcessState, dict[str, Any]]:
+    """Where an order goes after its `failures`-th recovery, and the fields that says."""
+    if failures < policy.failure_threshold:
+        return ProcessState.PENDING, {"next_attempt_at": now + policy.backoff(failures)}
+    error = ErrorInfo(
+        kind=ErrorKind.RECOVERY_LIMIT,
+        message=f"recovered {failures} times without finishing (threshold "
+        f"{policy.failure_threshold}); last: {last}"[:2000],
+        at=now,
+    )
+    if not policy.compensate_at_limit(record):
+        return ProcessState.ERROR, {"error": error}
+    # Unlocked and due: a scheduler's compensator claims it, with a fresh failure count for the
+    # compensation's own recoveries (as when an operator asks for it).
+    return ProcessState.COMPENSATING, {"error": error, "next_attempt_at": now, "failure_count": 0}
 
 
 def recover(record: StateRecord, *, now: datetime, policy: RecoveryPolicy) -> Update:
@@ -242,12 +264,11 @@ def recover(record: StateRecord, *, now: datetime, policy: RecoveryPolicy) -> Up
     if record.complete_by is None or record.complete_by > now:
         raise ValueError("only an expired attempt can be recovered")
     failures = record.failure_count + 1
-    parked = failures >= policy.failure_threshold
-    target = ProcessState.ERROR if parked else ProcessState.PENDING
-    check_transition(Action.RECOVER, record.process_state, target)
     timed_out = ErrorInfo(
         kind=ErrorKind.DEADLINE, message=f"no reply by {record.complete_by.isoformat()}", at=now
     )
+    target, outcome = _at_limit(record, failures, policy, timed_out.message, now)
+    check_transition(Action.RECOVER, record.process_state, target)
     steps = {
         name: state.model_copy(
             update={"status": StepStatus.NOT_STARTED, "allowance": 0, "error": timed_out}
@@ -261,16 +282,7 @@ def recover(record: StateRecord, *, now: datetime, policy: RecoveryPolicy) -> Up
         "complete_by": None,
         "failure_count": failures,
         "updated_at": now,
-    }
-    if parked:
-        fields["error"] = ErrorInfo(
-            kind=ErrorKind.RECOVERY_LIMIT,
-            message=f"recovered {failures} times without finishing (threshold "
-            f"{policy.failure_threshold}); last: {timed_out.message}",
-            at=now,
-        )
-    else:
-        fields["next_attempt_at"] = now + policy.backoff(failures)
+    } | outcome
     expect = Expect(
         process_state=frozenset({ProcessState.PROCESSING}),
         locked_by=record.locked_by,
@@ -295,8 +307,7 @@ def release(
     order is due again after the backoff, or parked in Error at the failure threshold. Fenced:
     only the live attempt can release its order."""
     failures = record.failure_count + 1
-    parked = failures >= policy.failure_threshold
-    target = ProcessState.ERROR if parked else ProcessState.PENDING
+    target, outcome = _at_limit(record, failures, policy, error.message, now)
     check_transition(Action.RECOVER, record.process_state, target)
     failed = record.steps[step].model_copy(
         update={"status": StepStatus.NOT_STARTED, "allowance": 0, "error": error}
@@ -308,14 +319,5 @@ def release(
         "failure_count": failures,
         "retry_budget": _settle_budget(record, step, attempts_used),
         "updated_at": now,
-    }
-    if parked:
-        fields["error"] = ErrorInfo(
-            kind=ErrorKind.RECOVERY_LIMIT,
-            message=f"recovered {failures} times without finishing (threshold "
-            f"{policy.failure_threshold}); last: {error.message}"[:2000],
-            at=now,
-        )
-    else:
-        fields["next_attempt_at"] = now + policy.backoff(failures)
+    } | outcome
     return Update(_fenced(instance), Changes(fields=fields, steps={step: failed}))

@@ -3,6 +3,8 @@ from __future__ import annotations
 import pytest
 
 from shared.config import Settings, load_settings
+from shared.domain.states import ErrorKind
+from shared.domain.workflow import get_workflow
 from shared.errors import ConfigurationError
 
 
@@ -53,3 +55,39 @@ def test_settings_are_not_read_at_import_time() -> None:
     import shared.config as config
 
     assert not any(isinstance(v, Settings) for v in vars(config).values())
+
+
+def test_which_failures_compensate_is_set_per_workflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    def compensates(kind: ErrorKind, version: int = 1) -> bool:
+        workflow = get_workflow("order", version)
+        assert workflow is not None
+        return load_settings().compensates(workflow, kind)
+
+    # Unset: the workflow's own policy (a declined payment compensates; a spent budget and an
+    # outage past the threshold park).
+    monkeypatch.delenv("ORDERFLOW_COMPENSATE_ON", raising=False)
+    assert compensates(ErrorKind.PERMANENT)
+    assert not compensates(ErrorKind.BUDGET_EXHAUSTED)
+    assert not compensates(ErrorKind.RECOVERY_LIMIT)
+    monkeypatch.setenv("ORDERFLOW_COMPENSATE_ON", "permanent,recovery-limit")
+    assert compensates(ErrorKind.RECOVERY_LIMIT, version=2) and compensates(ErrorKind.PERMANENT)
+    monkeypatch.setenv("ORDERFLOW_COMPENSATE_ON", "budget-exhausted;order=")
+    assert not compensates(ErrorKind.PERMANENT) and not compensates(ErrorKind.BUDGET_EXHAUSTED)
+    monkeypatch.setenv("ORDERFLOW_COMPENSATE_ON", "order=permanent,budget-exhausted")
+    assert compensates(ErrorKind.BUDGET_EXHAUSTED) and not compensates(ErrorKind.RECOVERY_LIMIT)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("transient", "'transient' cannot compensate"),
+        ("shop=permanent", "'shop' is not a workflow"),
+        ("order=permanent;order=", "given twice"),
+    ],
+)
+def test_a_compensation_policy_that_cannot_take_effect_is_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str, says: str
+) -> None:
+    monkeypatch.setenv("ORDERFLOW_COMPENSATE_ON", value)
+    with pytest.raises(ConfigurationError, match=says):
+        load_settings()

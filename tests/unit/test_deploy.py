@@ -159,7 +159,7 @@ USES: dict[str, tuple[set[str], set[str], set[str]]] = {
         {N.exchange, N.alerts, N.status, REPLY_Q},
         {N.replies, REPLY_Q},
     ),
-    "supervisor": (set(), {N.alerts}, set()),
+    "supervisor": (set(), {N.alerts, N.status}, set()),
     **{f"agent-{a}": (set(), {N.dead_letters, N.alerts, N.replies}, {N.agent(a)}) for a in AGENTS},
     "operator": (set(), {N.exchange}, DLQS),
     "shop": ({OWN_STATUS_Q}, {N.submit, OWN_STATUS_Q}, {N.status, OWN_STATUS_Q}),
@@ -169,6 +169,7 @@ KEYS = [REPLY_Q, OWN_STATUS_Q, OTHER_STATUS_Q, N.orders, "#", f"{H}.status.#", f
 TOPIC_USES: dict[tuple[str, str], tuple[set[str], set[str]]] = {
     ("submission", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
     ("scheduler", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
+    ("supervisor", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
     ("scheduler", N.replies): (set(), {REPLY_Q, f"{H}.reply.#"}),
     **{(f"agent-{a}", N.replies): ({REPLY_Q, f"{H}.reply.#"}, set()) for a in AGENTS},
     ("shop", N.status): (set(), {OWN_STATUS_Q}),

@@ -319,3 +319,38 @@ def test_a_chain_refuses_a_second_update_of_another_attempt() -> None:
     other = start_step(completed, "charge", instance="o-1:2", now=utcnow(), timeout=S, allowance=1)
     with pytest.raises(ValueError, match="would not match"):
         chain(done, other, after_first=completed)
+
+
+def test_at_the_threshold_a_workflow_that_compensates_the_limit_goes_to_compensating() -> None:
+    record = claimed().model_copy(update={"failure_count": 1})
+    now = utcnow()
+    running = apply(
+        record,
+        start_step(
+            record, "reserve", instance="o-1:1", now=now - 20 * S, timeout=S, allowance=3
+        ).changes,
+    )
+    policy = RecoveryPolicy(2, lambda n: n * S, compensate_at_limit=lambda r: True)
+    error = ErrorInfo(kind=ErrorKind.TRANSIENT, message="inventory.reserve: HTTP 503", at=now)
+    for update in (
+        recover(running, now=now, policy=policy),
+        release(
+            running,
+            "reserve",
+            instance="o-1:1",
+            now=now,
+            error=error,
+            attempts_used=3,
+            policy=policy,
+        ),
+    ):
+        after = apply(running, update.changes)
+        assert after.process_state is ProcessState.COMPENSATING
+        assert after.locked_by is None and after.complete_by is None
+        assert after.next_attempt_at == now, "due at once for a compensator to claim"
+        assert after.failure_count == 0, "the compensation counts its own recoveries"
+        assert after.error is not None and after.error.kind is ErrorKind.RECOVERY_LIMIT
+    below = running.model_copy(update={"failure_count": 0})
+    assert apply(below, recover(below, now=now, policy=policy).changes).process_state is (
+        ProcessState.PENDING
+    )
