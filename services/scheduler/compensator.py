@@ -22,6 +22,8 @@ from shared.domain.models import ErrorInfo, StateRecord
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.timing import utcnow
 from shared.domain.workflow import get_workflow
+from shared.store.port import UndoMark
+from shared.telemetry import bind_log_fields
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,7 @@ class Compensator:
     async def run(self, record: StateRecord) -> None:
         """Compensate a Compensating record this attempt has locked."""
         instance = record.locked_by or ""
+        bind_log_fields(order_id=record.order_id, instance_id=instance)
         try:
             await self._run(record, instance)
         except _DeadlinePassed as expired:
@@ -66,19 +69,34 @@ class Compensator:
         for entry in reversed(log_entries):
             if entry.status is UndoStatus.DONE:
                 continue
-            failure = await self._undo(current, entry, instance)
-            if failure is not None:
-                await self._finish(current, instance, failure)
+            outcome = await self._undo(current, entry, instance)
+            now = utcnow()
+            if isinstance(outcome, ErrorInfo):
+                failed = UndoMark(entry.step, UndoStatus.FAILED, now, outcome.message)
+                await self._finish(current, instance, outcome, undo=failed)
                 return
+            # The step's Compensated status, the log's Done and the event: one fenced write.
             current = await ctx.write(
-                record.order_id, record_undo(current, entry.step, instance=instance, now=utcnow())
+                record.order_id,
+                record_undo(current, entry.step, instance=instance, now=now),
+                history=[
+                    ctx.report.event(
+                        record.order_id,
+                        H.COMPENSATION_STEP_DONE,
+                        attempt=record.attempt,
+                        instance_id=instance,
+                        step=entry.step,
+                        outcome=outcome,
+                    )
+                ],
+                undo=UndoMark(entry.step, UndoStatus.DONE, now),
             )
         await self._finish(current, instance, None)
 
     async def _undo(
         self, record: StateRecord, entry: CompensationEntry, instance: str
-    ) -> ErrorInfo | None:
-        """Run one undo; the error that failed it, or None when it is done."""
+    ) -> ErrorInfo | str | None:
+        """Run one undo: the error that failed it, or the remote outcome when it is done."""
         ctx = self._ctx
         workflow = get_workflow(record.workflow, record.workflow_version)
         if workflow is None:
@@ -112,44 +130,33 @@ class Compensator:
             complete_by=running.complete_by,
             attempts_allowed=ctx.settings.undo_attempts,
         )
-        now = utcnow()
         if reply is not None and reply.outcome is StepOutcome.OK:
-            await ctx.store.mark_compensation(
-                record.order_id, entry.step, status=UndoStatus.DONE, at=now
-            )
-            await ctx.report.history(
-                record.order_id,
-                H.COMPENSATION_STEP_DONE,
-                attempt=record.attempt,
-                instance_id=instance,
-                step=entry.step,
-                outcome=(reply.result or {}).get("outcome"),
-            )
-            return None
+            outcome = (reply.result or {}).get("outcome")
+            return None if outcome is None else str(outcome)
         if reply is None or reply.error_kind is ErrorKind.TRANSIENT:
             # No answer, or only transient failures: the supervisor releases the compensation
             # after its deadline and another attempt tries again (up to the failure threshold).
             raise _DeadlinePassed(entry.step)
         reason = reply.error_message or "the agent reported a failure"
-        await ctx.store.mark_compensation(
-            record.order_id, entry.step, status=UndoStatus.FAILED, at=now, error=reason
-        )
         return ErrorInfo(
             kind=ErrorKind.COMPENSATION,
-            at=now,
+            at=utcnow(),
             message=f"undo of {entry.step} ({entry.undo}) failed: {reason}",
         )
 
-    async def _finish(self, record: StateRecord, instance: str, failure: ErrorInfo | None) -> None:
+    async def _finish(
+        self,
+        record: StateRecord,
+        instance: str,
+        failure: ErrorInfo | None,
+        *,
+        undo: UndoMark | None = None,
+    ) -> None:
         ctx = self._ctx
         after = await ctx.write(
             record.order_id,
-            finish_compensation(
-                record,
-                instance=instance,
-                now=utcnow(),
-                failure=failure,
-            ),
+            finish_compensation(record, instance=instance, now=utcnow(), failure=failure),
+            undo=undo,
         )
         if after.process_state is ProcessState.COMPENSATED:
             await ctx.report.history(

@@ -7,7 +7,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from shared.batching import GroupCommit
@@ -18,12 +18,12 @@ from shared.config import Settings
 from shared.domain.journal import CompensationEntry, HistoryEvent
 from shared.domain.messages import StepReply, StepRequest
 from shared.domain.models import OrderRecord, StateRecord
-from shared.domain.timing import recovery_backoff, utcnow
+from shared.domain.timing import utcnow
 from shared.domain.updates import RecoveryPolicy, Update, extend_deadline
 from shared.errors import PublishError
 from shared.metrics import STEP_OUTCOMES, STEP_SECONDS
 from shared.reporting import Reporter
-from shared.store.port import StateStore
+from shared.store.port import StateStore, UndoMark
 
 log = logging.getLogger(__name__)
 
@@ -66,19 +66,8 @@ class AttemptContext:
     @property
     def policy(self) -> RecoveryPolicy:
         """How long a released order rests before it may be claimed again, as the supervisor's
-        recoveries do, and when it is parked instead."""
-        settings = self.settings
-        return RecoveryPolicy(
-            failure_threshold=settings.failure_threshold,
-            backoff=lambda failures: recovery_backoff(
-                failures,
-                base=timedelta(seconds=settings.backoff_base_s),
-                cap=timedelta(seconds=settings.backoff_cap_s),
-                cooldown_after=settings.cooldown_after,
-                cooldown=timedelta(seconds=settings.cooldown_s),
-                rng=_RNG,
-            ),
-        )
+        recoveries do, and what happens at the failure threshold."""
+        return self.settings.recovery_policy(_RNG)
 
     async def write(
         self,
@@ -87,11 +76,18 @@ class AttemptContext:
         *,
         history: Sequence[HistoryEvent] = (),
         compensation: CompensationEntry | None = None,
+        undo: UndoMark | None = None,
     ) -> StateRecord:
-        """Apply a fenced update, with the history events and undo that describe it (written
-        only if it matched); raise `Superseded` when its condition no longer holds."""
+        """Apply a fenced update, with the history events, the undo to log and the undo outcome
+        that describe it (written only if it matched); raise `Superseded` when its condition no
+        longer holds."""
         after = await self.store.update_state(
-            order_id, update.expect, update.changes, history=history, compensation=compensation
+            order_id,
+            update.expect,
+            update.changes,
+            history=history,
+            compensation=compensation,
+            undo=undo,
         )
         if after is None:
             raise Superseded(order_id)

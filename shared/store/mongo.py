@@ -41,6 +41,7 @@ from shared.store.port import (
     ScanCursor,
     ScanPage,
     StateQuery,
+    UndoMark,
     WorkflowUse,
     page_of,
 )
@@ -203,6 +204,7 @@ class MongoStore:
         *,
         history: Sequence[HistoryEvent] = (),
         compensation: CompensationEntry | None = None,
+        undo: UndoMark | None = None,
     ) -> StateRecord | None:
         sets = {name: plain(value) for name, value in changes.fields.items()}
         sets |= {f"steps.{name}": plain(step) for name, step in changes.steps.items()}
@@ -217,6 +219,11 @@ class MongoStore:
         # would): the update is the fact, they describe it.
         if compensation is not None:
             await self.append_compensation(compensation)
+        if undo is not None:
+            # After the state write, never before: a crash between them leaves a step marked
+            # Compensated whose log entry is not Done yet, so the undo is asked again under its
+            # idempotency key, which the remote service answers without a second effect.
+            await self._mark_compensation(order_id, undo)
         await self.append_history_many(history)
         return _load_state(doc)
 
@@ -399,21 +406,12 @@ class MongoStore:
         cursor = self._compensation.find({"order_id": order_id}).sort("seq", ASCENDING)
         return [_load(CompensationEntry, d) for d in await cursor.to_list(None)]
 
-    async def mark_compensation(
-        self,
-        order_id: str,
-        step: str,
-        *,
-        status: UndoStatus,
-        at: datetime,
-        error: str | None = None,
-    ) -> bool:
-        done_at = at if status is UndoStatus.DONE else None
-        result = await self._compensation.update_one(
-            {"_id": f"{order_id}|{step}", "status": {"$ne": UndoStatus.DONE.value}},
-            {"$set": {"status": status.value, "done_at": done_at, "error": error}},
+    async def _mark_compensation(self, order_id: str, undo: UndoMark) -> None:
+        done_at = undo.at if undo.status is UndoStatus.DONE else None
+        await self._compensation.update_one(
+            {"_id": f"{order_id}|{undo.step}", "status": {"$ne": UndoStatus.DONE.value}},
+            {"$set": {"status": undo.status.value, "done_at": done_at, "error": undo.error}},
         )
-        return bool(result.matched_count == 1)
 
     async def purge_finished(self, *, finished_before: datetime, limit: int) -> Purged:
         query = {

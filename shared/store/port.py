@@ -50,6 +50,16 @@ class InboxDone:
 
 
 @dataclass(frozen=True)
+class UndoMark:
+    """An undo's outcome in the compensation log (see `StateStore.update_state`)."""
+
+    step: str
+    status: UndoStatus
+    at: datetime
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class ScanCursor:
     """Where the next page of a supervisor scan starts: after this (complete_by, order_id)."""
 
@@ -155,12 +165,15 @@ class StateStore(Protocol):
         *,
         history: Sequence[HistoryEvent] = (),
         compensation: CompensationEntry | None = None,
+        undo: UndoMark | None = None,
     ) -> StateRecord | None:
         """Apply `changes` only if the record matches `expect`; the new record, or None.
 
-        `history` events and a `compensation` entry (insert-if-absent) are written only when the
-        update matched: in the same statement where the store allows (PostgreSQL), right after
-        it otherwise. One round trip instead of three for a scheduler's step bookkeeping."""
+        `history` events, a `compensation` entry (insert-if-absent) and an `undo` outcome (set
+        unless that undo is Done already: Done is final) are written only when the update
+        matched: in the same statement where the store allows (PostgreSQL), right after it
+        otherwise. So the log is fenced like the record: a superseded compensator marks nothing.
+        One round trip instead of three for a scheduler's step bookkeeping."""
 
     async def claim(
         self,
@@ -230,17 +243,6 @@ class StateStore(Protocol):
 
     async def read_compensation(self, order_id: str) -> list[CompensationEntry]:
         """In the order the steps completed (undo them in reverse)."""
-
-    async def mark_compensation(
-        self,
-        order_id: str,
-        step: str,
-        *,
-        status: UndoStatus,
-        at: datetime,
-        error: str | None = None,
-    ) -> bool:
-        """Set an undo's outcome, unless it is Done already (Done is final)."""
 
     async def purge_finished(self, *, finished_before: datetime, limit: int) -> Purged:
         """Delete the history and compensation records of at most `limit` orders that finished

@@ -33,6 +33,7 @@ from shared.store.port import (
     ScanCursor,
     ScanPage,
     StateQuery,
+    UndoMark,
     WorkflowUse,
     page_of,
 )
@@ -193,6 +194,7 @@ class PostgresStore:
         *,
         history: Sequence[HistoryEvent] = (),
         compensation: CompensationEntry | None = None,
+        undo: UndoMark | None = None,
     ) -> StateRecord | None:
         args: list[Any] = [order_id]
 
@@ -208,7 +210,7 @@ class PostgresStore:
         update = (
             f"UPDATE {self._s}.state SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING *"
         )
-        if not history and compensation is None:
+        if not history and compensation is None and undo is None:
             row = await self._pool.fetchrow(update, *args)
             return None if row is None else state_from(dict(row))
         # The bookkeeping rides along in the same statement, and only if the update matched.
@@ -236,6 +238,14 @@ class PostgresStore:
                 f"{arg(c.status.value)}, {arg(c.done_at)}::timestamptz, {arg(c.error)}::text, "
                 f"{arg(c.schema_version)}::int "
                 "WHERE EXISTS (SELECT 1 FROM u) ON CONFLICT (order_id, step) DO NOTHING)"
+            )
+        if undo is not None:
+            parts.append(
+                f"m AS (UPDATE {self._s}.compensation_log SET status = {arg(undo.status.value)}, "
+                f"done_at = {arg(undo.at if undo.status is UndoStatus.DONE else None)}"
+                f"::timestamptz, error = {arg(undo.error)}::text "
+                f"WHERE order_id = $1 AND step = {arg(undo.step)} AND status <> 'Done' "
+                "AND EXISTS (SELECT 1 FROM u))"
             )
         row = await self._pool.fetchrow(f"WITH {', '.join(parts)} SELECT * FROM u", *args)
         return None if row is None else state_from(dict(row))
@@ -436,27 +446,6 @@ class PostgresStore:
             order_id,
         )
         return [CompensationEntry.model_validate(dict(r), strict=False) for r in rows]
-
-    async def mark_compensation(
-        self,
-        order_id: str,
-        step: str,
-        *,
-        status: UndoStatus,
-        at: datetime,
-        error: str | None = None,
-    ) -> bool:
-        done_at = at if status is UndoStatus.DONE else None
-        result = await self._pool.execute(
-            f"UPDATE {self._s}.compensation_log SET status = $3, done_at = $4, error = $5 "
-            "WHERE order_id = $1 AND step = $2 AND status <> 'Done'",
-            order_id,
-            step,
-            status.value,
-            done_at,
-            error,
-        )
-        return _affected(result) == 1
 
     async def purge_finished(self, *, finished_before: datetime, limit: int) -> Purged:
         row = await self._pool.fetchrow(

@@ -19,7 +19,7 @@ from shared.domain.journal import (
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.domain.updates import Changes, Expect
-from shared.store.port import InboxClaim, InboxDone, StateStore
+from shared.store.port import InboxClaim, InboxDone, StateStore, UndoMark
 from tests.support.factories import order_pair
 
 H = HistoryEventType
@@ -69,13 +69,43 @@ async def test_compensation_log_is_ordered_idempotent_and_done_is_final(store: S
     assert [e.step for e in log] == ["reserve", "charge"]
     assert all(e.status is UndoStatus.PENDING for e in log)
 
-    assert await store.mark_compensation(
-        "o-comp", "charge", status=UndoStatus.FAILED, at=t, error="503"
+
+async def test_an_undo_outcome_is_fenced_like_the_record_and_done_is_final(
+    store: StateStore,
+) -> None:
+    order, state = order_pair("o-undo")
+    await store.insert_order(order, state)
+    t = utcnow()
+    entry = CompensationEntry(
+        order_id="o-undo",
+        step="charge",
+        undo="payment.refund",
+        idempotency_key="o-undo:charge:undo",
+        recorded_at=t,
     )
-    assert await store.mark_compensation("o-comp", "charge", status=UndoStatus.DONE, at=t)
-    assert not await store.mark_compensation("o-comp", "charge", status=UndoStatus.FAILED, at=t)
-    charge = (await store.read_compensation("o-comp"))[1]
-    assert (charge.status, charge.done_at, charge.error) == (UndoStatus.DONE, t, None)
+    await store.append_compensation(entry)
+    live = Changes(fields={"locked_by": "o-undo:2", "updated_at": t})
+    assert await store.update_state("o-undo", Expect(), live) is not None
+
+    async def mark(fence: str, status: UndoStatus, error: str | None = None) -> bool:
+        changes = Changes(fields={"updated_at": utcnow()})
+        undo = UndoMark("charge", status, t, error)
+        after = await store.update_state("o-undo", Expect(locked_by=fence), changes, undo=undo)
+        return after is not None
+
+    async def logged() -> CompensationEntry:
+        [only] = await store.read_compensation("o-undo")
+        return only
+
+    # A superseded compensator (an older instance id) marks nothing.
+    assert not await mark("o-undo:1", UndoStatus.DONE)
+    assert (await logged()).status is UndoStatus.PENDING
+    assert await mark("o-undo:2", UndoStatus.FAILED, "503")
+    assert ((await logged()).status, (await logged()).error) == (UndoStatus.FAILED, "503")
+    assert await mark("o-undo:2", UndoStatus.DONE)
+    assert await mark("o-undo:2", UndoStatus.FAILED, "late")  # the record moves on ...
+    done = await logged()  # ... but Done is final
+    assert (done.status, done.done_at, done.error) == (UndoStatus.DONE, t, None)
 
 
 async def test_inbox_handles_a_message_id_once(store: StateStore) -> None:
