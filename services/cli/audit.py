@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from services.remote.ledger import attempt_of
-from shared.domain.journal import HistoryEventType
-from shared.domain.models import StateRecord
+from shared.domain.journal import AlertKind, HistoryEvent, HistoryEventType
+from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.states import ProcessState
 from shared.domain.workflow import get_workflow
 from shared.store.port import StateStore
@@ -78,7 +78,8 @@ async def audit(
     _check_effects(report, states, effects)
     _check_fenced_effects(report, effects)
     _check_settled_unlocked(report, states)
-    await _check_fenced_history(report, store, list(states))
+    await _check_journal(report, store, list(states))
+    await _check_conflicts_kept_the_first(report, store)
     return report
 
 
@@ -186,29 +187,75 @@ def _check_settled_unlocked(report: AuditReport, states: dict[str, StateRecord])
             )
 
 
-async def _check_fenced_history(
+async def _check_journal(
     report: AuditReport, store: StateStore, order_ids: list[str], *, concurrency: int = 16
 ) -> None:
-    """Invariant 3 in the store: a step's result is recorded by one attempt only (history is
-    appended after the fenced write succeeded), unless an operator resubmitted the order."""
+    """Per order, from its history: invariant 3 (a step's result recorded by one attempt) and
+    invariant 4 (the order's data are still those it was first submitted with)."""
     gate = asyncio.Semaphore(concurrency)
 
     async def check(order_id: str) -> None:
         async with gate:
             events = await store.read_history(order_id)
-        resubmits = sum(1 for e in events if e.type is HistoryEventType.RESUBMITTED)
-        completed = Counter(e.step for e in events if e.type is HistoryEventType.STEP_COMPLETED)
-        for step, times in completed.items():
-            if times > 1 + resubmits:
-                attempts = sorted(
-                    {
-                        e.attempt or 0
-                        for e in events
-                        if e.type is HistoryEventType.STEP_COMPLETED and e.step == step
-                    }
-                )
-                report.violate(
-                    3, order_id, f"step {step} completed {times} times, by attempts {attempts}"
-                )
+            order = await store.get_order(order_id)
+        _check_fenced_history(report, order_id, events)
+        if order is not None:
+            _check_first_order_kept(report, order, events)
 
     await asyncio.gather(*(check(order_id) for order_id in order_ids))
+
+
+def _check_first_order_kept(
+    report: AuditReport, order: OrderRecord, events: list[HistoryEvent]
+) -> None:
+    """Invariant 4: nothing overwrote the first submission's data. The record's data still
+    match the fingerprint stored with them, and the one its OrderSubmitted event recorded
+    (events older than that field carry none). An expired journal has nothing to compare."""
+    if order.data.fingerprint() != order.fingerprint:
+        report.violate(4, order.order_id, "order data no longer match their fingerprint")
+    submitted = [
+        e.data["fingerprint"]
+        for e in events
+        if e.type is HistoryEventType.ORDER_SUBMITTED and "fingerprint" in e.data
+    ]
+    if submitted and submitted[0] != order.fingerprint:
+        report.violate(
+            4,
+            order.order_id,
+            f"order data changed since first submitted ({submitted[0][:12]}… -> "
+            f"{order.fingerprint[:12]}…)",
+        )
+
+
+async def _check_conflicts_kept_the_first(report: AuditReport, store: StateStore) -> None:
+    """Invariant 4 from the other side: a submission refused as a conflict (its alert names
+    the refused data's fingerprint) did not become the stored order."""
+    alerts = await store.list_alerts(limit=100_000)
+    for alert in alerts:
+        if alert.kind is not AlertKind.DUAL_WRITE_CONFLICT or alert.order_id is None:
+            continue
+        refused = alert.alert_id.rpartition(":")[2]
+        order = await store.get_order(alert.order_id)
+        if order is not None and refused and order.fingerprint.startswith(refused):
+            report.violate(
+                4, alert.order_id, "a submission refused as a conflict replaced the first order"
+            )
+
+
+def _check_fenced_history(report: AuditReport, order_id: str, events: list[HistoryEvent]) -> None:
+    """Invariant 3 in the store: a step's result is recorded by one attempt only (history is
+    appended after the fenced write succeeded), unless an operator resubmitted the order."""
+    resubmits = sum(1 for e in events if e.type is HistoryEventType.RESUBMITTED)
+    completed = Counter(e.step for e in events if e.type is HistoryEventType.STEP_COMPLETED)
+    for step, times in completed.items():
+        if times > 1 + resubmits:
+            attempts = sorted(
+                {
+                    e.attempt or 0
+                    for e in events
+                    if e.type is HistoryEventType.STEP_COMPLETED and e.step == step
+                }
+            )
+            report.violate(
+                3, order_id, f"step {step} completed {times} times, by attempts {attempts}"
+            )
