@@ -139,7 +139,10 @@ class PostgresStore:
 
     # -- orders and state records
     async def insert_order(self, order: OrderRecord, state: StateRecord) -> InsertOutcome:
-        async with self._pool.acquire() as conn, conn.transaction():
+        # Two insert-if-absent writes that share no transaction, as on MongoDB: a crash between
+        # them leaves an order without its state record, which the redelivered message completes
+        # (the order is found with the same data, the state is inserted).
+        async with self._pool.acquire() as conn:
             created = await conn.fetchval(
                 f"INSERT INTO {self._s}.orders VALUES ($1, $2, $3, $4, $5) "
                 "ON CONFLICT (order_id) DO NOTHING RETURNING true",
