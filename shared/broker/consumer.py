@@ -9,18 +9,23 @@ A handler never touches the channel: it returns, or raises. This adapter maps th
 | any other error, under the limit    | requeue after a backoff                   | released  |
 | any other error, at the limit       | dead-letter (`redelivery-limit`), ack     | released  |
 | duplicate `message_id`              | ack, handler not called                   | -         |
+
+Every log line written while handling a delivery carries its `message_id`, `message_type` and
+`queue`, and once the body is decoded the order it is about (`order_id`, and for step messages
+`instance_id` and `step`): the handler's lines included, whoever writes them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
@@ -29,14 +34,25 @@ from shared.batching import GroupCommit
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
 from shared.domain.journal import InboxOutcome
-from shared.domain.messages import Contract, decode
+from shared.domain.messages import (
+    AlertMessage,
+    Contract,
+    OrderStatusUpdate,
+    StepReply,
+    StepRequest,
+    SubmitOrder,
+    decode,
+)
 from shared.domain.redaction import redact_body
 from shared.domain.timing import utcnow
 from shared.errors import ContractViolation, PublishError, ServiceUnavailable
 from shared.metrics import DEAD_LETTERS, MESSAGES
 from shared.store.port import InboxClaim, InboxDone, StateStore
+from shared.telemetry import bind_log_fields, log_fields
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 REASON = "x-orderflow-reason"
 REDACTED = "x-orderflow-redacted"
@@ -90,6 +106,23 @@ class _Stats:
     dead_lettered: int = 0
     requeued: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+
+
+def order_fields(contract: Contract) -> dict[str, str | None]:
+    """The order a message is about, as log fields (the fencing token names the instance)."""
+    if isinstance(contract, StepRequest | StepReply):
+        return {
+            "order_id": contract.order_id,
+            "instance_id": contract.fencing_token,
+            "step": contract.step,
+        }
+    if isinstance(contract, SubmitOrder):
+        return {"order_id": contract.order.order_id}
+    if isinstance(contract, OrderStatusUpdate):
+        return {"order_id": contract.order_id}
+    if isinstance(contract, AlertMessage):
+        return {"order_id": contract.alert.order_id}
+    return {}
 
 
 def delivery_count(message: AbstractIncomingMessage) -> int:
@@ -175,17 +208,22 @@ class Consumer:
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
-        try:
-            await self._hold_through_outages(message)
-        except Exception:
-            # Last line of defence: the message goes back, the consumer stays up.
-            log.exception("unexpected failure handling a message; requeueing it")
-            self._count("requeued")
-            with contextlib.suppress(Exception):
-                await message.nack(requeue=True)
-        finally:
-            if task is not None:
-                self._inflight.discard(task)
+        # The block scopes this delivery's fields, and the order fields `_process` binds once
+        # the body is decoded (leaving the block restores what was there before both).
+        with log_fields(
+            message_id=message.message_id, message_type=message.type, queue=self._queue_name
+        ):
+            try:
+                await self._hold_through_outages(message)
+            except Exception:
+                # Last line of defence: the message goes back, the consumer stays up.
+                log.exception("unexpected failure handling a message; requeueing it")
+                self._count("requeued")
+                with contextlib.suppress(Exception):
+                    await message.nack(requeue=True)
+            finally:
+                if task is not None:
+                    self._inflight.discard(task)
 
     async def _hold_through_outages(self, message: AbstractIncomingMessage) -> None:
         """A store or broker outage is not the message's fault: keep it (unacked, so it is not
@@ -206,7 +244,7 @@ class Consumer:
                     return
                 log.warning(
                     "a server is unavailable; holding the message and retrying",
-                    extra={"message_id": message.message_id, "error": str(exc)},
+                    extra={"error": str(exc)},
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -221,6 +259,7 @@ class Consumer:
         except ContractViolation as exc:
             await self._dead_letter(message, exc.reason, str(exc))
             return
+        bind_log_fields(**order_fields(contract))
         if deliveries > self._policy.redelivery_limit:
             await self._dead_letter(
                 message, "redelivery-limit", f"delivered {deliveries} times without success"
@@ -242,7 +281,7 @@ class Consumer:
         if outcome is InboxOutcome.DUPLICATE:
             self.stats.duplicates += 1
             self._count("duplicate")
-            log.info("duplicate message dropped", extra={"message_id": message.message_id})
+            log.info("duplicate message dropped")
             await message.ack()
         elif outcome is InboxOutcome.BUSY:
             self.stats.requeued += 1
@@ -290,7 +329,9 @@ class Consumer:
 
     async def _claim_batch(self, claims: Sequence[InboxClaim]) -> list[InboxOutcome]:
         assert self._store is not None
-        return await self._store.inbox_claim_many(self._queue_name, claims, now=utcnow())
+        return await self._for_the_batch(
+            self._store.inbox_claim_many(self._queue_name, claims, now=utcnow())
+        )
 
     async def _complete(self, message_id: str, holder: str) -> None:
         keep_until = utcnow() + self._policy.dedupe_window
@@ -298,8 +339,16 @@ class Consumer:
 
     async def _complete_batch(self, done: Sequence[InboxDone]) -> list[None]:
         assert self._store is not None
-        await self._store.inbox_complete_many(self._queue_name, done)
+        await self._for_the_batch(self._store.inbox_complete_many(self._queue_name, done))
         return [None] * len(done)
+
+    async def _for_the_batch(self, round_trip: Coroutine[Any, Any, R]) -> R:
+        """Run a group commit's round trip without the fields of the delivery whose submit
+        happened to start the flusher (its task copied that delivery's context): the batch
+        holds many messages, and its lines must not name one of them."""
+        context = contextvars.Context()
+        context.run(bind_log_fields, queue=self._queue_name)
+        return await asyncio.create_task(round_trip, context=context)
 
     async def _release(self, message_id: str, holder: str) -> None:
         assert self._store is not None
@@ -313,8 +362,7 @@ class Consumer:
             await self._dead_letter(message, "redelivery-limit", f"last error: {exc!r}")
             return
         log.warning(
-            "handler failed; requeueing",
-            extra={"message_id": message.message_id, "deliveries": deliveries, "error": repr(exc)},
+            "handler failed; requeueing", extra={"deliveries": deliveries, "error": repr(exc)}
         )
         self.stats.requeued += 1
         self._count("requeued")
@@ -358,10 +406,7 @@ class Consumer:
         self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
         self._count("dead_lettered")
         DEAD_LETTERS.labels(self._queue_name, reason).inc()
-        log.warning(
-            "message dead-lettered",
-            extra={"message_id": message.message_id, "reason": reason, "error": error[:200]},
-        )
+        log.warning("message dead-lettered", extra={"reason": reason, "error": error[:200]})
         await message.ack()
         if self._on_poison is not None:
             with contextlib.suppress(Exception):
