@@ -4,6 +4,10 @@ DESIGN §6: tenacity retries transient failures only, stopped by the request's a
 and its deadline; a pybreaker circuit breaker per remote endpoint fails fast while the endpoint is
 down; no new side effect starts after the deadline. The agent answers ok or a non-transient error;
 after transient failures it has spent its allowance and stays silent, and the supervisor recovers.
+
+Each request's lines carry its `order_id`, `instance_id` (the fencing token), `step` and
+`operation`. A request that ends without a result is logged once at INFO with why; a success only
+at DEBUG (one INFO line per step would cost more than the step's other work at full throughput).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from tenacity import (
 )
 
 from services.agents.breakers import Breakers
-from services.remote.client import RemoteClient, RemoteFenced
+from services.remote.client import RemoteClient, RemoteDeclined, RemoteFenced
 from shared.bootstrap import Runtime
 from shared.broker.consumer import Delivery
 from shared.broker.publisher import Publisher
@@ -44,6 +48,7 @@ from shared.errors import (
 )
 from shared.metrics import AGENT_ATTEMPTS
 from shared.reporting import Reporter
+from shared.telemetry import log_fields
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +66,37 @@ class Outcome:
     error: PermanentError | None = None
     transient: str | None = None
     """The last transient failure, when the allowance (or an open circuit) stopped the step."""
+    silent: str | None = None
+    """Why no answer is sent: the deadline came first, or an open circuit let no call through."""
     attempts: int = 0
+
+
+REJECTED = "the remote service rejected the request; replying with a permanent error"
+REFUSALS: dict[type[PermanentError], str] = {
+    RemoteDeclined: "the remote service declined the step; replying with a permanent error",
+    RemoteFenced: "fenced: the remote service refused a superseded attempt; replying so",
+}
+DEADLINE_FIRST = "the deadline came first; staying silent (the scheduler stopped waiting)"
+CIRCUIT_OPEN = "circuit open, no call made; staying silent (the deadline paces the retries)"
+
+
+def log_outcome(outcome: Outcome) -> None:
+    """One line per request: INFO when it ended without a result, DEBUG when it succeeded."""
+    if outcome.error is not None:
+        log.info(
+            REFUSALS.get(type(outcome.error), REJECTED),
+            extra={"attempts": outcome.attempts, "error": str(outcome.error)},
+        )
+    elif outcome.transient is not None:
+        log.info(
+            "transient failures spent the allowance; replying so",
+            extra={"attempts": outcome.attempts, "error": outcome.transient},
+        )
+    elif outcome.silent is not None:
+        log.info(outcome.silent, extra={"attempts": outcome.attempts})
+    elif log.isEnabledFor(logging.DEBUG):  # the hot path: no dict built for a dropped line
+        result = (outcome.result or {}).get("outcome")
+        log.debug("step done", extra={"attempts": outcome.attempts, "outcome": result})
 
 
 def _before_deadline(complete_by: datetime) -> Any:
@@ -125,30 +160,21 @@ class Agent:
             raise InvalidMessage(f"agent {self.name} takes step requests only", reason="wrong-type")
         if not request.operation.startswith(f"{self.name}."):
             raise InvalidMessage(f"{request.operation} is not an operation of agent {self.name}")
-        context = {
-            "order_id": request.order_id,
-            "step": request.step,
-            "instance_id": request.fencing_token,
-            "operation": request.operation,
-        }
-        if utcnow() >= request.complete_by:
-            log.info(
-                "deadline passed before the agent got the request; no side effect", extra=context
-            )
-            return
-        outcome = await self._run(request)
-        if outcome.error is None and outcome.result is None and outcome.transient is None:
-            log.info(
-                "the deadline came first; staying silent (the scheduler stopped waiting)",
-                extra=context | {"attempts": outcome.attempts},
-            )
-            return
-        if outcome.transient is not None:
-            log.info(
-                "transient failures spent the allowance; replying so",
-                extra=context | {"attempts": outcome.attempts, "error": outcome.transient},
-            )
-        await self._reply(request, delivery, outcome)
+        # The consumer binds the first three already; binding them here too keeps the agent's
+        # lines right however it is called.
+        with log_fields(
+            order_id=request.order_id,
+            instance_id=request.fencing_token,
+            step=request.step,
+            operation=request.operation,
+        ):
+            if utcnow() >= request.complete_by:
+                log.info("deadline passed before the agent got the request; no side effect")
+                return
+            outcome = await self._run(request)
+            log_outcome(outcome)
+            if outcome.silent is None:
+                await self._reply(request, delivery, outcome)
 
     async def _run(self, request: StepRequest) -> Outcome:
         outcome = Outcome()
@@ -166,15 +192,16 @@ class Agent:
                     outcome.result = await self._attempt(request, breaker, outcome)
         except PermanentError as exc:
             outcome.error = exc
-        except DeadlinePassed as exc:
-            log.info("remote call failed", extra={"order_id": request.order_id, "error": repr(exc)})
+        except DeadlinePassed:
+            outcome.silent = DEADLINE_FIRST
         except (TransientError, pybreaker.CircuitBreakerError) as exc:
-            log.info("remote call failed", extra={"order_id": request.order_id, "error": repr(exc)})
             if outcome.attempts:
                 # Real calls failed: say so, and the scheduler gives the order back at once.
                 outcome.transient = str(exc)
-            # An open circuit that let no call through stays silent: the step's deadline paces
-            # the retries while the remote service is down (decision 15).
+            else:
+                # An open circuit that let no call through stays silent: the step's deadline
+                # paces the retries while the remote service is down (decision 15).
+                outcome.silent = CIRCUIT_OPEN
         return outcome
 
     async def _attempt(
@@ -248,11 +275,9 @@ class Agent:
             )
         except PublishUnroutable:
             # The scheduler that asked is gone: late replies are ignored by design.
-            log.info(
-                "reply queue is gone; dropping the reply", extra={"order_id": request.order_id}
-            )
+            log.info("reply queue is gone; dropping the reply")
         except PublishError:
-            log.exception("could not publish a reply", extra={"order_id": request.order_id})
+            log.exception("could not publish a reply")
 
 
 def attempt_outcome(exc: Exception, *, called: bool) -> str:
