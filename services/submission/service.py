@@ -5,6 +5,10 @@ same data is accepted as it is; different data under a known order id overwrites
 message is dead-lettered (`conflict`) and an alert raised. While the outstanding backlog
 (Pending + Processing) is over the threshold, submission stops taking orders (admission control):
 they wait in `<hub>.orders`, which refuses publishers once it is full.
+
+The consumer binds each delivery's `message_id` and `order_id` to the lines written while it is
+handled: the refused reply_to, the conflict (its alert and its dead-letter) and a pause that an
+order tipped all name the order.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ class Submission:
             log.warning(
                 "reply_to refused: not a status queue of this hub and this application; "
                 "the order is recorded without status messages",
-                extra={"message_id": delivery.message_id, "reply_to": asked[:100]},
+                extra={"reply_to": asked[:100]},
             )
         state = new_state_record(
             order,
@@ -122,6 +126,10 @@ class Submission:
             return
         self.paused = True
         await self._consumer.pause()
+        log.warning(
+            "backlog over the threshold: submission paused",
+            extra={"backlog": self._backlog, "threshold": self._threshold},
+        )
         await self._report.alert(
             AlertKind.BACKLOG_OVER_THRESHOLD,
             f"backlog {self._backlog} over {self._threshold}: submission paused",
@@ -145,7 +153,7 @@ class Submission:
                     self.paused = False
                     log.info(
                         "backlog back under the threshold: submission resumed",
-                        extra={"backlog": self._backlog},
+                        extra={"backlog": self._backlog, "threshold": self._threshold},
                     )
             except Exception:
                 log.exception("admission check failed")
