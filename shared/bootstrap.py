@@ -14,6 +14,7 @@ from shared.broker.publisher import Publisher
 from shared.broker.topology import Names, QueuePolicy, declare_topology
 from shared.config import Settings
 from shared.domain.journal import AlertKind, Severity
+from shared.errors import ConfigurationError
 from shared.heartbeat import Check, Heartbeat, StatusData
 from shared.metrics import MetricsEndpoint, serve_metrics
 from shared.reporting import Reporter
@@ -22,8 +23,15 @@ from shared.store.port import StateStore
 
 
 def queue_policy(settings: Settings, connection: AbstractRobustConnection) -> QueuePolicy:
+    if not quorum_available(connection):
+        # Classic queues report only "redelivered", not how often: the redelivery limit (and
+        # with it the end-to-end retry budget) could not be enforced.
+        raise ConfigurationError(
+            f"RabbitMQ {server_version(connection)} has no quorum queues (3.8 or later needed): "
+            "without them a failing message's deliveries cannot be counted"
+        )
     return QueuePolicy(
-        quorum=quorum_available(connection),
+        quorum=True,
         delivery_limit=settings.redelivery_limit,
         orders_max_length=settings.orders_queue_max_length,
     )

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractChannel
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractQueue
 
 from shared.domain.workflow import AGENTS
+from shared.errors import ConfigurationError
 
 QUORUM_SINCE = (3, 8)
 """The first RabbitMQ release with quorum queues."""
@@ -197,20 +199,32 @@ async def declare_topology(
     for private in (names.replies, names.status):
         await channel.declare_exchange(private, aio_pika.ExchangeType.TOPIC, durable=True)
     for queue_name in names.input_queues(agents):
-        dlq = await channel.declare_queue(
-            names.dlq(queue_name), durable=True, arguments=durable_queue_arguments(policy)
-        )
+        dlq = await _declare_queue(channel, names.dlq(queue_name), durable_queue_arguments(policy))
         await dlq.bind(dead, routing_key=queue_name)
-        queue = await channel.declare_queue(
-            queue_name, durable=True, arguments=input_queue_arguments(names, queue_name, policy)
+        queue = await _declare_queue(
+            channel, queue_name, input_queue_arguments(names, queue_name, policy)
         )
         await queue.bind(direct, routing_key=queue_name)
         if queue_name == names.orders:
             await queue.bind(submit)
-    kept = await channel.declare_queue(
-        names.alerts, durable=True, arguments=durable_queue_arguments(policy)
-    )
+    kept = await _declare_queue(channel, names.alerts, durable_queue_arguments(policy))
     await kept.bind(alerts)
+
+
+async def _declare_queue(
+    channel: AbstractChannel, name: str, arguments: dict[str, Any]
+) -> AbstractQueue:
+    try:
+        return await channel.declare_queue(name, durable=True, arguments=arguments)
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        # A queue's arguments are fixed when it is created: a changed setting (the orders
+        # queue's length, the redelivery limit) cannot be applied by declaring it again.
+        wanted = ", ".join(f"{k}={v}" for k, v in sorted(arguments.items()))
+        raise ConfigurationError(
+            f"queue {name} exists with other arguments than these settings give ({wanted}); "
+            "a queue's arguments cannot change: drain and delete it (or use a new hub), then "
+            f"run `orderflow init` again [{exc.args[0] if exc.args else exc}]"
+        ) from exc
 
 
 async def delete_topology(
