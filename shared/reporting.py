@@ -86,9 +86,9 @@ class Reporter:
             source=self._source,
             data=data,
         )
+        fields = {"alert": kind.value, "detail": message[:200]}
         log.warning(
-            "alert raised",
-            extra={"alert": kind.value, "order_id": order_id, "detail": message[:200]},
+            "alert raised", extra=fields if order_id is None else fields | {"order_id": order_id}
         )
         if not await self._store.raise_alert(alert):
             return

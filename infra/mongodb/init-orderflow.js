@@ -14,12 +14,12 @@ if (app.getUser("orderflow") === null) {
   app.updateUser("orderflow", { pwd: password, roles: roles });
 }
 // The indexes of MongoStore.init.
-app.getCollection("state").createIndex({"next_attempt_at": 1}, {"name": "state_claimable", "partialFilterExpression": {"locked_by": null, "process_state": "Pending"}});
-app.getCollection("state").createIndex({"next_attempt_at": 1}, {"name": "state_compensation_claimable", "partialFilterExpression": {"locked_by": null, "process_state": "Compensating"}});
+app.getCollection("state").createIndex({"next_attempt_at": 1}, {"name": "state_claimable", "partialFilterExpression": {"process_state": "Pending", "locked_by": null}});
+app.getCollection("state").createIndex({"next_attempt_at": 1}, {"name": "state_compensation_claimable", "partialFilterExpression": {"process_state": "Compensating", "locked_by": null}});
 app.getCollection("state").createIndex({"process_state": 1, "complete_by": 1, "_id": 1}, {"name": "state_deadlines"});
 app.getCollection("state").createIndex({"process_state": 1, "updated_at": -1}, {"name": "state_by_state"});
 app.getCollection("history").createIndex({"order_id": 1, "at": 1, "_id": 1}, {"name": "history_by_order"});
 app.getCollection("compensation_log").createIndex({"order_id": 1, "seq": 1}, {"name": "compensation_by_order"});
-app.getCollection("inbox").createIndex({"expires_at": 1}, {"expireAfterSeconds": 0, "name": "inbox_expiry"});
+app.getCollection("inbox").createIndex({"expires_at": 1}, {"name": "inbox_expiry", "expireAfterSeconds": 0});
 app.getCollection("alerts").createIndex({"at": -1}, {"name": "alerts_by_time"});
-app.getCollection("components").createIndex({"expires_at": 1}, {"expireAfterSeconds": 3600, "name": "components_expiry"});
+app.getCollection("components").createIndex({"expires_at": 1}, {"name": "components_expiry", "expireAfterSeconds": 3600});

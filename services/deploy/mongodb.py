@@ -78,7 +78,9 @@ def init_script(hub: str) -> str:
     ]
     for spec in indexes():
         keys = json.dumps(spec.keys)
-        options = json.dumps(spec.options, sort_keys=True)
+        # In MongoStore.init's own key order: MongoDB compares a partial filter document as
+        # written, so `init` after this script would otherwise meet a conflicting index.
+        options = json.dumps(spec.options)
         collection = json.dumps(spec.collection)
         lines.append(f"app.getCollection({collection}).createIndex({keys}, {options});")
     return "\n".join(lines) + "\n"

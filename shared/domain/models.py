@@ -122,18 +122,20 @@ class StateRecord(_Strict):
 
     order_id: OrderId
     process_state: ProcessState
-    locked_by: str | None = None
-    owner: str | None = None
+    locked_by: Annotated[str, StringConstraints(max_length=128)] | None = None
+    """The attempt-specific instance id `<order_id>:<attempt>` while an attempt holds it."""
+    owner: Annotated[str, StringConstraints(max_length=200)] | None = None
     """The scheduler process running the current attempt (for operators; not a fence)."""
     complete_by: datetime | None = None
     failure_count: int = Field(default=0, ge=0)
     attempt: int = Field(default=0, ge=0)
-    workflow: str
+    workflow: Annotated[str, StringConstraints(min_length=1, max_length=64)]
     workflow_version: int = Field(ge=1)
     schema_version: int = RECORD_SCHEMA_VERSION
     steps: dict[str, StepState]
     retry_budget: RetryBudget
-    reply_to: str | None = None
+    reply_to: Annotated[str, StringConstraints(max_length=255)] | None = None
+    """The submitter's status queue (an AMQP name: at most 255 characters)."""
     next_attempt_at: datetime
     error: ErrorInfo | None = None
     created_at: datetime

@@ -36,6 +36,9 @@ class Action(StrEnum):
     """A non-transient failure or a spent budget: park for an operator, or compensate."""
     RECOVER = "recover"
     """The supervisor releases an expired attempt, or parks the order at the failure threshold."""
+    RELEASE = "release"
+    """The live attempt gives its order back at once after transient failures, as a recovery
+    would after the deadline (README decision 27)."""
     RESUBMIT = "resubmit"
     """An operator sends an order in Error back to Pending."""
     COMPENSATE = "compensate"
@@ -88,6 +91,9 @@ TRANSITIONS: tuple[Transition, ...] = (
          fenced=True, condition="locked_by = the id seen and complete_by = the expired deadline "
                                 "seen; at the failure threshold -> Error + alert, or "
                                 "Compensating where the workflow compensates `recovery-limit`"),
+    _row(Action.RELEASE, Actor.SCHEDULER, {P.PROCESSING}, {P.PENDING, P.ERROR, P.COMPENSATING},
+         fenced=True, condition="locked_by = own instance id; failure_count+1 and backoff, or "
+                                "at the threshold as a recovery"),
     _row(Action.RESUBMIT, Actor.OPERATOR, {P.ERROR}, {P.PENDING}, fenced=False,
          condition="process_state and updated_at as the operator saw them"),
     _row(Action.COMPENSATE, Actor.OPERATOR, {P.ERROR, P.COMPENSATION_FAILED}, {P.COMPENSATING},

@@ -308,7 +308,7 @@ def release(
     only the live attempt can release its order."""
     failures = record.failure_count + 1
     target, outcome = _at_limit(record, failures, policy, error.message, now)
-    check_transition(Action.RECOVER, record.process_state, target)
+    check_transition(Action.RELEASE, record.process_state, target)
     failed = record.steps[step].model_copy(
         update={"status": StepStatus.NOT_STARTED, "allowance": 0, "error": error}
     )

@@ -240,7 +240,6 @@ def test_consumer_lines_carry_the_delivery_they_are_about(run: Run) -> None:
     assert all(line.get("order_id") is None for line in garbage)
 
 
-@pytest.mark.xfail(reason="scheduler wiring pending", strict=False)
 def test_scheduler_lines_about_an_order_name_the_order_and_the_instance(run: Run) -> None:
     lines = run.order_lines("scheduler")
     assert lines, "the declined orders' failures and compensations are logged"

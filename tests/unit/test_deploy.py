@@ -267,6 +267,12 @@ def test_the_init_script_makes_the_adapters_indexes() -> None:
     assert "state_claimable" in names and "inbox_expiry" in names and len(set(names)) == len(names)
     script = init_script("orderflow")
     assert all(f'"name": "{name}"' in script for name in names)
+    # MongoDB compares a partial filter as written: the script keeps the adapter's key order,
+    # or `orderflow init` after it would meet an index of the same name with "other" options.
+    for spec in indexes():
+        if "partialFilterExpression" in spec.options:
+            assert json.dumps(spec.options["partialFilterExpression"]) in script
+    assert '{"process_state": "Pending", "locked_by": null}' in script
 
 
 NODE_STUB = """

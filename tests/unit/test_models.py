@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from shared.domain.models import OrderLine, RetryBudget
-from tests.support.factories import order_data
+from shared.domain.models import OrderLine, RetryBudget, StateRecord
+from tests.support.factories import order_data, order_pair
 
 
 def test_fingerprint_depends_on_the_data_only() -> None:
@@ -57,3 +57,20 @@ def test_retry_budget_spends_and_exhausts() -> None:
     assert budget.used == 0
     with pytest.raises(ValueError):
         budget.spend(-1)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("locked_by", "o-1:" + "9" * 130),
+        ("owner", "s" * 201),
+        ("workflow", ""),
+        ("workflow", "w" * 65),
+        ("reply_to", "q" * 256),
+    ],
+)
+def test_state_records_refuse_what_breaks_their_limits(field: str, value: str) -> None:
+    _, state = order_pair("o-1")
+    StateRecord.model_validate(state.model_dump())  # the record as written is fine
+    with pytest.raises(ValidationError):
+        StateRecord.model_validate(state.model_dump() | {field: value})

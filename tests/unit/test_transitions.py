@@ -23,6 +23,9 @@ ALLOWED = {
     (Action.RECOVER, P.PROCESSING, P.PENDING),
     (Action.RECOVER, P.PROCESSING, P.ERROR),
     (Action.RECOVER, P.PROCESSING, P.COMPENSATING),
+    (Action.RELEASE, P.PROCESSING, P.PENDING),
+    (Action.RELEASE, P.PROCESSING, P.ERROR),
+    (Action.RELEASE, P.PROCESSING, P.COMPENSATING),
     (Action.RESUBMIT, P.ERROR, P.PENDING),
     (Action.COMPENSATE, P.ERROR, P.COMPENSATING),
     (Action.COMPENSATE, P.COMPENSATION_FAILED, P.COMPENSATING),
@@ -64,7 +67,7 @@ def test_only_submission_creates_and_every_write_after_a_claim_is_fenced() -> No
         assert (None in row.sources) == (row.action is Action.SUBMIT)
     fenced = {row.action for row in TRANSITIONS if row.fenced}
     assert fenced == {
-        Action.START_STEP, Action.COMPLETE_STEP, Action.FAIL, Action.RECOVER,
+        Action.START_STEP, Action.COMPLETE_STEP, Action.FAIL, Action.RECOVER, Action.RELEASE,
         Action.RECORD_UNDO, Action.FINISH_COMPENSATION, Action.RECOVER_COMPENSATION,
     }  # fmt: skip
 
