@@ -310,9 +310,14 @@ class Consumer:
             async with asyncio.timeout(self._policy.handler_timeout):
                 await self._handler(delivery)
         except ContractViolation as exc:
-            await self._dead_letter(message, exc.reason, str(exc))
             if holder:
-                await self._complete(delivery.message_id, holder)
+                # Once in its DLQ the message is done with; if it could not be put there it
+                # was requeued, and the redelivery must find the id free, not a duplicate.
+                dead_lettered = await self._dead_letter(message, exc.reason, str(exc))
+                finish = self._complete if dead_lettered else self._release
+                await finish(delivery.message_id, holder)
+            else:
+                await self._dead_letter(message, exc.reason, str(exc))
             return
         except ServiceUnavailable:
             raise  # held and retried by the caller; the claim stays ours (claims are re-entrant)
@@ -369,8 +374,9 @@ class Consumer:
         await asyncio.sleep(min(self._policy.requeue_backoff_cap, 0.05 * 2**deliveries))
         await message.nack(requeue=True)
 
-    async def _dead_letter(self, message: AbstractIncomingMessage, reason: str, error: str) -> None:
-        """Copy the message to its dead-letter queue with the reason, then ack the original."""
+    async def _dead_letter(self, message: AbstractIncomingMessage, reason: str, error: str) -> bool:
+        """Copy the message to its dead-letter queue with the reason, then ack the original;
+        False when the copy could not be published and the original was requeued instead."""
         headers = dict(message.headers or {})
         headers |= {
             REASON: reason,
@@ -401,7 +407,7 @@ class Consumer:
             log.exception("could not dead-letter a message; requeueing it instead")
             self._count("requeued")
             await message.nack(requeue=True)
-            return
+            return False
         self.stats.dead_lettered += 1
         self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
         self._count("dead_lettered")
@@ -411,3 +417,4 @@ class Consumer:
         if self._on_poison is not None:
             with contextlib.suppress(Exception):
                 await self._on_poison(reason, error, message)
+        return True

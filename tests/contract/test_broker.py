@@ -43,7 +43,7 @@ class Broker:
     store: PostgresStore
     consumers: list[Consumer] = field(default_factory=list)
 
-    async def consume(self, queue: str, handler, **policy) -> Consumer:
+    async def consume(self, queue: str, handler, *, dead_letters=None, **policy) -> Consumer:
         channel = await self.connection.channel()
         defaults = {
             "prefetch": 10,
@@ -60,7 +60,7 @@ class Broker:
             names=self.names,
             handler=handler,
             store=self.store,
-            dead_letter_publisher=self.publisher,
+            dead_letter_publisher=dead_letters or self.publisher,
             policy=ConsumerPolicy(**(defaults | policy)),
             holder=f"test-{uuid.uuid4().hex[:6]}",
         )
@@ -282,6 +282,36 @@ async def test_a_contract_violation_from_the_handler_dead_letters_once(broker: B
 
     await eventually(dropped, what="the repeat dropped as a duplicate")
     assert calls == ["conflicting"]
+
+
+async def test_a_poison_message_whose_dead_letter_fails_is_not_lost(broker: Broker) -> None:
+    """The dead-letter publish fails once: the message is requeued, and its redelivery is
+    handled again (not dropped as a duplicate of a delivery that never finished)."""
+    queue = broker.names.orders
+    calls: list[str] = []
+
+    class FailsOnce:
+        def __init__(self, publisher: Publisher) -> None:
+            self.publisher, self.failed = publisher, False
+
+        async def publish_raw(self, message: aio_pika.Message, **where: str) -> None:
+            if not self.failed:
+                self.failed = True
+                raise PublishRejected("the broker refused the dead letter (test)")
+            await self.publisher.publish_raw(message, **where)
+
+    async def handler(d: Delivery) -> None:
+        calls.append(d.message_id)
+        raise InvalidMessage("order data conflicts with the recorded order", reason="conflict")
+
+    flaky = FailsOnce(broker.publisher)
+    consumer = await broker.consume(queue, handler, dead_letters=flaky)
+    await send(broker, queue, message_id="unlucky")
+    dead = await eventually(lambda: broker.dead_letters(queue), what="a dead letter at last")
+    assert flaky.failed and [m.message_id for m in dead] == ["unlucky"]
+    assert dead[0].headers[REASON] == "conflict"
+    assert calls == ["unlucky", "unlucky"], "handled again after the failed dead-letter"
+    assert consumer.stats.duplicates == 0
 
 
 async def test_stop_drains_the_message_in_hand(broker: Broker) -> None:
