@@ -97,12 +97,15 @@ def resubmit(
     now: datetime,
     from_step: str | None = None,
     reset_failures: bool = True,
+    seen_updated_at: datetime | None = None,
 ) -> Update:
     """An operator sends an order in Error back to Pending with a fresh retry budget.
 
     Steps from `from_step` on (default: the first not Completed) start over; a repeated request
     of a step that had an effect gets its first outcome back from the remote service (same
-    idempotency key), so no effect is ever made twice. Expects the record as the operator saw it.
+    idempotency key), so no effect is ever made twice. Expects the record as the operator saw
+    it: last changed at `seen_updated_at` (default: `record`'s own), so an order that changed
+    since it was selected is refused, not overwritten.
     """
     check_transition(Action.RESUBMIT, record.process_state, ProcessState.PENDING)
     names = [s.name for s in workflow.steps]
@@ -125,12 +128,19 @@ def resubmit(
     }
     if reset_failures:
         fields["failure_count"] = 0
-    expect = Expect(process_state=frozenset({ProcessState.ERROR}), updated_at=record.updated_at)
+    expect = Expect(
+        process_state=frozenset({ProcessState.ERROR}),
+        updated_at=record.updated_at if seen_updated_at is None else seen_updated_at,
+    )
     return Update(expect, Changes(fields=fields, steps=steps))
 
 
-def request_compensation(record: StateRecord, *, now: datetime) -> Update:
-    """An operator asks for an order in Error or CompensationFailed to be compensated."""
+def request_compensation(
+    record: StateRecord, *, now: datetime, seen_updated_at: datetime | None = None
+) -> Update:
+    """An operator asks for an order in Error or CompensationFailed to be compensated.
+
+    Expects the record as the operator saw it (see `resubmit`)."""
     check_transition(Action.COMPENSATE, record.process_state, ProcessState.COMPENSATING)
     fields: dict[str, Any] = {
         "process_state": ProcessState.COMPENSATING,
@@ -140,5 +150,8 @@ def request_compensation(record: StateRecord, *, now: datetime) -> Update:
         "failure_count": 0,
         "updated_at": now,
     }
-    expect = Expect(process_state=frozenset({record.process_state}), updated_at=record.updated_at)
+    expect = Expect(
+        process_state=frozenset({record.process_state}),
+        updated_at=record.updated_at if seen_updated_at is None else seen_updated_at,
+    )
     return Update(expect, Changes(fields=fields))

@@ -17,7 +17,7 @@ from shared.domain.compensation import (
 from shared.domain.models import ErrorInfo, RetryBudget
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
 from shared.domain.timing import utcnow
-from shared.domain.updates import RecoveryPolicy, apply
+from shared.domain.updates import RecoveryPolicy, apply, matches
 from shared.domain.workflow import ORDER_WORKFLOW
 from shared.errors import IllegalTransition
 from tests.support.factories import order_pair
@@ -119,3 +119,20 @@ def test_the_order_workflow_compensates_declines_and_parks_outages() -> None:
     assert ORDER_WORKFLOW.compensates(
         ErrorKind.BUDGET_EXHAUSTED, frozenset({ErrorKind.BUDGET_EXHAUSTED})
     )
+
+
+def test_operator_updates_expect_the_record_as_it_was_selected() -> None:
+    """A bulk action expects the `updated_at` of its selection, not of a later read, so an order
+    that changed in between is refused by the store; named orders expect the record as read."""
+    r = record(ProcessState.ERROR)
+    selected = r.updated_at - S
+    now = utcnow()
+    assert resubmit(r, ORDER_WORKFLOW, now=now, seen_updated_at=selected).expect.updated_at == (
+        selected
+    )
+    assert request_compensation(r, now=now, seen_updated_at=selected).expect.updated_at == (
+        selected
+    )
+    assert request_compensation(r, now=now).expect.updated_at == r.updated_at
+    assert not matches(r, resubmit(r, ORDER_WORKFLOW, now=now, seen_updated_at=selected).expect)
+    assert matches(r, resubmit(r, ORDER_WORKFLOW, now=now).expect)
