@@ -20,6 +20,7 @@ from shared.domain.journal import CompensationEntry, UndoStatus
 from shared.domain.models import StateRecord
 from shared.domain.states import ProcessState, StepStatus
 from shared.domain.workflow import get_workflow
+from shared.store.port import StateQuery
 
 
 def plain_console(*, stderr: bool = False) -> Console:
@@ -85,6 +86,26 @@ def current_step(record: StateRecord) -> str | None:
         state = record.steps.get(name)
         if state is not None and state.status is not StepStatus.COMPLETED:
             return name
+    return None
+
+
+def unselected_because(record: StateRecord, query: StateQuery, step: str | None) -> str | None:
+    """Why the record no longer matches the query (and step) that selected it; None if it does.
+
+    The store's `query_states` semantics, checked again when an operator's bulk action reaches
+    the order: the selection may be minutes old by then (a paced resubmission)."""
+    if query.states is not None and record.process_state not in query.states:
+        wanted = " or ".join(sorted(s.value for s in query.states))
+        return f"state {record.process_state.value}, not {wanted}"
+    if query.error_kind is not None:
+        kind = None if record.error is None else record.error.kind
+        if kind is not query.error_kind:
+            now = "no error" if kind is None else f"error kind {kind.value}"
+            return f"{now}, not {query.error_kind.value}"
+    if query.changed_before is not None and record.updated_at >= query.changed_before:
+        return "changed more recently than --older-than allows"
+    if step is not None and (at := current_step(record)) != step:
+        return f"at step {at or '(none)'}, not {step}"
     return None
 
 

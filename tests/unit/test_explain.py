@@ -14,12 +14,14 @@ from services.cli.explain import (
     next_action,
     parse_duration,
     undo_plan,
+    unselected_because,
 )
 from shared.config import Settings
 from shared.domain.journal import CompensationEntry, UndoStatus
 from shared.domain.models import ErrorInfo, StateRecord
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
 from shared.domain.timing import utcnow
+from shared.store.port import StateQuery
 from tests.support.factories import order_pair
 
 S = timedelta(seconds=1)
@@ -145,3 +147,30 @@ def test_the_undo_plan_runs_newest_first_and_skips_done_undos() -> None:
         ("reserve", True),
     ]
     assert plan[0].idempotency_key == "o-1:ship:undo"
+
+
+def test_a_selected_order_is_checked_against_its_query_again() -> None:
+    now = utcnow()
+    error = ErrorInfo(kind=ErrorKind.RECOVERY_LIMIT, message="recovered 2 times", at=now)
+    parked = record(ProcessState.ERROR, error=error, updated_at=now - 3 * S)
+    query = StateQuery(
+        states=frozenset({ProcessState.ERROR}),
+        changed_before=now - 2 * S,
+        error_kind=ErrorKind.RECOVERY_LIMIT,
+    )
+    assert unselected_because(parked, query, "reserve") is None
+    assert unselected_because(parked, StateQuery(), None) is None
+    pending = parked.model_copy(update={"process_state": ProcessState.PENDING, "error": None})
+    assert unselected_because(pending, query, None) == "state Pending, not Error"
+    declined = error.model_copy(update={"kind": ErrorKind.PERMANENT})
+    assert (
+        unselected_because(parked.model_copy(update={"error": declined}), query, None)
+        == "error kind permanent, not recovery-limit"
+    )
+    assert (
+        unselected_because(parked.model_copy(update={"error": None}), query, None)
+        == "no error, not recovery-limit"
+    )
+    recent = parked.model_copy(update={"updated_at": now - S})
+    assert "--older-than" in (unselected_because(recent, query, None) or "")
+    assert unselected_because(parked, query, "charge") == "at step reserve, not charge"
