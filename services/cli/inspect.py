@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import sys
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +28,9 @@ from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.store.factory import open_store
 
+COUNT_CAP = 1000
+"""The most stuck Pending and overdue orders `stats` reads; beyond it, it says `1000+`."""
+
 
 async def gather_stats(settings: Settings) -> dict[str, Any]:
     """Orders per state, stuck and overdue orders, queue depths, running processes, open
@@ -36,13 +40,14 @@ async def gather_stats(settings: Settings) -> dict[str, Any]:
     try:
         by_state = await store.count_by_state()
         lease = await store.lease_get(LEASE)
+        # One more than the cap, to tell "exactly the cap" from "more than the cap".
         stuck = await store.find_stuck_pending(
-            due_before=now - timedelta(seconds=settings.stuck_pending_s), limit=1000
+            due_before=now - timedelta(seconds=settings.stuck_pending_s), limit=COUNT_CAP + 1
         )
         overdue = await store.scan_expired(
             now=now - timedelta(seconds=settings.step_timeout_s),
             states=frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING}),
-            limit=1000,
+            limit=COUNT_CAP + 1,
         )
         components = await store.list_status(now=now)
     finally:
@@ -72,8 +77,11 @@ async def gather_stats(settings: Settings) -> dict[str, Any]:
         "hub": settings.hub,
         "at": now.isoformat(),
         "by_state": {state.value: n for state, n in by_state.items()},
-        "stuck_pending": [r.order_id for r in stuck],
-        "overdue": [r.order_id for r in overdue.records],
+        "stuck_pending": [r.order_id for r in stuck[:COUNT_CAP]],
+        "stuck_pending_capped": len(stuck) > COUNT_CAP,
+        "overdue": [r.order_id for r in overdue.records[:COUNT_CAP]],
+        "overdue_capped": len(overdue.records) > COUNT_CAP,
+        "count_cap": COUNT_CAP,
         "queues": queues,
         "processes": [
             {
@@ -100,6 +108,14 @@ def _status_text(data: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _orders_line(title: str, result: dict[str, Any], key: str) -> str:
+    """`stuck Pending orders: 3 (e.g. …)`, or `1000+` when there were more than it read."""
+    ids: list[str] = result[key]
+    count = f"{result['count_cap']}+" if result[f"{key}_capped"] else str(len(ids))
+    examples = f" (e.g. {', '.join(ids[:3])})" if ids else ""
+    return f"{title}: {count}{examples}"
+
+
 def render_stats(result: dict[str, Any]) -> Group:
     hub = result["hub"]
     states = Table(title=f"orders in hub {hub}")
@@ -119,10 +135,8 @@ def render_stats(result: dict[str, Any]) -> Group:
     lines = [
         f"supervisor leader: {result['leader'] or 'NONE (no supervisor holds the lease)'}",
         "open circuit breakers: " + (", ".join(result["open_breakers"]) or "none"),
-        f"stuck Pending orders: {len(result['stuck_pending'])}"
-        + (f" (e.g. {', '.join(result['stuck_pending'][:3])})" if result["stuck_pending"] else ""),
-        f"overdue running orders: {len(result['overdue'])}"
-        + (f" (e.g. {', '.join(result['overdue'][:3])})" if result["overdue"] else ""),
+        _orders_line("stuck Pending orders", result, "stuck_pending"),
+        _orders_line("overdue running orders", result, "overdue"),
     ]
     return Group(states, queues, processes, *lines)
 
@@ -131,7 +145,9 @@ def render_stats(result: dict[str, Any]) -> Group:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def stats(ctx: click.Context, as_json: bool) -> None:
-    """Orders per state, stuck orders, queue depths, processes, open breakers, the leader."""
+    """Orders per state, stuck and overdue orders, queue depths, processes, open breakers, the
+    leader. Stuck and overdue orders are counted up to 1000 (`1000+` beyond; in JSON,
+    `stuck_pending_capped` / `overdue_capped`)."""
     settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
     result = asyncio.run(gather_stats(settings))
     if as_json:
@@ -141,25 +157,41 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.2))
+@click.option(
+    "--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.2), help="Seconds."
+)
 @click.option("--count", type=click.IntRange(min=1), help="Stop after this many refreshes.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object per line per refresh (as `stats --json`) instead of a live view.",
+)
 @click.pass_context
-def watch(ctx: click.Context, interval: float, count: int | None) -> None:
-    """A live view of `stats` that refreshes until Ctrl-C."""
+def watch(ctx: click.Context, interval: float, count: int | None, as_json: bool) -> None:
+    """A live view of `stats` that refreshes until Ctrl-C (or `--count` refreshes)."""
     settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
 
-    async def loop() -> None:
-        console = plain_console()
-        with Live(console=console, auto_refresh=False) as live:
-            n = 0
-            while count is None or n < count:
-                if n:
-                    await asyncio.sleep(interval)
-                live.update(render_stats(await gather_stats(settings)), refresh=True)
-                n += 1
+    async def snapshots() -> AsyncIterator[dict[str, Any]]:
+        n = 0
+        while count is None or n < count:
+            if n:
+                await asyncio.sleep(interval)
+            yield await gather_stats(settings)
+            n += 1
+
+    async def live_view() -> None:
+        with Live(console=plain_console(), auto_refresh=False) as live:
+            async for result in snapshots():
+                live.update(render_stats(result), refresh=True)
+
+    async def json_lines() -> None:
+        async for result in snapshots():
+            click.echo(json.dumps(result))
+            sys.stdout.flush()  # a reader of a pipe sees each refresh as it comes
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(loop())
+        asyncio.run(json_lines() if as_json else live_view())
 
 
 @click.group()
