@@ -267,14 +267,16 @@ def _replayable(message: AbstractIncomingMessage, by: str) -> aio_pika.Message:
 @dlq.command("purge")
 @click.option("--queue", help="One input queue (orders, payment, …); default all.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the messages deleted per DLQ.")
 @click.pass_context
-def purge_cmd(ctx: click.Context, queue: str | None, yes: bool) -> None:
-    """Delete dead-lettered messages for good (asks first)."""
+def purge_cmd(ctx: click.Context, queue: str | None, yes: bool, as_json: bool) -> None:
+    """Delete dead-lettered messages for good (asks first, on stderr, unless --yes)."""
     settings = _settings(ctx)
     sources = source_queues(Names(settings.hub), queue)
     dlqs = [Names.dlq(s) for s in sources]
     if not yes:
-        click.confirm(f"Delete every message in {', '.join(dlqs)} for good?", abort=True)
+        # The question goes to stderr: stdout stays the report (JSON with --json).
+        click.confirm(f"Delete every message in {', '.join(dlqs)} for good?", abort=True, err=True)
 
     async def purge() -> dict[str, int]:
         purged: dict[str, int] = {}
@@ -287,5 +289,9 @@ def purge_cmd(ctx: click.Context, queue: str | None, yes: bool) -> None:
             await channel.close()
         return purged
 
-    for name, n in asyncio.run(purge()).items():
+    purged = asyncio.run(purge())
+    if as_json:
+        click.echo(json.dumps({"purged": purged}))
+        return
+    for name, n in purged.items():
         click.echo(f"{name}: {n} message(s) deleted")
