@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import aio_pika
 import pytest
 
+from services.cli import orders as cli_orders
+from services.cli.explain import current_step
 from shared.broker.connection import connect
 from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
 from shared.broker.topology import Names
 from shared.domain.journal import HistoryEventType
 from shared.domain.messages import SubmitOrder
-from shared.domain.states import ProcessState
+from shared.domain.models import ErrorInfo, StateRecord
+from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.timing import utcnow
+from shared.domain.updates import Changes, Expect
 from tests.conftest import POSTGRES_URL, RABBITMQ_URL
 from tests.support.factories import order_data
 from tests.support.topology import Topology, running_topology
@@ -49,7 +55,7 @@ def one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
 
 
 async def test_find_an_error_order_show_it_and_resubmit_it_once_the_remote_is_back(
-    topo: Topology,
+    topo: Topology, capsys: pytest.CaptureFixture[str]
 ) -> None:
     topo.env = topo.env | {"ORDERFLOW_FAILURE_THRESHOLD": "2"}
     await topo.start_all()
@@ -105,23 +111,114 @@ async def test_find_an_error_order_show_it_and_resubmit_it_once_the_remote_is_ba
     after = as_json(topo.cli("orders", "list", "--state", "Error", "--json"))
     assert {o["order_id"]: o["updated_at"] for o in after["orders"]} == before, "dry run"
 
+    # The selection `resubmit --state Error --error-kind recovery-limit` makes; then two of its
+    # orders change (through the store, as another writer would) before the action runs.
+    query = cli_orders.selection_query("Error", "recovery-limit", None, now=utcnow())
+    selection = await cli_orders.select(topo.store, query, None)
+    assert sorted(o for o, _ in selection.orders) == sorted(ids)
+    _, old, declined = ids
+    await _change(topo, old, updated_at=utcnow() - timedelta(hours=2))
+    card = ErrorInfo(kind=ErrorKind.PERMANENT, message="card declined", at=utcnow())
+    await _change(topo, declined, error=card, updated_at=utcnow())
+    # The listing filters leave out what does not match.
+    assert _listed(topo, "--older-than", "1h") == {old}
+    assert _listed(topo, "--error-kind", "permanent") == {declined}
+    assert _listed(topo, "--state", "Error", "--error-kind", "recovery-limit") == {order_id, old}
+
     await topo.remote.set_faults(outage=False)
+    action = cli_orders.resubmit_action(None, keep_failures=False)
+    outcomes = await cli_orders.act(
+        topo.store, selection, action, "alice", dry_run=False, rate=None
+    )
+    assert dict(outcomes) == {
+        order_id: "Error -> Pending",
+        old: "refused: changed since it was selected (now Error); select it again",
+        declined: "refused: changed since it was selected (now Error): "
+        "error kind permanent, not recovery-limit",
+    }
+    with pytest.raises(SystemExit) as exited:
+        cli_orders.report(outcomes, as_json=False, dry_run=False)
+    assert exited.value.code == 1
+    assert "1 changed, 2 refused" in capsys.readouterr().out
+    for refused_id in (old, declined):
+        state = await topo.store.get_state(refused_id)
+        assert state is not None and state.process_state is ProcessState.ERROR
+        assert await topo.history(refused_id, HistoryEventType.RESUBMITTED) == []
+
     done = as_json(topo.cli("orders", "resubmit", "--state", "Error", "--by", "oncall", "--json"))
-    assert sorted(d["order_id"] for d in done["done"]) == sorted(ids)
+    assert sorted(d["order_id"] for d in done["done"]) == sorted([old, declined])
 
     async def processed() -> bool:
         return (await topo.counts())[ProcessState.PROCESSED] == 3
 
     await eventually(processed, timeout=30, what="the resubmitted orders Processed")
-    resubmitted = await topo.history(order_id, HistoryEventType.RESUBMITTED)
-    assert [e.data["by"] for e in resubmitted] == ["oncall"]
+    [resubmitted] = await topo.history(order_id, HistoryEventType.RESUBMITTED)
+    assert resubmitted.data == {
+        "by": "alice",
+        "from": "Error",
+        "from_step": "reserve",
+        "reset_failures": True,
+    }
+    assert [e.data["by"] for e in await topo.history(old, HistoryEventType.RESUBMITTED)] == [
+        "oncall"
+    ]
 
     again = topo.cli("orders", "resubmit", order_id)
     assert again.returncode == 1
     assert "refused: resubmit" in again.stdout or "refused" in again.stdout
     assert "0 changed, 1 refused" in again.stdout
+    await _resubmit_from_a_completed_step(topo)
     report = await topo.audit()
     assert report["ok"], report["violations"]
+
+
+async def _resubmit_from_a_completed_step(topo: Topology) -> None:
+    """An order stopped at ship, resubmitted from charge: reserve is not run again, charge and
+    ship are, and the remote service made each effect once (charge's repeat got its first
+    outcome back, same idempotency key)."""
+    await topo.remote.set_faults(fail_operations=["shipping.create"])
+    ok(topo.cli("submit", "--order-id", "o-ship"))
+
+    async def parked() -> StateRecord | None:
+        state = await topo.store.get_state("o-ship")
+        return state if state and state.process_state is ProcessState.ERROR else None
+
+    stopped = await eventually(parked, timeout=60, what="o-ship parked in Error at ship")
+    assert stopped is not None and current_step(stopped) == "ship"
+    await topo.remote.set_faults(fail_operations=[])
+    args = ("o-ship", "--from-step", "charge", "--keep-failures", "--json")
+    assert as_json(topo.cli("orders", "resubmit", *args))["done"][0]["order_id"] == "o-ship"
+
+    async def processed() -> StateRecord | None:
+        state = await topo.store.get_state("o-ship")
+        return state if state and state.process_state is ProcessState.PROCESSED else None
+
+    finished = await eventually(processed, timeout=30, what="o-ship Processed")
+    assert finished is not None
+    assert finished.steps["reserve"] == stopped.steps["reserve"], "reserve was not run again"
+    assert finished.steps["charge"].completed_at != stopped.steps["charge"].completed_at
+    completed = Counter(
+        e.step for e in await topo.history("o-ship", HistoryEventType.STEP_COMPLETED)
+    )
+    assert completed == {"reserve": 1, "charge": 2, "ship": 1}
+    [event] = await topo.history("o-ship", HistoryEventType.RESUBMITTED)
+    assert (event.data["from_step"], event.data["reset_failures"]) == ("charge", False)
+    effects = await topo.remote.ledger(order_id="o-ship", account=topo.hub)
+    assert Counter(e["operation"] for e in effects if e["outcome"] == "applied") == {
+        "inventory.reserve": 1,
+        "payment.charge": 1,
+        "shipping.create": 1,
+    }
+
+
+async def _change(topo: Topology, order_id: str, **fields: Any) -> None:
+    changed = await topo.store.update_state(order_id, Expect(), Changes(fields=fields))
+    assert changed is not None
+
+
+def _listed(topo: Topology, *args: str) -> set[str]:
+    found = as_json(topo.cli("orders", "list", *args, "--json"))["orders"]
+    return {o["order_id"] for o in found}
 
 
 async def test_compensate_prints_its_plan_and_a_dry_run_changes_nothing(topo: Topology) -> None:
@@ -203,6 +300,9 @@ async def test_dead_letters_are_listed_shown_replayed_once_and_purged(topo: Topo
         assert "malformed" in ok(topo.cli("dlq", "list", "--queue", "orders"))
         shown = ok(topo.cli("dlq", "show", "p-1"))
         assert "reason: malformed" in shown and "{not json" in shown
+        [poisoned] = as_json(topo.cli("dlq", "show", "p-1", "--json"))["messages"]
+        assert (poisoned["reason"], poisoned["body"]) == ("malformed", "{not json")
+        assert poisoned["headers"][SOURCE_QUEUE] == names.orders
 
         replayed = as_json(topo.cli("dlq", "replay", "order:o-replayed:1", "--json"))
         assert replayed["replayed"] == [{"message_id": "order:o-replayed:1", "queue": names.orders}]
@@ -229,8 +329,10 @@ async def test_dead_letters_are_listed_shown_replayed_once_and_purged(topo: Topo
         refused = topo.cli("dlq", "purge", input="n\n")
         assert refused.returncode != 0
         assert len(as_json(topo.cli("dlq", "list", "--json"))["messages"]) == 1
-        assert "1 message(s) deleted" in ok(topo.cli("dlq", "purge", "--queue", "orders", "--yes"))
+        purged = as_json(topo.cli("dlq", "purge", "--queue", "orders", "--yes", "--json"))
+        assert purged == {"purged": {names.dlq(names.orders): 1}}
         assert as_json(topo.cli("dlq", "list", "--json"))["messages"] == []
+        assert "0 message(s) deleted" in ok(topo.cli("dlq", "purge", "--queue", "orders", "--yes"))
     finally:
         await connection.close()
 
@@ -257,10 +359,16 @@ async def test_alerts_stats_and_watch(topo: Topology) -> None:
     assert stats["leader"] == f"{topo.hub}-supervisor-1"
     assert stats["queues"][f"{topo.hub}.orders"] == 0
     assert stats["stuck_pending"] == [] and stats["overdue"] == []
+    assert not stats["stuck_pending_capped"] and not stats["overdue_capped"]
     human = ok(topo.cli("stats"))
     assert "supervisor leader" in human and "open circuit breakers" in human
+    assert "stuck Pending orders: 0" in human
     watched = ok(topo.cli("watch", "--count", "2", "--interval", "0.2"))
     assert "orders in hub" in watched
+    lines = ok(topo.cli("watch", "--json", "--count", "2", "--interval", "0.2")).splitlines()
+    snapshots = [json.loads(line) for line in lines]
+    assert len(snapshots) == 2 and all(set(s) == set(stats) for s in snapshots)
+    assert snapshots[0]["at"] < snapshots[1]["at"]
 
 
 async def test_bad_input_and_unreachable_servers_give_one_line_and_an_exit_code(
