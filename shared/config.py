@@ -189,6 +189,16 @@ class Settings(BaseSettings):
     """How long a held-back reply waits (longer than the step timeout: a late reply)."""
     fault_seed: int | None = None
     """Seed of the fault choices above."""
+    fault_crash_at: str | None = Field(
+        default=None,
+        pattern=r"^(claim-uncommitted|after-claim|after-request|after-undo-request)$",
+    )
+    """Scheduler crash drill: exit at once, as `kill -9` would, at this point of its
+    `fault_crash_after`-th attempt: `claim-uncommitted` (a claim made but not committed;
+    PostgreSQL), `after-claim` (claimed, nothing else done), `after-request` (a step request
+    out, its reply not recorded), `after-undo-request` (an undo request out)."""
+    fault_crash_after: int = Field(default=1, ge=1)
+    """Which attempt reaching `fault_crash_at` ends the scheduler (lets load build up first)."""
 
     # -- logging
     log_level: str = Field(default="INFO", pattern=r"^(?i:debug|info|warning|error|critical)$")

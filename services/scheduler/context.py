@@ -15,8 +15,9 @@ from shared.broker.private import ReplyRouter
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
 from shared.config import Settings
+from shared.crash import crash_point
 from shared.domain.journal import CompensationEntry, HistoryEvent
-from shared.domain.messages import StepReply, StepRequest
+from shared.domain.messages import StepAction, StepReply, StepRequest
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.timing import utcnow
 from shared.domain.updates import RecoveryPolicy, Update, extend_deadline
@@ -130,6 +131,8 @@ class AttemptContext:
             request = await self._send(agent, message_id, renew, fields)
             if request is None:
                 return None
+            undo = request.action is StepAction.UNDO
+            crash_point("after-undo-request" if undo else "after-request")
             left = (request.complete_by - utcnow()).total_seconds()
             reply = await asyncio.wait_for(waiting, timeout=max(0.0, left))
         except TimeoutError:

@@ -14,8 +14,10 @@ from services.scheduler.compensator import Compensator
 from services.scheduler.context import AttemptContext
 from services.scheduler.leader_watch import LeaderWatch
 from services.scheduler.runner import OrderRunner
+from shared import crash
 from shared.bootstrap import Runtime
 from shared.broker.private import PrivateQueue, ReplyRouter
+from shared.crash import crash_point
 from shared.domain.journal import HistoryEventType
 from shared.domain.models import StateRecord
 from shared.domain.timing import utcnow
@@ -51,6 +53,7 @@ class Scheduler:
         return {"inflight": len(self._tasks), "started": self.started}
 
     async def run(self, stop: asyncio.Event) -> None:
+        crash.arm(self._settings.fault_crash_at, self._settings.fault_crash_after)
         await self._replies.start()
         ctx = AttemptContext(
             store=self._rt.store,
@@ -150,6 +153,8 @@ class Scheduler:
             compensating=compensating,
         )
         CLAIMS.labels("compensation" if compensating else "forward").inc(len(claimed))
+        if claimed and not compensating:
+            crash_point("after-claim", len(claimed))
         return claimed
 
     def _spawn(self, run: Attempt, record: StateRecord) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import asyncpg
 
+from shared import crash
 from shared.domain.journal import (
     Alert,
     CompensationEntry,
@@ -282,8 +283,7 @@ class PostgresStore:
         )
         # One round trip for a whole batch; SKIP LOCKED lets concurrent claimers pass each
         # other by instead of queueing on the same rows.
-        rows = await self._pool.fetch(
-            f"""
+        statement = f"""
             UPDATE {self._s}.state AS s
                SET process_state = '{target}', attempt = s.attempt + 1,
                    locked_by = s.order_id || ':' || (s.attempt + 1), owner = $3,
@@ -296,12 +296,15 @@ class PostgresStore:
                      FOR UPDATE SKIP LOCKED) AS due
              WHERE s.order_id = due.order_id
             RETURNING s.*
-            """,
-            now,
-            limit,
-            owner,
-            complete_by,
-        )
+            """
+        args = (now, limit, owner, complete_by)
+        if not compensating and crash.armed("claim-uncommitted"):
+            # The crash drill: the same statement in a transaction the process dies inside.
+            async with self._pool.acquire() as conn, conn.transaction():
+                rows = await conn.fetch(statement, *args)
+                crash.crash_point("claim-uncommitted", len(rows))
+        else:
+            rows = await self._pool.fetch(statement, *args)
         return [state_from(dict(r)) for r in rows]
 
     async def scan_expired(

@@ -143,3 +143,76 @@ async def test_kill_a_scheduler_during_compensation(topo: Topology) -> None:
     effects = await topo.remote.ledger()
     released = {e["order_id"] for e in effects if e["operation"] == "inventory.release"}
     assert released == set(run.order_ids)
+
+
+# -- a scheduler killed at each point of an attempt (the crash drill: exactly there, not
+# wherever a signal happens to land)
+
+DRILLS = {
+    "claim-uncommitted": "its claim made but not committed",
+    "after-claim": "its claim committed, nothing else done",
+    "after-request": "a step request sent, its reply not recorded",
+    "after-undo-request": "an undo request sent during compensation",
+}
+
+
+@pytest.mark.parametrize("point", list(DRILLS))
+async def test_a_scheduler_dies_at_each_point_of_an_attempt(topo: Topology, point: str) -> None:
+    run = FaultRun(topo, f"scheduler exits {DRILLS[point]} (1 of 2)")
+    undoing = point == "after-undo-request"
+    # scheduler-1 carries the drill; it dies at its 5th attempt reaching the point, with work
+    # in hand (at its first claim for `claim-uncommitted`, so it never commits one). Every
+    # payment is declined in the compensation run, so the attempts undo.
+    topo.serve(
+        "scheduler-1",
+        "scheduler",
+        ORDERFLOW_FAULT_CRASH_AT=point,
+        ORDERFLOW_FAULT_CRASH_AFTER="1" if point == "claim-uncommitted" else "5",
+    )
+    remote = {"ORDERFLOW_REMOTE_DECLINE_RATE": "1"} if undoing else {}
+    await topo.start_all(schedulers=2, **remote)
+    run.submit(60, seed=16)
+
+    async def died() -> bool:
+        return topo.procs["scheduler-1"].poll() is not None
+
+    await eventually(died, timeout=30, what=f"scheduler-1 exiting at {point}")
+    run.struck()
+    assert topo.procs["scheduler-1"].returncode == 137
+    assert f"crash drill: exiting at {point}" in topo.logs("scheduler-1")
+
+    final = ProcessState.COMPENSATED if undoing else ProcessState.PROCESSED
+    states = await run.settle(timeout=90, all_in=final)
+    dead = f"{topo.hub}-scheduler-1"
+    history = {s.order_id: await topo.store.read_history(s.order_id) for s in states}
+    started_by_dead = {
+        order_id
+        for order_id, events in history.items()
+        if any(
+            e.type is HistoryEventType.EXECUTION_STARTED and e.data.get("by") == dead
+            for e in events
+        )
+    }
+    if point == "claim-uncommitted":
+        # The claim died with its transaction: its orders were claimed afresh, at attempt 1,
+        # by the living scheduler, as if the dead one had never tried.
+        assert not started_by_dead
+        assert all(s.owner == f"{topo.hub}-scheduler-2" and s.attempt == 1 for s in states)
+    else:
+        # What the dead scheduler held was finished by later attempts of the other one.
+        orphans = [s for s in states if s.order_id in started_by_dead and s.attempt >= 2]
+        assert orphans, "the dead scheduler's orders were finished by later attempts"
+    effects = await topo.remote.ledger()
+    if point == "after-request":
+        # The agent acted on a request whose reply nobody recorded: the effect is the dead
+        # attempt's, and the later attempt that finished the order, asking again under the same
+        # idempotency key, got its outcome without a second effect (settle counts them).
+        attempts = {s.order_id: s.attempt for s in states}
+        assert any(
+            e["fencing_token"] == f"{e['order_id']}:1" and attempts[e["order_id"]] >= 2
+            for e in effects
+            if e["order_id"] in started_by_dead
+        )
+    if undoing:
+        released = [e for e in effects if e["operation"] == "inventory.release"]
+        assert sorted(e["order_id"] for e in released) == sorted(run.order_ids)

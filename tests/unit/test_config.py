@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from shared import crash
 from shared.config import Settings, load_settings
 from shared.domain.states import ErrorKind
 from shared.domain.workflow import get_workflow
@@ -91,3 +92,16 @@ def test_a_compensation_policy_that_cannot_take_effect_is_refused(
     monkeypatch.setenv("ORDERFLOW_COMPENSATE_ON", value)
     with pytest.raises(ConfigurationError, match=says):
         load_settings()
+
+
+def test_the_crash_drill_knows_its_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORDERFLOW_FAULT_CRASH_AT", "mid-air")
+    with pytest.raises(ConfigurationError, match="ORDERFLOW_FAULT_CRASH_AT"):
+        load_settings()
+    with pytest.raises(ValueError, match="unknown crash point"):
+        crash.arm("mid-air")
+    crash.arm("after-claim", 2)
+    assert crash.armed("after-claim") and not crash.armed("after-request")
+    crash.crash_point("after-claim")  # the first of two: still alive
+    crash.arm(None)
+    assert not crash.armed("after-claim")
