@@ -25,17 +25,22 @@ from tests.support.waiting import eventually
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres, pytest.mark.faults]
 
 
-async def test_duplicate_delivery_of_every_message_type(topo: Topology) -> None:
+@pytest.mark.parametrize("declines", ["park", "compensate"])
+async def test_duplicate_delivery_of_every_message_type(topo: Topology, declines: str) -> None:
+    compensate = declines == "compensate"
     run = FaultRun(
-        topo, "every message published twice (orders, requests, replies, statuses, alerts)"
+        topo,
+        "every message published twice (orders, requests, replies, statuses, alerts"
+        + (", undo requests and replies)" if compensate else ")"),
     )
     # Every publisher of every process (and `submit`) sends each message twice with the same
-    # message_id. Declines park some orders in Error, so alerts are duplicated too.
+    # message_id. Declines park some orders in Error (so alerts are duplicated too), or are
+    # compensated (so undo requests and their replies are).
     everywhere(
         topo,
         ORDERFLOW_FAULT_DUPLICATE_RATE="1",
         ORDERFLOW_FAULT_SEED="21",
-        ORDERFLOW_COMPENSATE_ON="budget-exhausted",
+        ORDERFLOW_COMPENSATE_ON="permanent" if compensate else "budget-exhausted",
     )
     await topo.start_all(ORDERFLOW_REMOTE_DECLINE_RATE="0.1")
     run.struck()
@@ -47,17 +52,28 @@ async def test_duplicate_delivery_of_every_message_type(topo: Topology) -> None:
 
     states = await run.settle(timeout=60)
     by_state = Counter(s.process_state for s in states)
-    assert by_state[ProcessState.PROCESSED] + by_state[ProcessState.ERROR] == 100
-    assert by_state[ProcessState.ERROR] > 0
+    failed = ProcessState.COMPENSATED if compensate else ProcessState.ERROR
+    assert by_state[ProcessState.PROCESSED] + by_state[failed] == 100
+    assert by_state[failed] > 0
     # One final status per order reached the submitter, though each was sent twice.
     assert result["final"] == {
         "Completed": by_state[ProcessState.PROCESSED],
-        "Failed": by_state[ProcessState.ERROR],
+        "Compensated" if compensate else "Failed": by_state[failed],
     }
     for label in ("submission", "inventory", "payment", "shipping"):
         assert "duplicate message dropped" in topo.logs(label), label
+    # The second copy of every reply finds its request answered already.
+    assert "late or unknown reply ignored" in topo.logs("scheduler-1")
     for order_id in run.order_ids:
         assert len(await topo.history(order_id, HistoryEventType.ORDER_SUBMITTED)) == 1
+    if compensate:
+        # Each compensated order's reservation released once, though its undo was sent twice.
+        effects = await topo.remote.ledger()
+        released = Counter(e["order_id"] for e in effects if e["operation"] == "inventory.release")
+        assert released == Counter(
+            s.order_id for s in states if s.process_state is ProcessState.COMPENSATED
+        )
+        return
     alerts = await topo.store.list_alerts(limit=1000)
     errors = [a.order_id for a in alerts if a.kind is AlertKind.ORDER_ERROR]
     assert sorted(errors) == sorted(
