@@ -29,6 +29,7 @@ PAGE = 5000
 class AuditReport:
     orders: int = 0
     effects: int = 0
+    dead_letters: int = 0
     by_state: dict[str, int] = field(default_factory=dict)
     violations: list[dict[str, Any]] = field(default_factory=list)
 
@@ -39,6 +40,7 @@ class AuditReport:
         return {
             "orders": self.orders,
             "effects": self.effects,
+            "dead_letters": self.dead_letters,
             "by_state": self.by_state,
             "violations": self.violations,
             "ok": not self.violations,
@@ -159,6 +161,18 @@ def _missing_effects(state: StateRecord, applied: Applied) -> list[str]:
             if applied.get((order_id, step.operation)) and not applied.get((order_id, step.undo))
         ]
     return []
+
+
+def check_dead_letters(report: AuditReport, letters: list[dict[str, Any]]) -> None:
+    """Invariant 5: every refused message sits in its dead-letter queue with a reason."""
+    report.dead_letters = len(letters)
+    for letter in letters:
+        if not letter.get("reason"):
+            report.violate(
+                5,
+                None,
+                f"dead letter {letter.get('message_id')} in {letter.get('queue')} has no reason",
+            )
 
 
 def _check_fenced_effects(report: AuditReport, effects: list[dict[str, Any]]) -> None:

@@ -95,6 +95,20 @@ async def _fetch(channel: AbstractChannel, source: str) -> list[AbstractIncoming
     return got
 
 
+async def dead_letters(settings: Settings, sources: list[str]) -> list[dict[str, Any]]:
+    """Every dead letter of these input queues, described (they stay where they are)."""
+    now = utcnow()
+    rows: list[dict[str, Any]] = []
+    async with _broker(settings) as connection:
+        for source in sources:
+            channel = await connection.channel()
+            try:
+                rows += [describe(source, m, now) for m in await _fetch(channel, source)]
+            finally:
+                await channel.close()
+    return rows
+
+
 @click.group()
 def dlq() -> None:
     """Dead-lettered messages per input queue: list, show, replay, purge."""
@@ -107,22 +121,8 @@ def dlq() -> None:
 def list_cmd(ctx: click.Context, queue: str | None, as_json: bool) -> None:
     """Dead-lettered messages with their reasons (the messages stay where they are)."""
     settings = _settings(ctx)
-    names = Names(settings.hub)
-    sources = source_queues(names, queue)
-
-    async def collect() -> list[dict[str, Any]]:
-        now = utcnow()
-        rows: list[dict[str, Any]] = []
-        async with _broker(settings) as connection:
-            for source in sources:
-                channel = await connection.channel()
-                try:
-                    rows += [describe(source, m, now) for m in await _fetch(channel, source)]
-                finally:
-                    await channel.close()
-        return rows
-
-    rows = asyncio.run(collect())
+    sources = source_queues(Names(settings.hub), queue)
+    rows = asyncio.run(dead_letters(settings, sources))
     if as_json:
         click.echo(json.dumps({"messages": rows}))
         return

@@ -16,6 +16,8 @@ from rich.live import Live
 from rich.table import Table
 
 from services.cli.audit import audit as run_audit
+from services.cli.audit import check_dead_letters
+from services.cli.dlq import dead_letters
 from services.cli.explain import add_columns, human_age, parse_duration, plain_console
 from services.cli.orders import BadInput
 from services.remote.client import RemoteClient
@@ -244,6 +246,7 @@ async def _audit(settings: Settings, grace: float) -> dict[str, Any]:
         report = await run_audit(store, effects, now=utcnow(), grace=timedelta(seconds=grace))
     finally:
         await store.close()
+    check_dead_letters(report, await dead_letters(settings, Names(settings.hub).input_queues()))
     return report.to_json()
 
 
@@ -257,14 +260,19 @@ async def _audit(settings: Settings, grace: float) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def audit(ctx: click.Context, grace: float, as_json: bool) -> None:
-    """Check DESIGN §8's invariants against the store and the remote ledger (exit 1 on any)."""
+    """Check DESIGN §8's invariants against the store, the remote ledger and the dead-letter
+    queues (exit 1 on any violation): 1 every order settled or recoverable; 2 one effect per
+    step, every effect of a compensated order undone; 3 no write or effect by a superseded
+    attempt; 4 no order's data replaced after its first submission; 5 every dead letter has a
+    reason. (That each process keeps running after bad input is for the fault suite to show.)"""
     settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
     result = asyncio.run(_audit(settings, grace))
     if as_json:
         click.echo(json.dumps(result))
     else:
         click.echo(
-            f"{result['orders']} orders, {result['effects']} ledger effects; "
+            f"{result['orders']} orders, {result['effects']} ledger effects, "
+            f"{result['dead_letters']} dead letters; "
             + ", ".join(f"{k}: {v}" for k, v in result["by_state"].items())
         )
         for v in result["violations"]:
