@@ -3,7 +3,10 @@
 DESIGN §6: tenacity retries transient failures only, stopped by the request's attempt allowance
 and its deadline; a pybreaker circuit breaker per remote endpoint fails fast while the endpoint is
 down; no new side effect starts after the deadline. The agent answers ok or a non-transient error;
-after transient failures it has spent its allowance and stays silent, and the supervisor recovers.
+once transient failures spent its allowance it answers `transient` with the attempts used, so the
+attempt gives the order back at once (README decision 27, a departure from DESIGN §6's silence).
+It stays silent when the deadline came first or an open circuit let no call through, and the
+supervisor recovers the step after its deadline.
 
 Each request's lines carry its `order_id`, `instance_id` (the fencing token), `step` and
 `operation`. A request that ends without a result is logged once at INFO with why; a success only
