@@ -12,12 +12,12 @@ from typing import Any, TypeVar
 
 import click
 
+from services.cli import order_actions
 from services.cli.bench import bench
 from services.cli.deploy import deploy
 from services.cli.dlq import dlq
 from services.cli.health import health
 from services.cli.inspect import alerts, audit, stats, watch
-from services.cli.orders import orders
 from services.cli.serve import serve
 from services.cli.submit import submit
 from services.cli.up import up
@@ -136,7 +136,7 @@ main.add_command(submit)
 main.add_command(stats)
 main.add_command(audit)
 main.add_command(up)
-main.add_command(orders)
+main.add_command(order_actions.orders)  # the group, its actions registered
 main.add_command(dlq)
 main.add_command(alerts)
 main.add_command(watch)

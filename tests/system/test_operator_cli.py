@@ -13,7 +13,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from services.cli import orders as cli_orders
+from services.cli import order_actions as cli_orders
 from services.cli.explain import current_step
 from shared.broker.connection import connect
 from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
