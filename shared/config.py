@@ -225,6 +225,13 @@ class Settings(BaseSettings):
                 "ORDERFLOW_HANDLER_TIMEOUT_S must be below ORDERFLOW_INBOX_CLAIM_TTL_S, or a slow "
                 "handler's message could be taken over and handled twice at once"
             )
+        if self.inbox_claim_ttl_s < self.step_timeout_s:
+            # A step request redelivered after its agent died is then taken over only once its
+            # deadline has passed, when an agent makes no call: no allowance is spent twice.
+            raise ValueError(
+                "ORDERFLOW_INBOX_CLAIM_TTL_S must be at least ORDERFLOW_STEP_TIMEOUT_S, or a step "
+                "request redelivered after its agent died could spend its allowance again"
+            )
         return self
 
     @field_validator("store_url")

@@ -40,6 +40,7 @@ def test_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
         ("ORDERFLOW_HUB", "Has Spaces", "ORDERFLOW_HUB"),
         ("ORDERFLOW_PREFETCH", "0", "ORDERFLOW_PREFETCH"),
         ("ORDERFLOW_HANDLER_TIMEOUT_S", "99", "INBOX_CLAIM_TTL_S"),
+        ("ORDERFLOW_STEP_TIMEOUT_S", "31", "allowance again"),
     ],
 )
 def test_bad_values_become_one_line_configuration_errors(
