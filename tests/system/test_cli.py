@@ -142,3 +142,21 @@ def test_init_wait_retries_an_unreachable_server_for_a_bounded_time() -> None:
     took = time.monotonic() - started
     assert result.returncode == 3 and "RabbitMQ at" in result.stderr
     assert 1.0 <= took < 20, took  # retried (0.5 s, 1 s, ...), then gave up
+
+
+@pytest.mark.parametrize("line", ["sku-1:2", "sku-1:two:1250", "sku-1:0:1250", "sku*1:2:1250"])
+def test_a_malformed_line_flag_gives_one_line_and_publishes_nothing(line: str) -> None:
+    # An unreachable broker: the flags are refused before any connection (else exit code 3).
+    result = orderflow(
+        "submit",
+        "--line",
+        line,
+        hub="tneverused",
+        ORDERFLOW_RABBITMQ_URL="amqp://guest:guest@127.0.0.1:1/",
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"orderflow: error: configuration: --line {line!r}: ")
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""

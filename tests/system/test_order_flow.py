@@ -18,6 +18,7 @@ from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
 from shared.domain.journal import AlertKind, HistoryEventType
 from shared.domain.messages import StepAction, StepOutcome, StepReply, SubmitOrder
+from shared.domain.models import Address, OrderData, OrderLine
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
 from shared.domain.timing import utcnow
 from shared.domain.updates import Changes, Expect
@@ -293,6 +294,47 @@ async def test_submit_wait_follows_status_messages(topo: Topology) -> None:
     for status in ("Received", "Processing", "Completed"):
         assert sum(line.endswith(f": {status}") for line in lines) == 3, result.stdout
     assert "Completed: 3" in result.stdout
+
+
+async def test_submit_publishes_one_order_stated_by_flags(topo: Topology) -> None:
+    await topo.start_all()
+    result = topo.cli(
+        "submit",
+        "--order-id", "o-flags",
+        "--customer-id", "cust-flags",
+        "--line", "sku-a:2:1250",
+        "--line", "sku-b:1:499",
+        "--currency", "USD",
+        "--payment-token", "tok_flags_4242",
+        "--ship-name", "Grace Hopper",
+        "--ship-line1", "1 Navy Way",
+        "--ship-city", "Arlington",
+        "--ship-postal-code", "22202",
+        "--ship-country", "US",
+        "--wait", "--timeout", "60",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "o-flags: Completed" in result.stdout.splitlines(), result.stdout
+    stored = await topo.store.get_order("o-flags")
+    assert stored is not None
+    assert stored.data == OrderData(
+        order_id="o-flags",
+        customer_id="cust-flags",
+        lines=[
+            OrderLine(sku="sku-a", quantity=2, unit_price_cents=1250),
+            OrderLine(sku="sku-b", quantity=1, unit_price_cents=499),
+        ],
+        currency="USD",
+        payment_token="tok_flags_4242",
+        shipping_address=Address(
+            name="Grace Hopper",
+            line1="1 Navy Way",
+            city="Arlington",
+            postal_code="22202",
+            country="US",
+        ),
+    )
+    assert (await topo.store.get_state("o-flags")).process_state is ProcessState.PROCESSED
 
 
 async def test_submit_wait_shows_a_declined_order_compensated(topo: Topology) -> None:
