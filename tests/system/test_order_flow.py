@@ -117,7 +117,16 @@ async def test_a_hung_call_is_abandoned_recovered_and_completed_once(topo: Topol
     state = await topo.store.get_state(order_id)
     assert state.attempt >= 2
     assert state.failure_count >= 1
-    assert await topo.history(order_id, HistoryEventType.RECOVERED)
+    # The scheduler stopped waiting and the supervisor recovered the attempt: not the
+    # scheduler's own give-back after transient failures, which writes Recovered too.
+    history = await topo.history(order_id)
+    kinds = [e.type for e in history]
+    expired = kinds.index(HistoryEventType.DEADLINE_EXPIRED)
+    recovered = [e for e in history if e.type is HistoryEventType.RECOVERED]
+    assert recovered, kinds
+    assert expired < kinds.index(HistoryEventType.RECOVERED), kinds
+    assert {e.data["by"] for e in recovered} == {f"{topo.hub}-supervisor-1"}, recovered
+    assert recovered[0].attempt == history[expired].attempt == 1
 
     # A late reply to the first attempt reaches the scheduler: it is ignored.
     await _send_late_reply(topo, order_id)
