@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -71,7 +72,9 @@ def test_without_other_flags_the_order_is_the_generated_one_as_before(order_id: 
         ("A.b_c:10000:0", {"sku": "A.b_c", "quantity": 10000, "unit_price_cents": 0}),
     ],
 )
-def test_a_line_is_sku_quantity_and_unit_price_in_minor_units(text: str, fields: dict) -> None:
+def test_a_line_is_sku_quantity_and_unit_price_in_minor_units(
+    text: str, fields: dict[str, Any]
+) -> None:
     assert line_of(text) == fields
 
 
@@ -107,7 +110,9 @@ def test_a_line_that_is_not_three_fields_with_whole_numbers_is_refused(text: str
         "token",
     ],
 )
-def test_a_value_the_model_refuses_is_one_line_naming_the_flag(flags: dict, says: str) -> None:
+def test_a_value_the_model_refuses_is_one_line_naming_the_flag(
+    flags: dict[str, Any], says: str
+) -> None:
     with pytest.raises(ConfigurationError) as caught:
         order_from_flags(random.Random(1), flags)
     message = str(caught.value)
@@ -128,7 +133,7 @@ def test_a_value_the_model_refuses_is_one_line_naming_the_flag(flags: dict, says
     ],
 )
 def test_flags_of_one_order_with_count_or_file_are_a_usage_error(
-    count: int | None, file_: Path | None, flags: dict, says: str
+    count: int | None, file_: Path | None, flags: dict[str, Any], says: str
 ) -> None:
     with pytest.raises(click.UsageError, match=says):
         orders_to_submit(file_, count, None, flags)
