@@ -198,7 +198,12 @@ class Agent:
         except DeadlinePassed:
             outcome.silent = DEADLINE_FIRST
         except (TransientError, pybreaker.CircuitBreakerError) as exc:
-            if outcome.attempts:
+            if (request.complete_by - utcnow()).total_seconds() <= DEADLINE_MARGIN_S:
+                # The deadline ended the retries (a hung call is cut off right at it): the
+                # scheduler has stopped waiting, and a reply would only race its timer. The
+                # supervisor recovers the step, as for any deadline.
+                outcome.silent = DEADLINE_FIRST
+            elif outcome.attempts:
                 # Real calls failed: say so, and the scheduler gives the order back at once.
                 outcome.transient = str(exc)
             else:

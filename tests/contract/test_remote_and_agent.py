@@ -273,6 +273,23 @@ async def test_agent_makes_no_call_after_the_deadline(rig: AgentRig) -> None:
     assert rig.calls() == 0 and rig.replies == []
 
 
+async def test_a_call_cut_off_by_the_deadline_gets_no_reply(rig: AgentRig) -> None:
+    """The scheduler stopped waiting at the deadline; a transient reply then would only race
+    its timer (and decide whether the scheduler or the supervisor recovers the step)."""
+    rig.remote.service.faults.hang_rate = 1.0
+    rig.remote.service.faults.hang_s = 1.0
+    await rig.ask("o-hung", seconds=0.5)
+
+    async def counted() -> bool:  # the remote counts a call once it is done with it
+        return rig.calls() == 1
+
+    await eventually(counted, what="the hung call, cut off by the agent at the deadline")
+    rig.remote.service.faults.hang_rate = 0.0
+    await rig.ask("o-after")  # answered: had the first been answered, its reply came first
+    [reply] = await eventually(lambda: asyncio.sleep(0, rig.replies), what="a reply")
+    assert reply.order_id == "o-after"
+
+
 async def test_circuit_opens_after_consecutive_failures_and_fails_fast(rig: AgentRig) -> None:
     rig.remote.service.faults.outage = True
     await rig.ask("o-a", allowed=2)  # 2 failures
