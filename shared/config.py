@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import random
+from collections.abc import Mapping
 from datetime import timedelta
+from types import MappingProxyType
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -263,7 +266,9 @@ class Settings(BaseSettings):
     def compensates(self, workflow: Workflow, kind: ErrorKind) -> bool:
         """Whether a failure of this kind compensates the workflow's completed steps (else the
         order is parked in Error for an operator)."""
-        policies = {} if self.compensate_on is None else _compensation_policies(self.compensate_on)
+        if self.compensate_on is None:
+            return workflow.compensates(kind)
+        policies = _compensation_policies(self.compensate_on)  # parsed once per value
         override = policies.get(workflow.name, policies.get(None))
         return workflow.compensates(kind, override)
 
@@ -292,7 +297,8 @@ COMPENSABLE = (ErrorKind.PERMANENT, ErrorKind.BUDGET_EXHAUSTED, ErrorKind.RECOVE
 """The failures that end an attempt for good, which a workflow may compensate or park."""
 
 
-def _compensation_policies(value: str) -> dict[str | None, frozenset[ErrorKind]]:
+@functools.cache
+def _compensation_policies(value: str) -> Mapping[str | None, frozenset[ErrorKind]]:
     """`kind,kind` (every workflow) or `name=kind,kind;name=...` (per workflow; an empty list
     parks every failure), keyed by workflow name, None for every workflow."""
     known = {kind.value: kind for kind in COMPENSABLE}
@@ -310,7 +316,7 @@ def _compensation_policies(value: str) -> dict[str | None, frozenset[ErrorKind]]
             if kind not in known:
                 raise ValueError(f"{kind!r} cannot compensate: {', '.join(known)}")
         policies[key] = frozenset(known[kind] for kind in chosen)
-    return policies
+    return MappingProxyType(policies)
 
 
 def _check_port(url: str) -> None:

@@ -9,6 +9,7 @@ from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
 from shared.domain.journal import Alert, AlertKind, HistoryEvent, HistoryEventType, Severity
 from shared.domain.messages import AlertMessage, OrderStatus, OrderStatusUpdate
+from shared.domain.models import StateRecord
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.errors import PublishError, PublishUnroutable
@@ -102,6 +103,20 @@ class Reporter:
         except PublishError:
             # The stored alert is the record; the published copy is a notification.
             log.exception("could not publish an alert", extra={"alert_id": alert_id})
+
+    async def failed(
+        self, before: StateRecord, state: ProcessState, detail: str, *, why: str = "failed"
+    ) -> None:
+        """The Failed status of the attempt `before` ended with the order in `state`; one per
+        attempt (and `why`), whoever parks the order, so a repeat is a duplicate."""
+        await self.status(
+            before.order_id,
+            before.reply_to,
+            OrderStatus.FAILED,
+            state,
+            message_id=f"{before.order_id}:status:{why}:{before.attempt}",
+            detail=detail,
+        )
 
     async def status(
         self,

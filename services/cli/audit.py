@@ -208,15 +208,17 @@ async def _check_journal(
     invariant 4 (the order's data are still those it was first submitted with)."""
     gate = asyncio.Semaphore(concurrency)
 
-    async def check(order_id: str) -> None:
+    async def check(order_id: str, order: OrderRecord | None) -> None:
         async with gate:
             events = await store.read_history(order_id)
-            order = await store.get_order(order_id)
         _check_fenced_history(report, order_id, events)
         if order is not None:
             _check_first_order_kept(report, order, events)
 
-    await asyncio.gather(*(check(order_id) for order_id in order_ids))
+    for start in range(0, len(order_ids), PAGE):
+        page = order_ids[start : start + PAGE]
+        orders = await store.get_orders(page)  # one read per page, not one per order
+        await asyncio.gather(*(check(i, order) for i, order in zip(page, orders, strict=True)))
 
 
 def _check_first_order_kept(

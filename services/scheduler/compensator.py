@@ -187,11 +187,6 @@ class Compensator:
             alert_id=f"compensation-failed:{record.order_id}:{record.attempt}",
             order_id=record.order_id,
         )
-        await ctx.report.status(
-            record.order_id,
-            record.reply_to,
-            OrderStatus.FAILED,
-            after.process_state,
-            message_id=f"{record.order_id}:status:compensation-failed:{record.attempt}",
-            detail=failure.message,
+        await ctx.report.failed(
+            record, after.process_state, failure.message, why="compensation-failed"
         )

@@ -426,14 +426,7 @@ class OrderRunner:
             error_kind=error.kind.value,
             step=step,
         )
-        await ctx.report.status(
-            record.order_id,
-            record.reply_to,
-            OrderStatus.FAILED,
-            after.process_state,
-            message_id=f"{record.order_id}:status:failed:{record.attempt}",
-            detail=error.message,
-        )
+        await ctx.report.failed(record, after.process_state, error.message)
 
 
 def _payload(order: OrderRecord, step: StepDefinition) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from services.supervisor.gauges import LeaderGauges
 from shared.bootstrap import Runtime
 from shared.domain.compensation import recover_compensation
 from shared.domain.journal import AlertKind, HistoryEventType, Severity
-from shared.domain.messages import OrderStatus
 from shared.domain.models import StateRecord
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
@@ -176,14 +175,7 @@ class Supervisor:
             order_id=seen.order_id,
             error_kind="recovery-limit",
         )
-        await self._report.status(
-            seen.order_id,
-            seen.reply_to,
-            OrderStatus.FAILED,
-            after.process_state,
-            message_id=f"{seen.order_id}:status:failed:{seen.attempt}",
-            detail=message,
-        )
+        await self._report.failed(seen, after.process_state, message)
 
     async def _expire_journal(self) -> None:
         """Retention: delete the history and compensation records of orders finished longer

@@ -310,14 +310,12 @@ class Consumer:
             async with asyncio.timeout(self._policy.handler_timeout):
                 await self._handler(delivery)
         except ContractViolation as exc:
+            dead_lettered = await self._dead_letter(message, exc.reason, str(exc))
             if holder:
                 # Once in its DLQ the message is done with; if it could not be put there it
                 # was requeued, and the redelivery must find the id free, not a duplicate.
-                dead_lettered = await self._dead_letter(message, exc.reason, str(exc))
                 finish = self._complete if dead_lettered else self._release
                 await finish(delivery.message_id, holder)
-            else:
-                await self._dead_letter(message, exc.reason, str(exc))
             return
         except ServiceUnavailable:
             raise  # held and retried by the caller; the claim stays ours (claims are re-entrant)
