@@ -12,13 +12,14 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from shared.domain.journal import Alert, AlertKind
 from shared.domain.models import StateRecord
 from shared.domain.states import SETTLED_STATES, ProcessState
 from tests.support.topology import Topology, all_orders, running_topology
@@ -118,6 +119,23 @@ class FaultRun:
         assert report["ok"], report["violations"]
         assert report["orders"] >= len(self.order_ids)
         return mine
+
+
+async def alerts_for(
+    topo: Topology, kind: AlertKind, order_ids: Iterable[str], *, timeout: float = 15
+) -> dict[str | None, Alert]:
+    """The stored alerts of this kind by order, once every named order has one: an alert
+    follows the state write that parks its order, so reading at once could miss the last."""
+    wanted = set(order_ids)
+
+    async def raised() -> dict[str | None, Alert] | None:
+        alerts = {a.order_id: a for a in await topo.store.list_alerts(limit=1000) if a.kind is kind}
+        return alerts if wanted <= set(alerts) else None
+
+    found: dict[str | None, Alert] = await eventually(
+        raised, timeout=timeout, what=f"a {kind} alert for each of {len(wanted)} orders"
+    )
+    return found
 
 
 def everywhere(topo: Topology, **env: str) -> None:

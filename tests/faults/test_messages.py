@@ -17,7 +17,7 @@ from shared.domain.messages import StepAction, StepOutcome, StepReply, SubmitOrd
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.timing import utcnow
 from tests.conftest import RABBITMQ_URL
-from tests.faults.conftest import FaultRun, everywhere
+from tests.faults.conftest import FaultRun, alerts_for, everywhere
 from tests.support.factories import order_data
 from tests.support.topology import Topology
 from tests.support.waiting import eventually
@@ -74,11 +74,11 @@ async def test_duplicate_delivery_of_every_message_type(topo: Topology, declines
             s.order_id for s in states if s.process_state is ProcessState.COMPENSATED
         )
         return
+    in_error = [s.order_id for s in states if s.process_state is ProcessState.ERROR]
+    await alerts_for(topo, AlertKind.ORDER_ERROR, in_error)
     alerts = await topo.store.list_alerts(limit=1000)
     errors = [a.order_id for a in alerts if a.kind is AlertKind.ORDER_ERROR]
-    assert sorted(errors) == sorted(
-        s.order_id for s in states if s.process_state is ProcessState.ERROR
-    ), "one stored alert per order in Error"
+    assert sorted(errors) == sorted(in_error), "one stored alert per order in Error"
 
 
 async def test_a_reply_arriving_after_its_deadline_is_ignored(topo: Topology) -> None:
@@ -102,7 +102,7 @@ async def test_a_reply_arriving_after_its_deadline_is_ignored(topo: Topology) ->
     for state in parked:
         assert state.process_state is ProcessState.ERROR
         assert state.error is not None and state.error.kind is ErrorKind.BUDGET_EXHAUSTED
-    alerts = {a.order_id: a for a in await topo.store.list_alerts(limit=1000)}
+    alerts = await alerts_for(topo, AlertKind.ORDER_ERROR, [s.order_id for s in parked])
     assert all("retry budget" in alerts[s.order_id].message for s in parked)
     assert any(s.attempt >= 2 for s in states), "late replies made attempts expire"
 
@@ -217,6 +217,13 @@ async def test_poison_input_is_dead_lettered_and_every_process_keeps_running(
         assert found == expected
     finally:
         await connection.close()
-    alerts = await topo.store.list_alerts(limit=1000)
-    poisoned = {a.alert_id for a in alerts if a.kind is AlertKind.POISON_MESSAGE}
-    assert len(poisoned) == len(poison), "one alert per poison message"
+
+    async def poisoned() -> set[str]:  # each alert follows its message's dead-lettering
+        alerts = await topo.store.list_alerts(limit=1000)
+        return {a.alert_id for a in alerts if a.kind is AlertKind.POISON_MESSAGE}
+
+    async def all_poisoned() -> bool:
+        return len(await poisoned()) >= len(poison)
+
+    await eventually(all_poisoned, timeout=15, what="an alert per poison message")
+    assert len(await poisoned()) == len(poison), "one alert per poison message"

@@ -6,7 +6,7 @@ import pytest
 
 from shared.domain.journal import AlertKind, HistoryEventType, UndoStatus
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
-from tests.faults.conftest import FaultRun, everywhere
+from tests.faults.conftest import FaultRun, alerts_for, everywhere
 from tests.support.topology import Topology, all_orders
 from tests.support.waiting import eventually
 
@@ -70,8 +70,8 @@ async def test_an_undo_that_fails_then_succeeds(topo: Topology) -> None:
     ids = run.submit(10, seed=33)
 
     await run.wait_for(ProcessState.COMPENSATION_FAILED, 10, timeout=60)
-    alerts = await topo.store.list_alerts(limit=1000)
-    assert {a.order_id for a in alerts if a.kind is AlertKind.COMPENSATION_FAILED} == set(ids)
+    alerts = await alerts_for(topo, AlertKind.COMPENSATION_FAILED, ids)
+    assert set(alerts) == set(ids)
     for order_id in ids:
         state = await topo.store.get_state(order_id)
         assert state is not None and state.error is not None
@@ -112,8 +112,8 @@ async def test_a_full_remote_outage_parks_orders_until_resubmitted(topo: Topolog
         state = await topo.store.get_state(order_id)
         assert state is not None and state.error is not None
         assert state.error.kind in (ErrorKind.RECOVERY_LIMIT, ErrorKind.BUDGET_EXHAUSTED)
-    alerts = await topo.store.list_alerts(limit=1000)
-    assert {a.order_id for a in alerts if a.kind is AlertKind.ORDER_ERROR} == set(ids)
+    alerts = await alerts_for(topo, AlertKind.ORDER_ERROR, ids)
+    assert set(alerts) == set(ids)
 
     await topo.remote.set_faults(outage=False)
     result = topo.cli("orders", "resubmit", *ids, "--by", "oncall")
@@ -148,6 +148,7 @@ async def test_the_retry_budget_bounds_remote_attempts_across_every_layer(topo: 
     assert state.attempt == 4
     stats = await topo.remote.stats()
     assert stats["calls"] == {"503": 5}, "no layer retried beyond the budget"
+    await alerts_for(topo, AlertKind.ORDER_ERROR, [order_id])
     [alert] = [a for a in await topo.store.list_alerts(limit=100) if a.order_id == order_id]
     assert alert.kind is AlertKind.ORDER_ERROR
     assert "retry budget of 5 attempts spent" in alert.message
