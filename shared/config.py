@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.domain.messages import validation_problems
 from shared.domain.models import StateRecord
 from shared.domain.states import ErrorKind
 from shared.domain.timing import recovery_backoff
@@ -331,8 +332,8 @@ def load_settings(**overrides: object) -> Settings:
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"])
+        loc, msg = validation_problems(exc)[0]
+        field = ".".join(str(p) for p in loc)
         env = f"ORDERFLOW_{field.upper()}" if field else "settings"
-        message = str(err["msg"]).removeprefix("Value error, ")
+        message = msg.removeprefix("Value error, ")
         raise ConfigurationError(f"{env}: {message}") from None

@@ -21,7 +21,13 @@ from shared.broker.private import PrivateQueue
 from shared.broker.publisher import Publisher
 from shared.broker.topology import APP_NAME, Names
 from shared.config import Settings
-from shared.domain.messages import Contract, OrderStatus, OrderStatusUpdate, SubmitOrder
+from shared.domain.messages import (
+    Contract,
+    OrderStatus,
+    OrderStatusUpdate,
+    SubmitOrder,
+    validation_problems,
+)
 from shared.domain.models import Address, OrderData, OrderLine
 from shared.errors import ConfigurationError, PublishError, PublishRejected
 
@@ -103,18 +109,17 @@ def order_from_flags(rng: random.Random, flags: dict[str, Any]) -> OrderData:
 
 def flag_error(exc: ValidationError, flags: dict[str, Any]) -> ConfigurationError:
     """The first error as one line that names the flag and the value given (never the token)."""
-    first = exc.errors()[0]
-    loc = tuple(first["loc"])
+    loc, msg = validation_problems(exc)[0]
     name = next((n for n, path in ORDER_FIELDS.items() if loc[: len(path)] == path), None)
     if name is None:  # not a flag's field: generated values always pass
-        return ConfigurationError(f"{'.'.join(str(p) for p in loc)}: {first['msg']}")
+        return ConfigurationError(f"{'.'.join(str(p) for p in loc)}: {msg}")
     value: Any = flags.get(name)
     rest = loc[len(ORDER_FIELDS[name]) :]
     if name == "line" and rest and isinstance(rest[0], int):
         value, rest = value[rest[0]], rest[1:]
     shown = f" {value!r}" if isinstance(value, str) and name != "payment_token" else ""
     field = "".join(f"{part}: " for part in rest)
-    return ConfigurationError(f"{flag_of(name)}{shown}: {field}{first['msg']}")
+    return ConfigurationError(f"{flag_of(name)}{shown}: {field}{msg}")
 
 
 def orders_to_submit(
@@ -180,9 +185,9 @@ def orders_from_file(path: Path) -> list[OrderData]:
         try:
             orders.append(OrderData.model_validate_json(json.dumps(item)))
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise ConfigurationError(f"{path}: order {n}: {where}: {first['msg']}") from None
+            loc, msg = validation_problems(exc)[0]
+            where = ".".join(str(p) for p in loc)
+            raise ConfigurationError(f"{path}: order {n}: {where}: {msg}") from None
     return orders
 
 

@@ -161,11 +161,16 @@ def decode(type_name: str | None, body: bytes, *, max_bytes: int) -> Contract:
         raise InvalidMessage(_summarise(exc)) from None
 
 
+def validation_problems(exc: ValidationError) -> list[tuple[tuple[str | int, ...], str]]:
+    """Every (location, message) of a validation error, sorted by location: the same text
+    whatever order a pydantic release reports them in."""
+    problems = [(tuple(err["loc"]), str(err["msg"])) for err in exc.errors()]
+    return sorted(problems, key=lambda p: ([str(part) for part in p[0]], p[1]))
+
+
 def _summarise(exc: ValidationError, limit: int = 5) -> str:
-    parts = []
-    for err in exc.errors()[:limit]:
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        parts.append(f"{where}: {err['msg']}")
-    more = exc.error_count() - limit
+    problems = validation_problems(exc)
+    parts = [f"{'.'.join(str(p) for p in loc) or 'body'}: {msg}" for loc, msg in problems[:limit]]
+    more = len(problems) - limit
     suffix = f" (+{more} more)" if more > 0 else ""
     return "; ".join(parts) + suffix
