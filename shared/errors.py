@@ -37,6 +37,11 @@ class MalformedMessage(ContractViolation):
     reason = "malformed"
 
 
+class UndecodableMessage(MalformedMessage):
+    """A body whose reading failed in a way no check foresaw (a bug in the checks): still
+    dead-lettered at once, never retried."""
+
+
 class InvalidMessage(ContractViolation):
     """A well-formed body that fails its schema's validation."""
 

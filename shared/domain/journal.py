@@ -2,14 +2,43 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+
+from shared.domain.text import clean_cut, printable
 
 JOURNAL_SCHEMA_VERSION = 1
 """Version of the history, compensation-log and alert record layout written by this build."""
+
+
+def _clean_data(value: Any) -> Any:
+    """Strings in free-form journal data escaped (shared/domain/text.py): they often quote
+    errors and received values, and must neither make a write fail nor reach a screen raw."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable(str(k)): _clean_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean_data(v) for v in value]
+    return value
+
+
+JournalData = Annotated[dict[str, Any], BeforeValidator(_clean_data)]
+
+ALERT_ID_LIMIT = 128
+
+
+def _bounded_id(value: Any) -> Any:
+    """An alert id over the limit keeps its start and ends in a digest of the whole, so it
+    still names one condition (ids are built from message ids, which senders choose)."""
+    if isinstance(value, str) and len(value) > ALERT_ID_LIMIT:
+        digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+        return f"{printable(value)[: ALERT_ID_LIMIT - 25]}~{digest}"
+    return printable(value) if isinstance(value, str) else value
 
 
 class _Record(BaseModel):
@@ -43,7 +72,7 @@ class HistoryEvent(_Record):
     attempt: int | None = None
     instance_id: str | None = None
     step: str | None = None
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: JournalData = Field(default_factory=dict)
     seq: int | None = None
     """Assigned by the store: the position in the timeline."""
     schema_version: int = JOURNAL_SCHEMA_VERSION
@@ -69,7 +98,7 @@ class CompensationEntry(_Record):
     recorded_at: datetime
     status: UndoStatus = UndoStatus.PENDING
     done_at: datetime | None = None
-    error: str | None = None
+    error: Annotated[str, BeforeValidator(clean_cut(2000))] | None = None
     seq: int | None = None
     schema_version: int = JOURNAL_SCHEMA_VERSION
 
@@ -95,15 +124,19 @@ class Severity(StrEnum):
 class Alert(_Record):
     """A condition an operator must act on. Stored, and published on `<hub>.alerts`."""
 
-    alert_id: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    alert_id: Annotated[
+        str,
+        BeforeValidator(_bounded_id),
+        StringConstraints(min_length=1, max_length=ALERT_ID_LIMIT),
+    ]
     kind: AlertKind
     severity: Severity
-    message: Annotated[str, StringConstraints(max_length=2000)]
+    message: Annotated[str, BeforeValidator(clean_cut(2000)), StringConstraints(max_length=2000)]
     at: datetime
-    order_id: str | None = None
-    source: str | None = None
+    order_id: Annotated[str, BeforeValidator(clean_cut(200))] | None = None
+    source: Annotated[str, BeforeValidator(clean_cut(200))] | None = None
     """The process that raised it."""
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: JournalData = Field(default_factory=dict)
     schema_version: int = JOURNAL_SCHEMA_VERSION
 
 

@@ -8,25 +8,46 @@ the message must be dead-lettered.
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+)
 
+from shared.domain import jsonsafe
 from shared.domain.journal import Alert
-from shared.domain.models import OrderData, OrderId
+from shared.domain.models import ErrorText, OrderData, OrderId
 from shared.domain.states import ErrorKind, ProcessState
+from shared.domain.text import cut, printable, refuse_unsafe
+from shared.domain.timing import in_range
 from shared.errors import (
+    ContractViolation,
     InvalidMessage,
     MalformedMessage,
     MessageTooLarge,
+    UndecodableMessage,
     UnknownMessageType,
     UnsupportedSchemaVersion,
 )
 
 SCHEMA_VERSION = 1
-QueueName = Annotated[str, StringConstraints(min_length=1, max_length=255)]
+QueueName = Annotated[
+    str, StringConstraints(min_length=1, max_length=255), AfterValidator(refuse_unsafe)
+]
+Token = Annotated[str, StringConstraints(pattern=r"^[\x21-\x7e]{1,140}$")]
+"""A fencing token or an idempotency key: printable ASCII (`<order_id>:<attempt>`)."""
+Timestamp = Annotated[AwareDatetime, AfterValidator(in_range)]
+"""A time on the wire: with its offset (a naive time cannot be compared with the clock), and
+within the years every store and every deadline computation can hold."""
+JsonObject = Annotated[dict[str, Any], AfterValidator(jsonsafe.storable)]
+"""Free-form JSON that both stores hold alike (shared/domain/jsonsafe.py)."""
 StepName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
 
 
@@ -68,11 +89,11 @@ class StepRequest(Contract):
     step: StepName
     action: StepAction
     operation: Annotated[str, StringConstraints(pattern=r"^[a-z]+\.[a-z_]+$")]
-    fencing_token: Annotated[str, StringConstraints(min_length=1, max_length=100)]
-    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=140)]
-    complete_by: datetime
+    fencing_token: Annotated[Token, StringConstraints(max_length=100)]
+    idempotency_key: Token
+    complete_by: Timestamp
     attempts_allowed: int = Field(ge=1, le=1000)
-    payload: dict[str, Any] = Field(default_factory=dict)
+    payload: JsonObject = Field(default_factory=dict)
     reply_to: QueueName
 
 
@@ -88,13 +109,13 @@ class StepReply(Contract):
     order_id: OrderId
     step: StepName
     action: StepAction
-    fencing_token: Annotated[str, StringConstraints(min_length=1, max_length=100)]
-    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=140)]
+    fencing_token: Annotated[Token, StringConstraints(max_length=100)]
+    idempotency_key: Token
     outcome: StepOutcome
-    attempts_used: int = Field(ge=0)
-    result: dict[str, Any] | None = None
+    attempts_used: int = Field(ge=0, le=1000)
+    result: JsonObject | None = None
     error_kind: ErrorKind | None = None
-    error_message: Annotated[str, StringConstraints(max_length=2000)] | None = None
+    error_message: ErrorText | None = None
 
 
 class OrderStatus(StrEnum):
@@ -112,8 +133,8 @@ class OrderStatusUpdate(Contract):
     order_id: OrderId
     status: OrderStatus
     process_state: ProcessState
-    at: datetime
-    detail: Annotated[str, StringConstraints(max_length=2000)] | None = None
+    at: Timestamp
+    detail: ErrorText | None = None
 
 
 class AlertMessage(Contract):
@@ -136,24 +157,39 @@ SUPPORTED_SCHEMA_VERSIONS: dict[MessageType, frozenset[int]] = {
 
 
 def decode(type_name: str | None, body: bytes, *, max_bytes: int) -> Contract:
-    """Parse and validate a message body against the contract its `type` names."""
+    """Parse and validate a message body against the contract its `type` names.
+
+    Total over its inputs: any `type_name` and any `body` either decode or raise one
+    `ContractViolation` saying why (tests/unit/test_decode_properties.py searches for a
+    counterexample, tests/fuzz/ keeps searching). The last clause is a net, not a path: a
+    failure that reaches it is a bug in the checks before it, and says so in its reason."""
+    try:
+        return _decode(type_name, body, max_bytes=max_bytes)
+    except ContractViolation:
+        raise
+    except Exception as exc:
+        raise UndecodableMessage(
+            f"body could not be read ({type(exc).__name__}); an orderflow bug, please report it"
+        ) from None
+
+
+def _decode(type_name: str | None, body: bytes, *, max_bytes: int) -> Contract:
     if len(body) > max_bytes:
         raise MessageTooLarge(f"body of {len(body)} bytes exceeds the limit of {max_bytes}")
     try:
         kind = MessageType(type_name or "")
     except ValueError:
-        raise UnknownMessageType(f"no contract for message type {type_name!r}") from None
-    try:
-        raw = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MalformedMessage(f"body is not JSON: {exc}") from None
+        shown = printable(cut(type_name or "", 80))
+        raise UnknownMessageType(f"no contract for message type {shown!r}") from None
+    raw = jsonsafe.parse(body)
     if not isinstance(raw, dict):
-        raise MalformedMessage("body is not a JSON object")
+        raise MalformedMessage(f"body is a JSON {type(raw).__name__}, not an object")
     version = raw.get("schema_version")
-    if version not in SUPPORTED_SCHEMA_VERSIONS[kind]:
+    # `type(...) is int`: JSON's true and 1.0 are not the version 1 (Python finds them equal).
+    if type(version) is not int or version not in SUPPORTED_SCHEMA_VERSIONS[kind]:
+        shown = printable(cut(json.dumps(version), 40))
         raise UnsupportedSchemaVersion(
-            f"{kind} schema_version {version!r} is not one of "
-            f"{sorted(SUPPORTED_SCHEMA_VERSIONS[kind])}"
+            f"{kind} schema_version {shown} is not one of {sorted(SUPPORTED_SCHEMA_VERSIONS[kind])}"
         )
     try:
         return CONTRACTS[kind].model_validate_json(body)
@@ -170,7 +206,11 @@ def validation_problems(exc: ValidationError) -> list[tuple[tuple[str | int, ...
 
 def _summarise(exc: ValidationError, limit: int = 5) -> str:
     problems = validation_problems(exc)
-    parts = [f"{'.'.join(str(p) for p in loc) or 'body'}: {msg}" for loc, msg in problems[:limit]]
+    # A location may be a key the sender chose: shown escaped and cut, like all received text.
+    parts = [
+        f"{printable(cut('.'.join(str(p) for p in loc), 80)) or 'body'}: {printable(msg)}"
+        for loc, msg in problems[:limit]
+    ]
     more = len(problems) - limit
     suffix = f" (+{more} more)" if more > 0 else ""
     return "; ".join(parts) + suffix

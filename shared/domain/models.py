@@ -7,16 +7,42 @@ import json
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+)
 
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
+from shared.domain.text import clean_cut, refuse_unsafe
 
 RECORD_SCHEMA_VERSION = 1
 """Version of the order and state record layout written by this build."""
 
 # An order id must never contain ':' because the attempt-specific instance id is `<order_id>:<n>`.
 OrderId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
-ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+# Free text is what a person typed: any language, but no character that drives a terminal or
+# that a store cannot hold (shared/domain/text.py); such an order is refused at validation.
+ShortText = Annotated[
+    str, StringConstraints(min_length=1, max_length=200), AfterValidator(refuse_unsafe)
+]
+CustomerId = Annotated[
+    str, StringConstraints(min_length=1, max_length=64), AfterValidator(refuse_unsafe)
+]
+PostalCode = Annotated[
+    str, StringConstraints(min_length=1, max_length=20), AfterValidator(refuse_unsafe)
+]
+ERROR_TEXT_LIMIT = 2000
+ErrorText = Annotated[
+    str,
+    BeforeValidator(clean_cut(ERROR_TEXT_LIMIT)),
+    StringConstraints(max_length=ERROR_TEXT_LIMIT),
+]
+"""An error's text: made from exceptions, which may quote anything, so it is cleaned and cut to
+the limit at construction instead of refused (a long or odd error never makes a write fail)."""
 Sku = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
 Currency = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
 # Payment details are never stored in clear: the front end hands over a token from the payment
@@ -38,7 +64,7 @@ class Address(_Strict):
     name: ShortText
     line1: ShortText
     city: ShortText
-    postal_code: Annotated[str, StringConstraints(min_length=1, max_length=20)]
+    postal_code: PostalCode
     country: Annotated[str, StringConstraints(pattern=r"^[A-Z]{2}$")]
 
 
@@ -46,7 +72,7 @@ class OrderData(_Strict):
     """The immutable data of an order, as the front end submits it."""
 
     order_id: OrderId
-    customer_id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    customer_id: CustomerId
     lines: list[OrderLine] = Field(min_length=1, max_length=100)
     currency: Currency
     payment_token: PaymentToken
@@ -81,7 +107,7 @@ class OrderRecord(_Strict):
 
 class ErrorInfo(_Strict):
     kind: ErrorKind
-    message: Annotated[str, StringConstraints(max_length=2000)]
+    message: ErrorText
     at: datetime
 
 

@@ -13,6 +13,8 @@ import json
 import re
 from typing import Any
 
+from shared.domain import jsonsafe
+
 MARK = "[redacted]"
 CARD_MARK = "[redacted card number]"
 
@@ -66,28 +68,76 @@ def _sensitive(key: str) -> bool:
 
 
 def redact_value(value: Any) -> Any:
+    """`value` with payment details masked; the very same object when nothing was (so that
+    a NaN, which equals nothing, does not pass for a change)."""
     if isinstance(value, dict):
-        return {k: MARK if _sensitive(str(k)) else redact_value(v) for k, v in value.items()}
+        out = {k: MARK if _sensitive(str(k)) else redact_value(v) for k, v in value.items()}
+        same = all(out[k] is v for k, v in value.items())
+        return value if same else out
     if isinstance(value, list):
-        return [redact_value(v) for v in value]
+        items = [redact_value(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
     if isinstance(value, str):
-        return redact_text(value)
+        masked = redact_text(value)
+        return value if masked == value else masked
     if isinstance(value, int) and not isinstance(value, bool) and value >= 10**12:
         return CARD_MARK if luhn_valid(str(value)) and len(str(value)) <= 19 else value
     return value
 
 
-def redact_body(body: bytes) -> tuple[bytes, bool]:
-    """The body with payment details masked, and whether anything was."""
+_LENIENT = json.JSONDecoder(
+    # Read what the strict parser refuses (duplicate keys, NaN): a refused body is exactly
+    # what gets here. Integers too long for Python to read stay text; none is a card number.
+    parse_int=lambda text: int(text) if len(text) <= 1000 else text,
+)
+_KEYED_VALUE = re.compile(r'"((?:[^"\\]|\\.){1,60})"\s*:\s*("(?:[^"\\]|\\.)*"|[-+\w.]+)')
+"""`"key": value` in text that is not JSON as a whole (a truncated or malformed body)."""
+
+
+def _redact_keyed(text: str) -> str:
+    def mask(match: re.Match[str]) -> str:
+        if not _sensitive(match.group(1)):
+            return match.group()
+        return f'"{match.group(1)}": "{MARK}"'
+
+    return _KEYED_VALUE.sub(mask, text)
+
+
+def _read(body: bytes) -> Any:
+    """The body's JSON value, or None when it is not JSON (or too deep to walk safely)."""
     try:
-        raw = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raw = _LENIENT.decode(body.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
+        return None
+    if not isinstance(raw, dict | list) or not _shallow(raw):
+        return None
+    return raw
+
+
+def _shallow(value: Any) -> bool:
+    stack = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > jsonsafe.MAX_DEPTH:
+            return False
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values())
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node)
+    return True
+
+
+def redact_body(body: bytes) -> tuple[bytes, bool]:
+    """The body with payment details masked, and whether anything was. Total: any bytes at
+    all give bytes back (a body that is not JSON is masked as text)."""
+    raw = _read(body)
+    if raw is None:
         text = body.decode("utf-8", errors="surrogateescape")
-        masked = redact_text(text)
+        masked = _redact_keyed(redact_text(text))
         if masked == text:
             return body, False
         return masked.encode("utf-8", errors="surrogateescape"), True
     redacted = redact_value(raw)
-    if redacted == raw:
+    if redacted is raw:
         return body, False
     return json.dumps(redacted, separators=(",", ":")).encode(), True

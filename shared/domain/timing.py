@@ -13,6 +13,19 @@ def utcnow() -> datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+"""Times a message may carry: adding any deadline or retention to them stays within what
+Python, PostgreSQL and BSON can represent (Python stops at year 9999)."""
+
+
+def in_range(at: datetime) -> datetime:
+    """`at` unchanged, or ValueError (a pydantic validator) when it is outside the years above."""
+    if not EARLIEST <= at < LATEST:
+        raise ValueError(f"{at.isoformat()} is outside {EARLIEST.year}-{LATEST.year - 1}")
+    return at
+
+
 def instance_id(order_id: str, attempt: int) -> str:
     """The attempt-specific id a claim writes into `locked_by`: it fences every later write."""
     if attempt < 1:

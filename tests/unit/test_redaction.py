@@ -66,3 +66,21 @@ def test_clean_and_non_json_bodies() -> None:
     assert redact_body(b"\xff\xfe not json") == (b"\xff\xfe not json", False)
     masked, changed = redact_body(f"not json {VISA}".encode())
     assert changed and VISA.encode() not in masked
+
+
+def test_a_body_the_strict_parser_refuses_is_still_redacted() -> None:
+    # Duplicate keys and NaN: refused by decode, and so exactly what reaches a DLQ.
+    body = b'{"cvv": "123", "cvv": "456", "x": NaN, "note": "' + VISA.encode() + b'"}'
+    masked, changed = redact_body(body)
+    assert changed and b"456" not in masked and VISA.encode() not in masked
+
+
+def test_keyed_values_in_text_that_is_not_json_are_masked() -> None:
+    truncated = b'{"order": {"card_number": "5555 5555", "cvv": 123, "name": "x"'
+    masked, changed = redact_body(truncated)
+    assert changed and b"5555" not in masked and b"123" not in masked and b'"name": "x"' in masked
+
+
+def test_nothing_to_mask_keeps_the_body_byte_for_byte() -> None:
+    body = b'{"a": NaN, "b": [1, 2.5, "x"]}'
+    assert redact_body(body) == (body, False)
