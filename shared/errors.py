@@ -95,6 +95,13 @@ class StoreUnavailable(ServiceUnavailable):
     hold the work and retry; do not count it against a message's redelivery limit."""
 
 
+class StoreRefused(PermanentError):
+    """The store refused a value it cannot hold (a character, a number out of its range): the
+    same write fails the same way every time, so its message is dead-lettered at once."""
+
+    reason = "store-refused"
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """An exception as one short line, for an operator's terminal."""
     text = " ".join(str(exc).split()) or type(exc).__name__

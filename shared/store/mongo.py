@@ -14,9 +14,16 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from bson.errors import InvalidDocument, InvalidStringData
 from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, ReturnDocument
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
-from pymongo.errors import ConnectionFailure, DuplicateKeyError, PyMongoError
+from pymongo.errors import (
+    ConnectionFailure,
+    DocumentTooLarge,
+    DuplicateKeyError,
+    OperationFailure,
+    PyMongoError,
+)
 
 from shared.domain.journal import (
     Alert,
@@ -45,7 +52,7 @@ from shared.store.port import (
     WorkflowUse,
     page_of,
 )
-from shared.store.unavailable import translate_unavailable
+from shared.store.unavailable import translate_errors
 from shared.store.urls import redact
 
 _CLAIM_SPREAD = 4
@@ -71,7 +78,28 @@ def _load(model: Any, doc: dict[str, Any], **extra: Any) -> Any:
     return model.model_validate(plain({**doc, **extra}), strict=False)
 
 
-@translate_unavailable((ConnectionFailure,), "MongoDB")
+REFUSED_CODES = frozenset({2, 9, 14, 52, 55, 56, 57, 10334, 17280})
+"""Server errors that refuse a document for what it holds: BadValue, FailedToParse,
+TypeMismatch, DollarPrefixedFieldName, InvalidDBRef, EmptyFieldName, DottedFieldName,
+BSONObjectTooLarge, KeyTooLong."""
+
+
+def _refuses(exc: BaseException) -> bool:
+    return isinstance(exc, OperationFailure) and exc.code in REFUSED_CODES
+
+
+@translate_errors(
+    "MongoDB",
+    unavailable=(ConnectionFailure,),
+    refused=(
+        InvalidDocument,
+        InvalidStringData,
+        DocumentTooLarge,
+        OverflowError,
+        UnicodeEncodeError,
+    ),
+    refusal=_refuses,
+)
 class MongoStore:
     """State store on MongoDB. `db` is an `AsyncDatabase` (or the test stand-in's facade)."""
 

@@ -38,7 +38,7 @@ from shared.store.port import (
     WorkflowUse,
     page_of,
 )
-from shared.store.unavailable import translate_unavailable
+from shared.store.unavailable import translate_errors
 from shared.store.urls import redact
 
 _JSON_COLUMNS = frozenset({"steps", "retry_budget", "error", "data"})
@@ -86,7 +86,14 @@ _UNAVAILABLE = (
 )
 
 
-@translate_unavailable(_UNAVAILABLE, "PostgreSQL")
+_REFUSED = (
+    asyncpg.DataError,  # the server's SQLSTATE class 22: NUL in text, a value out of range
+    asyncpg.exceptions._base.DataError,  # the client's: a parameter it cannot encode
+    UnicodeEncodeError,
+)
+
+
+@translate_errors("PostgreSQL", unavailable=_UNAVAILABLE, refused=_REFUSED)
 class PostgresStore:
     """State store on PostgreSQL: one schema per task hub."""
 

@@ -1,4 +1,10 @@
-"""Turning a store driver's connection failures into `StoreUnavailable`, in one place."""
+"""Turning a store driver's errors into orderflow's, in one place.
+
+Two classes of driver error mean something to the callers: the store cannot be reached (hold
+the work and retry: `StoreUnavailable`), and the store refuses a value it cannot hold (the
+same write fails the same way every time: `StoreRefused`, dead-lettered at once). A refusal is
+checked first: asyncpg's client-side `DataError` is also an `InterfaceError`.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +13,38 @@ import inspect
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from shared.errors import StoreUnavailable, one_line
+from shared.errors import StoreRefused, StoreUnavailable, one_line
 
 C = TypeVar("C", bound=type)
 
+Refusal = Callable[[BaseException], bool]
+"""Whether a driver error is a refusal of the data (beyond its type, e.g. a server code)."""
 
-def translate_unavailable(errors: tuple[type[BaseException], ...], store: str) -> Callable[[C], C]:
-    """Class decorator: every public coroutine method raises `StoreUnavailable` for `errors`."""
+
+def translate_errors(
+    store: str,
+    *,
+    unavailable: tuple[type[BaseException], ...],
+    refused: tuple[type[BaseException], ...] = (),
+    refusal: Refusal | None = None,
+) -> Callable[[C], C]:
+    """Class decorator: every public coroutine method raises `StoreRefused` for `refused`
+    errors (and those `refusal` accepts) and `StoreUnavailable` for `unavailable` ones."""
+
+    def refuses(exc: BaseException) -> bool:
+        return isinstance(exc, refused) or (refusal is not None and refusal(exc))
 
     def wrap(method: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
         @functools.wraps(method)
         async def guarded(*args: Any, **kwargs: Any) -> Any:
             try:
                 return await method(*args, **kwargs)
-            except errors as exc:
-                raise StoreUnavailable(f"{store} unavailable: {one_line(exc)}") from exc
+            except Exception as exc:
+                if refuses(exc):
+                    raise StoreRefused(f"{store} refused the data: {one_line(exc)}") from exc
+                if isinstance(exc, unavailable):
+                    raise StoreUnavailable(f"{store} unavailable: {one_line(exc)}") from exc
+                raise
 
         return guarded
 

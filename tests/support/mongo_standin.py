@@ -11,7 +11,30 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import bson
 import mongomock
+
+_WRITES = frozenset(
+    {
+        "insert_one",
+        "insert_many",
+        "update_one",
+        "update_many",
+        "replace_one",
+        "find_one_and_update",
+        "find_one_and_replace",
+    }
+)
+
+
+def _encode_like_the_driver(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """PyMongo encodes every document it sends as BSON and refuses what BSON cannot hold (NUL
+    in a key, an integer beyond 64 bits, an unpaired surrogate); mongomock does not. Encoding
+    here makes the stand-in refuse the same writes the driver would."""
+    for value in (*args, *kwargs.values()):
+        for doc in value if isinstance(value, list) else [value]:
+            if isinstance(doc, dict):
+                bson.encode(doc)
 
 
 class _Cursor:
@@ -61,9 +84,12 @@ class _Collection:
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._c, name)
+        writes = name in _WRITES
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             await asyncio.sleep(0)
+            if writes:
+                _encode_like_the_driver(args, kwargs)
             return method(*args, **kwargs)
 
         return call
