@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from datetime import timedelta
+from urllib.parse import unquote, urlsplit
 
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import AbstractRobustConnection
 
 from shared.broker.connection import connect, quorum_available, server_version
 from shared.broker.consumer import Consumer, ConsumerPolicy, Handler
@@ -27,8 +28,9 @@ def queue_policy(settings: Settings, connection: AbstractRobustConnection) -> Qu
         # Classic queues report only "redelivered", not how often: the redelivery limit (and
         # with it the end-to-end retry budget) could not be enforced.
         raise ConfigurationError(
-            f"RabbitMQ {server_version(connection)} has no quorum queues (3.8 or later needed): "
-            "without them a failing message's deliveries cannot be counted"
+            f"RabbitMQ {server_version(connection)} is older than 3.10: orderflow needs quorum "
+            "queues that count a failing message's deliveries and hold its delayed retries "
+            "(message TTL, at-least-once dead-lettering)"
         )
     return QueuePolicy(
         quorum=True,
@@ -45,7 +47,16 @@ def consumer_policy(settings: Settings) -> ConsumerPolicy:
         dedupe_window=timedelta(seconds=settings.inbox_ttl_s),
         claim_ttl=timedelta(seconds=settings.inbox_claim_ttl_s),
         handler_timeout=settings.handler_timeout_s,
+        delayed_retries=settings.delayed_retries,
+        retry_delay=settings.retry_delay_s,
+        own_user=broker_user(settings.rabbitmq_url),
     )
+
+
+def broker_user(url: str) -> str | None:
+    """The user a broker URL logs in as (what RabbitMQ checks a message's `user_id` against)."""
+    username = urlsplit(url).username
+    return unquote(username) if username else None
 
 
 async def open_broker(settings: Settings, *, name: str) -> AbstractRobustConnection:
@@ -120,13 +131,13 @@ class Runtime:
         channel = await self.connection.channel()
         reporter = self.reporter()
 
-        async def on_poison(reason: str, error: str, message: AbstractIncomingMessage) -> None:
+        async def on_poison(reason: str, error: str, message_id: str) -> None:
             if reason == "conflict":
                 return  # the handler raised its own, more specific alert
             await reporter.alert(
                 AlertKind.POISON_MESSAGE,
-                f"message {message.message_id} on {queue} dead-lettered ({reason}): {error}",
-                alert_id=f"poison:{queue}:{message.message_id}:{reason}",
+                f"message {message_id} on {queue} dead-lettered ({reason}): {error}",
+                alert_id=f"poison:{queue}:{message_id}:{reason}",
                 severity=Severity.WARNING,
                 queue=queue,
                 reason=reason,

@@ -111,6 +111,13 @@ class Settings(BaseSettings):
     """How long a consumer's claim on a message id lasts before another may take it over."""
     handler_timeout_s: float = Field(default=20.0, gt=0)
     """Upper bound on handling one message (keep it below the inbox claim TTL)."""
+    delayed_retries: int = Field(default=3, ge=0, le=100)
+    """Times a message whose handling failed unexpectedly (not an outage, not a refusal) is set
+    aside in its queue's retry queue and tried again; then it is dead-lettered
+    (`retries-exhausted`) with the last error."""
+    retry_delay_s: float = Field(default=10.0, gt=0, le=24 * 3600)
+    """How long a message set aside waits in the retry queue before it comes back (the
+    messages behind it go on meanwhile)."""
 
     # -- the agents
     agent_attempts_per_request: int = Field(default=3, ge=1, le=100)

@@ -1,8 +1,9 @@
 """One error hierarchy for every orderflow process.
 
-The broker adapter maps these to what happens to a message: a `TransientError` is retried
-(requeued), a `ContractViolation` is dead-lettered with its reason, a `PermanentError` is a
-business outcome the handler has already recorded.
+The broker adapter maps these to what happens to a message (the table in
+shared/broker/consumer.py): a `ServiceUnavailable` or `PublishError` is an outage that holds the
+message, a `PermanentError` (a `ContractViolation`, a `StoreRefused`) dead-letters it at once
+with its reason, and anything else is set aside for a delayed retry.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ class TransientError(OrderflowError):
 
 
 class PermanentError(OrderflowError):
-    """A failure that will not go away by retrying: do not retry."""
+    """A failure that will not go away by retrying: do not retry (a consumer dead-letters the
+    message that caused it at once, with `reason`)."""
+
+    reason: str = "permanent"
 
 
 class ContractViolation(PermanentError):

@@ -12,10 +12,10 @@ tests compare it with a table of uses, a system test runs every process under it
 | kind          | consumes               | publishes to                    | declares        |
 |---------------|------------------------|---------------------------------|-----------------|
 | admin (init)  | -                      | -                               | the topology    |
-| submission    | orders                 | dlx, alerts, status             | -               |
+| submission    | orders                 | dlx, orders.retry, alerts, status | -             |
 | scheduler     | its reply queue        | direct (requests), alerts, status | its reply queue |
 | supervisor    | -                      | alerts, status                  | -               |
-| agent X       | agent.X                | dlx, alerts, replies            | -               |
+| agent X       | agent.X                | dlx, agent.X.retry, alerts, replies | -           |
 | operator      | every DLQ (get, purge) | direct (replays)                | -               |
 | application A | its status queues      | submit                          | its status queues |
 
@@ -94,7 +94,7 @@ def grant(names: Names, role: str) -> Grant:
         return Grant(configure=everything, write=everything, read=everything)
     if role == "submission":
         return Grant(
-            write=_one(names.dead_letters, names.alerts, names.status),
+            write=_one(names.dead_letters, names.retry(names.orders), names.alerts, names.status),
             read=_one(names.orders),
             topics=(TopicGrant(names.status, write=status_keys),),
         )
@@ -115,9 +115,10 @@ def grant(names: Names, role: str) -> Grant:
             topics=(TopicGrant(names.status, write=status_keys),),
         )
     if role.startswith("agent-") and role.removeprefix("agent-") in AGENTS:
+        queue = names.agent(role.removeprefix("agent-"))
         return Grant(
-            write=_one(names.dead_letters, names.alerts, names.replies),
-            read=_one(names.agent(role.removeprefix("agent-"))),
+            write=_one(names.dead_letters, names.retry(queue), names.alerts, names.replies),
+            read=_one(queue),
             topics=(TopicGrant(names.replies, write=reply),),
         )
     if role == "operator":

@@ -6,12 +6,14 @@ import aio_pika
 from aio_pika.abc import AbstractRobustConnection
 
 from shared.broker.topology import supports_quorum
+from shared.broker.wire import tolerate_undecodable_properties
 from shared.errors import ServiceUnavailable, one_line
 from shared.store.urls import redact
 
 
 async def connect(url: str, *, timeout: float, name: str) -> AbstractRobustConnection:
     """Connect, or raise `ServiceUnavailable` with a one-line reason."""
+    tolerate_undecodable_properties()  # no client's message may close this connection
     try:
         return await aio_pika.connect_robust(
             url, timeout=timeout, client_properties={"connection_name": name}

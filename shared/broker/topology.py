@@ -14,8 +14,9 @@ from aio_pika.abc import AbstractChannel, AbstractQueue
 from shared.domain.workflow import AGENTS
 from shared.errors import ConfigurationError
 
-QUORUM_SINCE = (3, 8)
-"""The first RabbitMQ release with quorum queues."""
+QUORUM_SINCE = (3, 10)
+"""The first RabbitMQ release with what orderflow needs of quorum queues: delivery counts
+(3.8), message TTL and at-least-once dead-lettering (3.10, for the retry queues)."""
 
 APP_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")
 """A submitting application's name: it prefixes its status queues, so no dots."""
@@ -78,6 +79,14 @@ class Names:
     def dlq(queue: str) -> str:
         return f"{queue}.dlq"
 
+    @staticmethod
+    def retry(queue: str) -> str:
+        """The retry queue of an input queue, and the fanout exchange bound only to it: a
+        message set aside waits there for its delay, then the broker dead-letters it back to
+        `queue` (through the direct exchange). Only `queue`'s consumer may write to it, and it
+        leads nowhere else, so it cannot carry a message into another process's queue."""
+        return f"{queue}.retry"
+
     def reply_queue(self, process: str) -> str:
         """A private, per-process reply queue: it dies with its process, and so do late replies."""
         return f"{self.hub}.reply.{process}.{uuid.uuid4().hex[:12]}"
@@ -123,7 +132,7 @@ class Names:
     def input_queues(self, agents: tuple[str, ...] = AGENTS) -> list[str]:
         return [self.orders, *(self.agent(a) for a in agents)]
 
-    def exchanges(self) -> list[str]:
+    def exchanges(self, agents: tuple[str, ...] = AGENTS) -> list[str]:
         """Every exchange `declare_topology` declares."""
         return [
             self.exchange,
@@ -132,12 +141,19 @@ class Names:
             self.submit,
             self.replies,
             self.status,
+            *(self.retry(q) for q in self.input_queues(agents)),
         ]
 
     def durable_queues(self, agents: tuple[str, ...] = AGENTS) -> list[str]:
-        """Every queue `declare_topology` declares: the input queues, their DLQs, the alerts."""
+        """Every queue `declare_topology` declares: the input queues, their DLQs and retry
+        queues, the alerts."""
         inputs = self.input_queues(agents)
-        return [*inputs, *(self.dlq(q) for q in inputs), self.alerts]
+        return [
+            *inputs,
+            *(self.dlq(q) for q in inputs),
+            *(self.retry(q) for q in inputs),
+            self.alerts,
+        ]
 
 
 @dataclass(frozen=True)
@@ -180,6 +196,19 @@ def durable_queue_arguments(policy: QueuePolicy) -> dict[str, Any]:
     return {"x-queue-type": "quorum"} if policy.quorum else {}
 
 
+def retry_queue_arguments(names: Names, queue: str) -> dict[str, Any]:
+    """A quorum queue whose messages expire after their own delay (per-message TTL) and are
+    then dead-lettered back to `queue`, at least once: a message set aside is never lost on
+    its way back (at-least-once dead-lettering needs reject-publish, RabbitMQ 3.10)."""
+    return {
+        "x-queue-type": "quorum",
+        "x-dead-letter-exchange": names.exchange,
+        "x-dead-letter-routing-key": queue,
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+    }
+
+
 async def declare_topology(
     channel: AbstractChannel, names: Names, policy: QueuePolicy, agents: tuple[str, ...] = AGENTS
 ) -> None:
@@ -205,6 +234,13 @@ async def declare_topology(
             channel, queue_name, input_queue_arguments(names, queue_name, policy)
         )
         await queue.bind(direct, routing_key=queue_name)
+        retry_exchange = await channel.declare_exchange(
+            names.retry(queue_name), aio_pika.ExchangeType.FANOUT, durable=True
+        )
+        retry = await _declare_queue(
+            channel, names.retry(queue_name), retry_queue_arguments(names, queue_name)
+        )
+        await retry.bind(retry_exchange)
         if queue_name == names.orders:
             await queue.bind(submit)
     kept = await _declare_queue(channel, names.alerts, durable_queue_arguments(policy))
@@ -234,6 +270,7 @@ async def delete_topology(
     for queue_name in names.input_queues(agents):
         await channel.queue_delete(queue_name)
         await channel.queue_delete(names.dlq(queue_name))
+        await channel.queue_delete(names.retry(queue_name))
     await channel.queue_delete(names.alerts)
-    for exchange in names.exchanges():
+    for exchange in names.exchanges(agents):
         await channel.exchange_delete(exchange)

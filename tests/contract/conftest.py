@@ -18,7 +18,10 @@ from shared.store.mongo import MongoStore
 from shared.store.port import StateStore
 from shared.store.postgres import PostgresStore
 from tests.conftest import MONGODB_URL, POSTGRES_URL, service_missing
+from tests.support.broker_harness import broker
 from tests.support.mongo_standin import StandInDatabase
+
+__all__ = ["broker"]  # the broker fixture, for every contract test
 
 STORE_KINDS = [
     pytest.param("postgresql", marks=pytest.mark.postgres, id="postgresql"),

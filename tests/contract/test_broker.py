@@ -4,130 +4,32 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from datetime import timedelta
 
 import aio_pika
 import pytest
 
-from shared.broker.connection import connect, quorum_available
+from shared.broker.connection import quorum_available
 from shared.broker.consumer import (
     REASON,
     REDACTED,
     SOURCE_QUEUE,
-    Consumer,
-    ConsumerPolicy,
     Delivery,
 )
+from shared.broker.envelope import TRUNCATED
 from shared.broker.publisher import Publisher
-from shared.broker.topology import Names, QueuePolicy, declare_topology, delete_topology
-from shared.domain.messages import StepAction, StepOutcome, StepReply
-from shared.errors import InvalidMessage, PublishRejected, PublishUnroutable, TransientError
-from shared.store.postgres import PostgresStore
-from tests.conftest import POSTGRES_URL, RABBITMQ_URL, service_missing
+from shared.broker.topology import QueuePolicy, declare_topology
+from shared.errors import (
+    InvalidMessage,
+    PermanentError,
+    PublishRejected,
+    PublishUnroutable,
+    StoreRefused,
+    TransientError,
+)
+from tests.support.broker_harness import LIMIT, ORDERS_MAX, Broker, reply, send
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
-
-ORDERS_MAX = 3
-LIMIT = 3
-
-
-@dataclass
-class Broker:
-    names: Names
-    connection: aio_pika.abc.AbstractRobustConnection
-    publisher: Publisher
-    store: PostgresStore
-    consumers: list[Consumer] = field(default_factory=list)
-
-    async def consume(self, queue: str, handler, *, dead_letters=None, **policy) -> Consumer:
-        channel = await self.connection.channel()
-        defaults = {
-            "prefetch": 10,
-            "redelivery_limit": LIMIT,
-            "max_message_bytes": 4096,
-            "dedupe_window": timedelta(hours=1),
-            "claim_ttl": timedelta(seconds=5),
-            "handler_timeout": 5.0,
-            "requeue_backoff_cap": 0.05,
-        }
-        consumer = Consumer(
-            channel=channel,
-            queue=queue,
-            names=self.names,
-            handler=handler,
-            store=self.store,
-            dead_letter_publisher=dead_letters or self.publisher,
-            policy=ConsumerPolicy(**(defaults | policy)),
-            holder=f"test-{uuid.uuid4().hex[:6]}",
-        )
-        await consumer.start()
-        self.consumers.append(consumer)
-        return consumer
-
-    async def dead_letters(self, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
-        channel = await self.connection.channel()
-        dlq = await channel.get_queue(self.names.dlq(queue))
-        got = []
-        while (message := await dlq.get(no_ack=True, fail=False)) is not None:
-            got.append(message)
-        await channel.close()
-        return got
-
-
-@pytest.fixture
-async def broker(hub: str) -> AsyncIterator[Broker]:
-    try:
-        connection = await connect(RABBITMQ_URL, timeout=5, name="contract-tests")
-    except Exception as exc:
-        service_missing("RabbitMQ", exc)
-    try:
-        store = await PostgresStore.connect(
-            POSTGRES_URL, hub, pool_size=5, timeout=5, command_timeout=10
-        )
-    except Exception as exc:
-        await connection.close()
-        service_missing("PostgreSQL", exc)
-    await store.init()
-    names = Names(hub)
-    policy = QueuePolicy(
-        quorum=quorum_available(connection), delivery_limit=LIMIT, orders_max_length=ORDERS_MAX
-    )
-    channel = await connection.channel()
-    await declare_topology(channel, names, policy)
-    b = Broker(names, connection, await Publisher.open(connection, timeout=5), store)
-    try:
-        yield b
-    finally:
-        for consumer in b.consumers:
-            await consumer.stop(drain_timeout=2)
-        await delete_topology(channel, names)
-        await store.drop()
-        await store.close()
-        await connection.close()
-
-
-def reply(order_id: str = "o-1") -> StepReply:
-    return StepReply(
-        order_id=order_id,
-        step="reserve",
-        action=StepAction.DO,
-        fencing_token=f"{order_id}:1",
-        idempotency_key=f"{order_id}:reserve",
-        outcome=StepOutcome.OK,
-        attempts_used=1,
-    )
-
-
-async def send(b: Broker, queue: str, contract=None, *, message_id: str | None = None) -> str:
-    message_id = message_id or uuid.uuid4().hex
-    await b.publisher.publish(
-        contract or reply(), exchange=b.names.exchange, routing_key=queue, message_id=message_id
-    )
-    return message_id
 
 
 async def test_topology_declaration_is_idempotent(broker: Broker) -> None:
@@ -221,34 +123,40 @@ async def test_poison_message_is_dead_lettered_with_its_reason_and_the_consumer_
     assert [m.message_id for m in dead] == ["poison-1"]
     assert dead[0].headers[REASON] == reason
     assert dead[0].headers[SOURCE_QUEUE] == queue
-    assert dead[0].body == body
+    if reason == "too-large":  # kept up to the size limit, and says how large it was
+        assert dead[0].headers[TRUNCATED] == len(body)
+        assert body.startswith(dead[0].body) and len(dead[0].body) == 4096
+    else:
+        assert dead[0].body == body
     assert consumer.stats.dead_lettered == 1
 
 
-async def test_a_failing_handler_is_retried_up_to_the_limit_then_dead_lettered(
+async def test_a_failing_handler_is_retried_after_delays_then_dead_lettered(
     broker: Broker,
 ) -> None:
     queue = broker.names.agent("inventory")
-    calls: list[int] = []
+    calls: list[tuple[int, int]] = []
 
     async def handler(d: Delivery) -> None:
-        calls.append(d.deliveries)
+        calls.append((d.deliveries, d.retries))
         raise TransientError("remote down")
 
-    await broker.consume(queue, handler)
+    consumer = await broker.consume(queue, handler)
     await send(broker, queue, message_id="always-fails")
     dead = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
-    assert dead[0].headers[REASON] == "redelivery-limit"
+    assert dead[0].headers[REASON] == "retries-exhausted"
     assert "remote down" in dead[0].headers["x-orderflow-error"]
-    assert calls == list(range(1, LIMIT + 1))
+    # Each try is a first delivery of a copy that came back from the retry queue.
+    assert calls == [(1, n) for n in range(LIMIT + 1)]
+    assert consumer.stats.set_aside == LIMIT
 
 
-async def test_a_handler_that_fails_once_is_handled_on_redelivery(broker: Broker) -> None:
+async def test_a_handler_that_fails_once_is_handled_on_its_delayed_retry(broker: Broker) -> None:
     queue = broker.names.agent("inventory")
     calls: list[int] = []
 
     async def handler(d: Delivery) -> None:
-        calls.append(d.deliveries)
+        calls.append(d.retries)
         if len(calls) == 1:
             raise TransientError("blip")
 
@@ -258,9 +166,65 @@ async def test_a_handler_that_fails_once_is_handled_on_redelivery(broker: Broker
     async def handled() -> bool:
         return consumer.stats.handled == 1
 
-    await eventually(handled, what="the redelivery handled")
-    assert calls == [1, 2]
+    await eventually(handled, what="the delayed retry handled")
+    assert calls == [0, 1]
     assert await broker.dead_letters(queue) == []
+
+
+async def test_a_message_set_aside_does_not_hold_up_the_ones_behind_it(broker: Broker) -> None:
+    """The failing message waits out its delay in the retry queue while the next ones are
+    handled; before, it was requeued at the head of the queue and came straight back."""
+    queue = broker.names.agent("inventory")
+    order: list[str] = []
+
+    async def handler(d: Delivery) -> None:
+        order.append(d.message_id)
+        if d.message_id == "bad" and d.retries == 0:
+            raise RuntimeError("an unforeseen bug, once")
+
+    consumer = await broker.consume(queue, handler, prefetch=1, retry_delay=2.0)
+    await send(broker, queue, message_id="bad")
+    behind = [await send(broker, queue) for _ in range(5)]
+
+    async def all_handled() -> bool:
+        return consumer.stats.handled == 6
+
+    await eventually(all_handled, what="every message handled")
+    assert order[0] == "bad" and order[1:6] == behind and order[6] == "bad"
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (PermanentError("the transition table refuses this"), "permanent"),
+        (StoreRefused("PostgreSQL refused the data: invalid byte sequence"), "store-refused"),
+        (InvalidMessage("not for this queue", reason="wrong-type"), "wrong-type"),
+    ],
+    ids=["permanent", "store-refused", "contract-violation"],
+)
+async def test_a_failure_that_will_repeat_is_dead_lettered_at_its_first_delivery(
+    broker: Broker, error: Exception, reason: str
+) -> None:
+    queue = broker.names.agent("payment")
+    calls: list[str] = []
+
+    async def handler(d: Delivery) -> None:
+        calls.append(d.message_id)
+        if d.message_id == "doomed":
+            raise error
+
+    consumer = await broker.consume(queue, handler)
+    await send(broker, queue, message_id="doomed")
+    good = await send(broker, queue)
+    dead = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
+    assert dead[0].headers[REASON] == reason
+    assert str(error)[:40] in dead[0].headers["x-orderflow-error"]
+
+    async def good_handled() -> bool:
+        return good in calls
+
+    await eventually(good_handled, what="the next message handled")
+    assert calls.count("doomed") == 1 and consumer.stats.set_aside == 0
 
 
 async def test_a_contract_violation_from_the_handler_dead_letters_once(broker: Broker) -> None:

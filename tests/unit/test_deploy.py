@@ -153,14 +153,26 @@ DLQS = {N.dlq(q) for q in N.input_queues()}
 # system test that runs every process under these permissions): configure, write, read.
 USES: dict[str, tuple[set[str], set[str], set[str]]] = {
     "admin": (TOPOLOGY, TOPOLOGY, TOPOLOGY),
-    "submission": (set(), {N.dead_letters, N.alerts, N.status}, {N.orders}),
+    "submission": (
+        set(),
+        {N.dead_letters, N.retry(N.orders), N.alerts, N.status},
+        {N.orders},
+    ),
     "scheduler": (
         {REPLY_Q},
         {N.exchange, N.alerts, N.status, REPLY_Q},
         {N.replies, REPLY_Q},
     ),
     "supervisor": (set(), {N.alerts, N.status}, set()),
-    **{f"agent-{a}": (set(), {N.dead_letters, N.alerts, N.replies}, {N.agent(a)}) for a in AGENTS},
+    # An agent sets a failed request aside in its own queue's retry queue, and nobody else's.
+    **{
+        f"agent-{a}": (
+            set(),
+            {N.dead_letters, N.retry(N.agent(a)), N.alerts, N.replies},
+            {N.agent(a)},
+        )
+        for a in AGENTS
+    },
     "operator": (set(), {N.exchange}, DLQS),
     "shop": ({OWN_STATUS_Q}, {N.submit, OWN_STATUS_Q}, {N.status, OWN_STATUS_Q}),
 }

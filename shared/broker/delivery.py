@@ -1,0 +1,109 @@
+"""What a consumer hands its handler, the policy it consumes by, and how it reads a failure."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from shared.domain.messages import (
+    AlertMessage,
+    Contract,
+    OrderStatusUpdate,
+    StepReply,
+    StepRequest,
+    SubmitOrder,
+)
+from shared.domain.text import cut, printable
+from shared.errors import PermanentError, PublishError, PublishUnroutable, ServiceUnavailable
+
+
+def is_outage(exc: BaseException) -> bool:
+    """A store or broker that cannot be reached: not the message's fault, and it stops every
+    message alike. An unroutable publish is not one (a queue is missing: that may be fixed)."""
+    if isinstance(exc, PublishError):
+        return not isinstance(exc, PublishUnroutable)
+    return isinstance(exc, ServiceUnavailable)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What a handler gets: the validated contract and the envelope around it."""
+
+    message: Contract
+    message_id: str
+    correlation_id: str | None
+    reply_to: str | None
+    headers: dict[str, Any]
+    deliveries: int
+    """1 on the first delivery; more when the broker redelivers."""
+    user_id: str | None = None
+    """The publisher's broker user when it set `user_id` (RabbitMQ checks it is the connection's
+    user, so it cannot be forged); kept across delayed retries."""
+    retries: int = 0
+    """Delayed retries this message has had (0 the first time it is handled)."""
+
+
+Handler = Callable[[Delivery], Awaitable[None]]
+PoisonHook = Callable[[str, str, str], Awaitable[None]]
+"""Called after a dead-letter with (reason, error, message id)."""
+
+
+@dataclass(frozen=True)
+class ConsumerPolicy:
+    prefetch: int
+    redelivery_limit: int
+    max_message_bytes: int
+    dedupe_window: timedelta
+    claim_ttl: timedelta
+    handler_timeout: float
+    outage_patience: float = 300.0
+    """How long a message is held, retrying, while a server it needs is unavailable."""
+    delayed_retries: int = 3
+    """Times a message whose handler failed unexpectedly is set aside and tried again."""
+    retry_delay: float = 10.0
+    """Seconds a message set aside waits in the retry queue before it comes back."""
+    own_user: str | None = None
+    """This process's broker user: the `user_id` of its retry copies (see Envelope.sender)."""
+    outage_backoff_cap: float = 5.0
+    busy_poll: float = 0.5
+
+
+def order_fields(contract: Contract) -> dict[str, str | None]:
+    """The order a message is about, as log fields (the fencing token names the instance)."""
+    if isinstance(contract, StepRequest | StepReply):
+        return {
+            "order_id": contract.order_id,
+            "instance_id": contract.fencing_token,
+            "step": contract.step,
+        }
+    if isinstance(contract, SubmitOrder):
+        return {"order_id": contract.order.order_id}
+    if isinstance(contract, OrderStatusUpdate):
+        return {"order_id": contract.order_id}
+    if isinstance(contract, AlertMessage):
+        return {"order_id": contract.alert.order_id}
+    return {}
+
+
+def delivery_count(message: AbstractIncomingMessage) -> int:
+    """Deliveries so far, this one included (quorum queues count returns in a header)."""
+    returned = (message.headers or {}).get("x-delivery-count")
+    if isinstance(returned, int) and not isinstance(returned, bool) and returned >= 0:
+        return returned + 1
+    return 2 if message.redelivered else 1
+
+
+def reason_of(exc: PermanentError) -> str:
+    """The dead-letter reason of a failure that will fail the same way again."""
+    return str(getattr(exc, "reason", "permanent"))
+
+
+def shown(value: object) -> str:
+    """A property value as safe, short text for a log line or an error (bytes included)."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "backslashreplace")
+    return printable(cut(str(value), 120)) if value is not None else "(none)"

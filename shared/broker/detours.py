@@ -1,0 +1,148 @@
+"""The two ways a message leaves its queue other than by being handled: to its dead-letter queue
+(it will fail the same way again), or aside into its retry queue (it may pass later). Either
+way a copy is published with confirms first, and only then is the original acknowledged; a
+copy the broker does not take leaves the original requeued, never lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from shared.broker.delivery import ConsumerPolicy, Delivery, PoisonHook, delivery_count, shown
+from shared.broker.envelope import Envelope, dead_letter_copy, retry_copy
+from shared.broker.publisher import Publisher
+from shared.broker.topology import Names
+from shared.domain.text import cut, printable
+from shared.errors import PublishError, one_line
+from shared.metrics import DEAD_LETTERS, MESSAGES
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Stats:
+    """One consumer's counts (the process-wide ones are the `orderflow_messages` metrics)."""
+
+    handled: int = 0
+    duplicates: int = 0
+    dead_lettered: int = 0
+    requeued: int = 0
+    set_aside: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+class Detours:
+    """Dead-letters and sets aside the messages of one input queue."""
+
+    def __init__(
+        self,
+        *,
+        queue: str,
+        names: Names,
+        publisher: Publisher,
+        policy: ConsumerPolicy,
+        stats: Stats,
+        on_poison: PoisonHook | None,
+    ) -> None:
+        self._queue = queue
+        self._names = names
+        self._publisher = publisher
+        self._policy = policy
+        self._stats = stats
+        self._on_poison = on_poison
+
+    def count(self, outcome: str) -> None:
+        MESSAGES.labels(self._queue, outcome).inc()
+
+    async def requeue(self, message: AbstractIncomingMessage) -> None:
+        self._stats.requeued += 1
+        self.count("requeued")
+        await message.nack(requeue=True)
+
+    async def dead_letter(
+        self, message: AbstractIncomingMessage, envelope: Envelope, reason: str, error: str
+    ) -> bool:
+        """Copy the message to its dead-letter queue with the reason, then ack the original;
+        False when the copy could not be published and the original was requeued instead."""
+        copy = dead_letter_copy(
+            message,
+            envelope,
+            reason=reason,
+            error=error,
+            queue=self._queue,
+            deliveries=delivery_count(message),
+            max_body=self._policy.max_message_bytes,
+        )
+        try:
+            await self._publisher.publish_raw(
+                copy, exchange=self._names.dead_letters, routing_key=self._queue
+            )
+        except PublishError:
+            log.exception("could not dead-letter a message; requeueing it instead")
+            await self.requeue(message)
+            return False
+        self._stats.dead_lettered += 1
+        self._stats.reasons[reason] = self._stats.reasons.get(reason, 0) + 1
+        self.count("dead_lettered")
+        DEAD_LETTERS.labels(self._queue, reason).inc()
+        log.warning(
+            "message dead-lettered", extra={"reason": reason, "error": cut(printable(error), 300)}
+        )
+        await message.ack()
+        if self._on_poison is not None:
+            message_id = envelope.message_id or shown(envelope.raw_message_id)
+            with contextlib.suppress(Exception):
+                await self._on_poison(reason, error, message_id)
+        return True
+
+    async def set_aside(
+        self,
+        message: AbstractIncomingMessage,
+        envelope: Envelope,
+        delivery: Delivery,
+        exc: Exception,
+    ) -> None:
+        """An unexpected failure may pass later: the message waits in the retry queue, out of
+        the way of the ones behind it, and comes back after the delay; past the delayed
+        retries it goes to its DLQ with the last error."""
+        error = f"{type(exc).__name__}: {one_line(exc, 900)}"
+        if delivery.retries >= self._policy.delayed_retries:
+            await self.dead_letter(
+                message,
+                envelope,
+                "retries-exhausted",
+                f"failed after {delivery.retries} delayed retries; last error {error}",
+            )
+            return
+        copy = retry_copy(
+            message,
+            envelope,
+            retries=delivery.retries + 1,
+            delay_s=self._policy.retry_delay,
+            error=error,
+            own_user=self._policy.own_user,
+            sender=delivery.user_id,
+        )
+        try:
+            await self._publisher.publish_raw(
+                copy, exchange=self._names.retry(self._queue), routing_key=self._queue
+            )
+        except PublishError:
+            log.exception("could not set a failed message aside; requeueing it instead")
+            await self.requeue(message)
+            return
+        log.warning(
+            "handler failed; message set aside for a delayed retry",
+            extra={
+                "retry": delivery.retries + 1,
+                "delay_s": self._policy.retry_delay,
+                "error": cut(printable(error), 300),
+            },
+        )
+        self._stats.set_aside += 1
+        self.count("set_aside")
+        await message.ack()

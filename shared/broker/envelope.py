@@ -1,0 +1,221 @@
+"""A received message's envelope, read defensively, and the copies the consumer publishes of it.
+
+Everything in an AMQP message is the sender's choice, not only its body: a property may hold
+bytes that are not UTF-8 (pamqp then hands over `bytes`, not `str`), a header may hold a value
+the client library cannot encode again (bytes, again) or be large enough that our copy with
+its own headers no longer fits in a frame — the broker then closes the whole connection. So:
+
+- `Envelope.of` reads the properties a handler relies on as text or None, never raising;
+- `carried_headers` keeps of the sender's headers only what can be sent again and fits a
+  budget, and never a header of ours (`x-orderflow-…`): a dead letter's reason or source queue
+  is what this consumer says, not what the sender wrote;
+- `dead_letter_copy` and `retry_copy` build the copies from those parts only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractIncomingMessage
+from pamqp import encode
+
+from shared.broker.wire import UNDECODABLE_HEADERS
+from shared.domain.redaction import redact_body
+from shared.domain.text import cut, printable, unsafe_characters
+from shared.domain.timing import utcnow
+
+OURS = "x-orderflow-"
+REASON = "x-orderflow-reason"
+REDACTED = "x-orderflow-redacted"
+"""Set on a dead letter whose body had payment details masked (shared/domain/redaction.py)."""
+ERROR = "x-orderflow-error"
+SOURCE_QUEUE = "x-orderflow-source-queue"
+DEAD_LETTERED_AT = "x-orderflow-dead-lettered-at"
+DELIVERIES = "x-orderflow-deliveries"
+RETRIES = "x-orderflow-retries"
+"""Delayed retries a message has had (set on the copy put in the retry queue)."""
+SENDER = "x-orderflow-sender"
+"""The original message's broker-checked `user_id`, carried through the retry queue."""
+TRUNCATED = "x-orderflow-truncated"
+"""Set on a dead letter whose body was cut to the size limit: the original size in bytes."""
+HEADERS_DROPPED = "x-orderflow-headers-dropped"
+"""The sender's headers left out of a copy: names, or `all` past the size budget."""
+
+BROKERS = frozenset({"x-delivery-count"})
+"""Headers the broker sets per queue: meaningless on a copy in another queue."""
+HEADER_BUDGET = 8 * 1024
+"""Bytes of the sender's headers a copy carries: with ours it stays far below a frame."""
+ERROR_LIMIT = 1000
+"""Characters of the error text a dead letter carries."""
+
+
+def _text(value: object) -> str | None:
+    """A property as text, or None when it is missing, not text, or unsafe to use."""
+    if not isinstance(value, str) or not value or unsafe_characters(value):
+        return None
+    return value
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """The properties of a received message, each text or None."""
+
+    message_id: str | None
+    type: str | None
+    correlation_id: str | None
+    reply_to: str | None
+    content_type: str | None
+    user_id: str | None
+    headers: dict[str, Any]
+    raw_message_id: object
+    """The message id as received, to say what was wrong with it."""
+    undecodable: str | None = None
+    """What of the properties could not be decoded (shared/broker/wire.py), if anything."""
+
+    @classmethod
+    def of(cls, message: AbstractIncomingMessage) -> Envelope:
+        headers: dict[str, Any] = dict(message.headers or {})
+        undecodable = None
+        if UNDECODABLE_HEADERS in headers:
+            undecodable = f"a header table of {headers[UNDECODABLE_HEADERS]!r} bytes"
+            headers = {}
+        return cls(
+            message_id=_text(message.message_id),
+            type=_text(message.type),
+            correlation_id=_text(message.correlation_id),
+            reply_to=_text(message.reply_to),
+            content_type=_text(message.content_type),
+            user_id=_text(message.user_id),
+            headers=headers,
+            raw_message_id=message.message_id,
+            undecodable=undecodable,
+        )
+
+    def refusal(self) -> tuple[str, str] | None:
+        """(reason, error) when the envelope alone refuses the message: nothing of it can be
+        trusted to name, dedupe or route it."""
+        if self.undecodable is not None:
+            return (
+                "invalid-properties",
+                f"{self.undecodable} could not be decoded (not UTF-8, or out of range)",
+            )
+        if self.message_id is not None:
+            return None
+        if self.raw_message_id in (None, ""):
+            return "missing-message-id", "no message_id"
+        shown = printable(cut(str(self.raw_message_id), 120))
+        return "invalid-message-id", f"message_id {shown} is not text without control characters"
+
+    def retries(self, limit: int) -> int:
+        """Delayed retries so far, from our header; a sender's odd value counts as none."""
+        value = self.headers.get(RETRIES)
+        if isinstance(value, bool) or not isinstance(value, int):
+            return 0
+        return min(max(value, 0), limit)
+
+    def sender(self, own_user: str | None) -> str | None:
+        """Who published the message, as the broker checked it. A copy that came back from the
+        retry queue carries our own `user_id` (which only we can set: the broker checks it) and
+        the original sender in a header; anything else is its own `user_id` or unknown."""
+        if own_user is not None and self.user_id == own_user and RETRIES in self.headers:
+            return _text(self.headers.get(SENDER))
+        return self.user_id
+
+
+def _encodable(name: str, value: Any) -> int | None:
+    """The encoded size of one header, or None when the client library cannot send it."""
+    try:
+        return len(encode.field_table({name: value}))
+    except Exception:  # pamqp raises TypeError, ValueError or struct.error
+        return None
+
+
+def carried_headers(headers: dict[str, Any]) -> dict[str, Any]:
+    """The sender's headers a copy may carry: encodable, not ours, within the budget."""
+    kept: dict[str, Any] = {}
+    dropped: list[str] = []
+    size = 0
+    for name, value in headers.items():
+        if not isinstance(name, str) or name.startswith(OURS) or name in BROKERS:
+            continue
+        encoded = _encodable(name, value)
+        if encoded is None:
+            dropped.append(printable(cut(name, 60)))
+            continue
+        size += encoded
+        kept[name] = value
+    if size > HEADER_BUDGET:
+        return {HEADERS_DROPPED: f"all ({size} bytes over the {HEADER_BUDGET}-byte budget)"}
+    if dropped:
+        kept[HEADERS_DROPPED] = cut(", ".join(dropped), 500)
+    return kept
+
+
+def _properties(envelope: Envelope) -> dict[str, Any]:
+    return {
+        "message_id": envelope.message_id,
+        "correlation_id": envelope.correlation_id,
+        "reply_to": envelope.reply_to,
+        "type": envelope.type,
+        "content_type": envelope.content_type,
+        "delivery_mode": aio_pika.DeliveryMode.PERSISTENT,
+    }
+
+
+def dead_letter_copy(
+    message: AbstractIncomingMessage,
+    envelope: Envelope,
+    *,
+    reason: str,
+    error: str,
+    queue: str,
+    deliveries: int,
+    max_body: int,
+) -> aio_pika.Message:
+    """What goes to the DLQ: the body redacted (and cut to `max_body`), our headers saying why."""
+    body = message.body
+    headers = carried_headers(envelope.headers)
+    if len(body) > max_body:
+        headers[TRUNCATED] = len(body)
+        body = body[:max_body]
+    body, redacted = redact_body(body)
+    headers |= {
+        REASON: reason,
+        ERROR: cut(printable(error), ERROR_LIMIT),
+        SOURCE_QUEUE: queue,
+        DEAD_LETTERED_AT: utcnow().isoformat(),
+        DELIVERIES: deliveries,
+    }
+    if envelope.retries(1000):
+        headers[RETRIES] = envelope.retries(1000)
+    if redacted:
+        headers[REDACTED] = True
+    return aio_pika.Message(body, headers=headers, **_properties(envelope))
+
+
+def retry_copy(
+    message: AbstractIncomingMessage,
+    envelope: Envelope,
+    *,
+    retries: int,
+    delay_s: float,
+    error: str,
+    own_user: str | None,
+    sender: str | None,
+) -> aio_pika.Message:
+    """What is set aside in the retry queue: the message as it came, back after `delay_s`."""
+    headers = carried_headers(envelope.headers) | {
+        RETRIES: retries,
+        ERROR: cut(printable(error), ERROR_LIMIT),
+    }
+    if sender is not None:
+        headers[SENDER] = sender
+    return aio_pika.Message(
+        message.body,
+        headers=headers,
+        expiration=delay_s,
+        user_id=own_user,
+        **_properties(envelope),
+    )

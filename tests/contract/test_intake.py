@@ -1,0 +1,204 @@
+"""Contract: what a hostile sender can put in a message besides its body — properties that are
+not UTF-8, headers the client library cannot send again, headers too large to copy, our own
+`x-orderflow-…` headers forged — is dead-lettered or handled on its first delivery, and the
+consumer goes on with the messages behind it (real RabbitMQ, inbox on the real PostgreSQL).
+
+Before, each of these stopped intake: a message id, type or header name that is not UTF-8, or
+a timestamp past the year 9999, made pamqp fail inside the connection's reader, which closed
+the consumer's connection; the message came back first in line after the reconnect, and closed
+it again (shared/broker/wire.py). A header value that is not UTF-8 reaches the consumer as
+`bytes`, which the client library cannot encode into a dead letter (TypeError, requeued
+forever); an oversized dead-letter copy made the broker close the connection.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import aio_pika
+import aiormq
+import pytest
+
+from shared.broker.consumer import REASON, SOURCE_QUEUE, Delivery
+from shared.broker.envelope import HEADERS_DROPPED, RETRIES, SENDER
+from tests.support.broker_harness import Broker, reply, send
+from tests.support.waiting import eventually
+from tests.support.wire_bytes import HUGE_TIMESTAMP, Raw, raw_bytes_on_the_wire
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
+
+
+async def _publish(b: Broker, queue: str, message: aio_pika.Message) -> None:
+    await b.publisher.publish_raw(message, exchange=b.names.exchange, routing_key=queue)
+
+
+async def _publish_raw(b: Broker, queue: str, body: bytes, **properties: Any) -> None:
+    """Publish below aio-pika, which turns a bytes message id into the text of its repr."""
+    channel = await b.connection.channel()
+    underlay = await channel.get_underlay_channel()
+    props = aiormq.spec.Basic.Properties(message_type="step.reply")
+    for name, value in properties.items():
+        object.__setattr__(props, name, value)  # past pamqp's own type checks
+    with raw_bytes_on_the_wire():
+        await underlay.basic_publish(
+            body, exchange=b.names.exchange, routing_key=queue, properties=props
+        )
+    await channel.close()
+
+
+async def _consume_recording(b: Broker, queue: str) -> list[Delivery]:
+    seen: list[Delivery] = []
+
+    async def handler(d: Delivery) -> None:
+        seen.append(d)
+
+    await b.consume(queue, handler)
+    return seen
+
+
+async def _good_one_after(b: Broker, queue: str, seen: list[Delivery]) -> None:
+    good = await send(b, queue)
+
+    async def handled() -> bool:
+        return any(d.message_id == good for d in seen)
+
+    await eventually(handled, what="the message behind handled")
+
+
+@pytest.mark.parametrize(
+    ("properties", "reason"),
+    [
+        # aio-pika turns a message id of bytes into the text of its repr: usable, so the body
+        # decides (before, the connection closed before any of it).
+        ({"message_id": Raw(b"\xff\xfe")}, "malformed"),
+        ({"message_id": "m-type", "message_type": Raw(b"\xc3\x28")}, "unknown-type"),
+        ({"message_id": "m-header", "headers": {Raw(b"\xff"): 1}}, "invalid-properties"),
+        ({"message_id": "m-ts", "timestamp": HUGE_TIMESTAMP}, "malformed"),
+        ({"message_id": "m-ct", "content_type": Raw(b"\xff")}, "malformed"),
+    ],
+    ids=["message-id", "type", "header-name", "timestamp", "content-type"],
+)
+async def test_properties_no_library_can_decode_are_dead_lettered_and_the_connection_stays(
+    broker: Broker, properties: dict[str, Any], reason: str
+) -> None:
+    queue = broker.names.agent("inventory")
+    seen = await _consume_recording(broker, queue)
+    await _publish_raw(broker, queue, b"{not json", **properties)
+    await _good_one_after(broker, queue, seen)
+    (dead,) = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
+    assert dead.headers[REASON] == reason
+    assert dead.headers["x-orderflow-deliveries"] == 1  # its first delivery, no reconnect
+    assert not broker.connection.is_closed
+
+
+async def test_a_control_character_in_the_message_id_is_refused_too(broker: Broker) -> None:
+    queue = broker.names.agent("inventory")
+    seen = await _consume_recording(broker, queue)
+    await _publish(
+        broker, queue, aio_pika.Message(reply().to_json(), message_id="id\x00\x1b[2J", type="x")
+    )
+    await _good_one_after(broker, queue, seen)
+    (dead,) = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
+    assert dead.headers[REASON] == "invalid-message-id"
+
+
+async def test_a_header_the_client_cannot_send_again_is_left_out_of_the_dead_letter(
+    broker: Broker,
+) -> None:
+    queue = broker.names.agent("payment")
+    seen = await _consume_recording(broker, queue)
+    await _publish_raw(
+        broker,
+        queue,
+        b"{not json",
+        message_id="bad-header",
+        headers={"binary": Raw(b"\xff\x00"), "kept": "yes"},
+    )
+    await _good_one_after(broker, queue, seen)
+    (dead,) = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
+    assert dead.headers[REASON] == "malformed"
+    assert dead.headers["kept"] == "yes" and "binary" not in dead.headers
+    assert dead.headers[HEADERS_DROPPED] == "binary"
+
+
+async def test_headers_too_large_to_copy_are_dropped_and_the_connection_stays_up(
+    broker: Broker,
+) -> None:
+    queue = broker.names.agent("payment")
+    seen = await _consume_recording(broker, queue)
+    big = {f"h{i}": "x" * 1000 for i in range(100)}  # ~100 KB: fits a frame, not with ours
+    await _publish(
+        broker,
+        queue,
+        aio_pika.Message(b"{not json", message_id="big", type="step.reply", headers=big),
+    )
+    await _good_one_after(broker, queue, seen)
+    (dead,) = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
+    assert dead.headers[REASON] == "malformed"
+    assert str(dead.headers[HEADERS_DROPPED]).startswith("all")
+    assert not broker.connection.is_closed
+
+
+async def test_forged_orderflow_headers_are_never_taken_for_ours(broker: Broker) -> None:
+    queue = broker.names.orders
+    seen = await _consume_recording(broker, queue)
+    forged = {
+        REASON: "operator-approved",
+        SOURCE_QUEUE: broker.names.agent("payment"),
+        "x-orderflow-error": "nothing wrong",
+    }
+    await _publish(
+        broker,
+        queue,
+        aio_pika.Message(b"[]", message_id="forged", type="order.submit", headers=forged),
+    )
+    await _good_one_after(broker, queue, seen)
+    (dead,) = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
+    assert dead.headers[REASON] == "malformed"
+    assert dead.headers[SOURCE_QUEUE] == queue
+
+
+async def test_a_sender_claimed_in_a_header_is_not_believed(broker: Broker) -> None:
+    queue = broker.names.agent("shipping")
+    seen = await _consume_recording(broker, queue)
+    message = aio_pika.Message(
+        reply().to_json(),
+        message_id="claims-a-sender",
+        type="step.reply",
+        headers={SENDER: "another-app", RETRIES: 1},
+    )
+    await _publish(broker, queue, message)
+
+    async def handled() -> bool:
+        return bool(seen)
+
+    await eventually(handled, what="the message handled")
+    assert seen[0].user_id is None  # no broker-checked user_id: the header proves nothing
+
+
+async def test_the_sender_is_kept_across_a_delayed_retry(broker: Broker) -> None:
+    queue = broker.names.agent("shipping")
+    seen: list[Delivery] = []
+
+    async def handler(d: Delivery) -> None:
+        seen.append(d)
+        if len(seen) == 1:
+            raise RuntimeError("once")
+
+    await broker.consume(queue, handler)
+    message_id = uuid.uuid4().hex
+    await _publish(
+        broker,
+        queue,
+        aio_pika.Message(
+            reply().to_json(), message_id=message_id, type="step.reply", user_id="guest"
+        ),
+    )
+
+    async def retried() -> bool:
+        return len(seen) == 2
+
+    await eventually(retried, what="the delayed retry")
+    assert [d.user_id for d in seen] == ["guest", "guest"]
+    assert [d.retries for d in seen] == [0, 1]

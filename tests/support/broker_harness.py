@@ -1,0 +1,120 @@
+"""The broker harness of the contract tests: the real RabbitMQ, the inbox on the real PostgreSQL,
+a hub of the test's own, and real consumers that the fixture stops at the end."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import aio_pika
+import pytest
+
+from shared.broker.connection import connect, quorum_available
+from shared.broker.consumer import Consumer, ConsumerPolicy
+from shared.broker.publisher import Publisher
+from shared.broker.topology import Names, QueuePolicy, declare_topology, delete_topology
+from shared.domain.messages import StepAction, StepOutcome, StepReply
+from shared.store.postgres import PostgresStore
+from tests.conftest import POSTGRES_URL, RABBITMQ_URL, service_missing
+
+ORDERS_MAX = 3
+LIMIT = 3
+
+
+@dataclass
+class Broker:
+    names: Names
+    connection: aio_pika.abc.AbstractRobustConnection
+    publisher: Publisher
+    store: PostgresStore
+    consumers: list[Consumer] = field(default_factory=list)
+
+    async def consume(self, queue: str, handler, *, dead_letters=None, **policy) -> Consumer:
+        channel = await self.connection.channel()
+        defaults = {
+            "prefetch": 10,
+            "redelivery_limit": LIMIT,
+            "max_message_bytes": 4096,
+            "dedupe_window": timedelta(hours=1),
+            "claim_ttl": timedelta(seconds=5),
+            "handler_timeout": 5.0,
+            "delayed_retries": LIMIT,
+            "retry_delay": 0.2,
+            "own_user": "guest",
+        }
+        consumer = Consumer(
+            channel=channel,
+            queue=queue,
+            names=self.names,
+            handler=handler,
+            store=self.store,
+            dead_letter_publisher=dead_letters or self.publisher,
+            policy=ConsumerPolicy(**(defaults | policy)),
+            holder=f"test-{uuid.uuid4().hex[:6]}",
+        )
+        await consumer.start()
+        self.consumers.append(consumer)
+        return consumer
+
+    async def dead_letters(self, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
+        channel = await self.connection.channel()
+        dlq = await channel.get_queue(self.names.dlq(queue))
+        got = []
+        while (message := await dlq.get(no_ack=True, fail=False)) is not None:
+            got.append(message)
+        await channel.close()
+        return got
+
+
+@pytest.fixture
+async def broker(hub: str) -> AsyncIterator[Broker]:
+    try:
+        connection = await connect(RABBITMQ_URL, timeout=5, name="contract-tests")
+    except Exception as exc:
+        service_missing("RabbitMQ", exc)
+    try:
+        store = await PostgresStore.connect(
+            POSTGRES_URL, hub, pool_size=5, timeout=5, command_timeout=10
+        )
+    except Exception as exc:
+        await connection.close()
+        service_missing("PostgreSQL", exc)
+    await store.init()
+    names = Names(hub)
+    policy = QueuePolicy(
+        quorum=quorum_available(connection), delivery_limit=LIMIT, orders_max_length=ORDERS_MAX
+    )
+    channel = await connection.channel()
+    await declare_topology(channel, names, policy)
+    b = Broker(names, connection, await Publisher.open(connection, timeout=5), store)
+    try:
+        yield b
+    finally:
+        for consumer in b.consumers:
+            await consumer.stop(drain_timeout=2)
+        await delete_topology(channel, names)
+        await store.drop()
+        await store.close()
+        await connection.close()
+
+
+def reply(order_id: str = "o-1") -> StepReply:
+    return StepReply(
+        order_id=order_id,
+        step="reserve",
+        action=StepAction.DO,
+        fencing_token=f"{order_id}:1",
+        idempotency_key=f"{order_id}:reserve",
+        outcome=StepOutcome.OK,
+        attempts_used=1,
+    )
+
+
+async def send(b: Broker, queue: str, contract=None, *, message_id: str | None = None) -> str:
+    message_id = message_id or uuid.uuid4().hex
+    await b.publisher.publish(
+        contract or reply(), exchange=b.names.exchange, routing_key=queue, message_id=message_id
+    )
+    return message_id

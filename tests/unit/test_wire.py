@@ -1,0 +1,54 @@
+"""pamqp alone closes the connection over properties it cannot decode; the tolerant decoding
+(shared/broker/wire.py) reads every such frame and says what it could not decode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pamqp.commands
+import pamqp.frame
+import pamqp.header
+import pytest
+
+from shared.broker import wire
+from tests.support.wire_bytes import HUGE_TIMESTAMP, Raw, raw_bytes_on_the_wire
+
+BAD = {
+    "message-id": {"message_id": Raw(b"\xff\xfe")},
+    "header-name": {"headers": {Raw(b"\xff"): 1}},
+    "timestamp": {"timestamp": HUGE_TIMESTAMP},
+    "content-type": {"content_type": Raw(b"\xc3\x28")},
+}
+
+
+def _frame(properties: dict[str, Any]) -> bytes:
+    props = pamqp.commands.Basic.Properties(message_id="m", app_id="after")
+    for name, value in properties.items():
+        object.__setattr__(props, name, value)
+    header = pamqp.header.ContentHeader(0, 3, props)
+    with raw_bytes_on_the_wire():
+        return pamqp.frame.marshal(header, 1)
+
+
+@pytest.mark.parametrize("what", sorted(BAD))
+def test_pamqp_alone_cannot_read_the_frame(what: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pamqp.base.BasicProperties, "unmarshal", wire._strict_unmarshal)
+    monkeypatch.setitem(pamqp.decode.METHODS, "shortstr", wire._strict_short_str)
+    with pytest.raises(pamqp.exceptions.UnmarshalingException):
+        pamqp.frame.unmarshal(_frame(BAD[what]))
+
+
+@pytest.mark.parametrize("what", sorted(BAD))
+def test_the_tolerant_decoding_reads_it_and_the_properties_after_it(what: str) -> None:
+    wire.tolerate_undecodable_properties()
+    _, _, header = pamqp.frame.unmarshal(_frame(BAD[what]))
+    props = header.properties
+    assert props.app_id == "after"  # what follows the bad property is read as sent
+    if what == "message-id":
+        assert props.message_id == b"\xff\xfe"
+    elif what == "header-name":
+        assert set(props.headers) == {wire.UNDECODABLE_HEADERS}
+    elif what == "timestamp":
+        assert props.timestamp is None
+    else:
+        assert props.content_type == b"\xc3\x28"
