@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from aio_pika.abc import AbstractRobustConnection
 
 from shared.broker.connection import connect, quorum_available, server_version
 from shared.broker.consumer import Consumer, ConsumerPolicy, Handler
+from shared.broker.delivery import INTAKE_HEALTHY
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names, QueuePolicy, declare_topology
 from shared.config import Settings
@@ -21,6 +24,8 @@ from shared.metrics import MetricsEndpoint, serve_metrics
 from shared.reporting import Reporter
 from shared.store.factory import open_store
 from shared.store.port import StateStore
+
+log = logging.getLogger(__name__)
 
 
 def queue_policy(settings: Settings, connection: AbstractRobustConnection) -> QueuePolicy:
@@ -74,6 +79,9 @@ class Runtime:
     publisher: Publisher
     names: Names
     metrics: MetricsEndpoint | None = None
+    consumers: list[Consumer] = field(default_factory=list)
+    intake: list[dict[str, Any]] = field(default_factory=list)
+    """The consumers' intake as last checked (each beat, and each `/healthz`)."""
 
     @classmethod
     async def open(cls, settings: Settings, name: str) -> Runtime:
@@ -104,27 +112,45 @@ class Runtime:
 
     async def health(self) -> dict[str, bool]:
         """`/healthz`: the broker connection is up (a robust connection clears `connected`
-        while it reconnects) and the store answers a ping."""
+        while it reconnects), the store answers a ping, and every consumer is taking messages
+        (or paused on purpose: see `Consumer.intake`)."""
         try:
             await self.store.ping()
             store = True
         except Exception:
             store = False
-        return {"broker": self.connection.connected.is_set(), "store": store}
+        checks = {"broker": self.connection.connected.is_set(), "store": store}
+        if self.consumers:
+            await self.refresh_intake()
+            checks["intake"] = all(i["state"] in INTAKE_HEALTHY for i in self.intake)
+        return checks
+
+    async def refresh_intake(self) -> None:
+        stall = self.settings.intake_stall_s
+        self.intake = [await c.intake(stall_after_s=stall) for c in self.consumers]
+        for status in self.intake:
+            if status["state"] not in INTAKE_HEALTHY:
+                log.warning("a consumer is not taking messages", extra={"intake": status})
 
     def reporter(self) -> Reporter:
         return Reporter(self.store, self.publisher, self.names, self.name)
 
     def heartbeat(self, kind: str, data: StatusData, checks: tuple[Check, ...] = ()) -> Heartbeat:
-        """This process's status, reported every `heartbeat_s` while the returned context runs."""
+        """This process's status, reported every `heartbeat_s` while the returned context runs;
+        with its consumers' intake when it has any."""
+
+        def status() -> dict[str, Any]:
+            return {**data(), "intake": self.intake} if self.consumers else data()
+
         return Heartbeat(
             self.store,
             name=self.name,
             kind=kind,
             every_s=self.settings.heartbeat_s,
             metrics_port=self.settings.metrics_port,
-            data=data,
+            data=status,
             checks=checks,
+            prepare=self.refresh_intake if self.consumers else None,
         )
 
     async def consumer(self, queue: str, handler: Handler, *, dedupe: bool = True) -> Consumer:
@@ -143,7 +169,7 @@ class Runtime:
                 reason=reason,
             )
 
-        return Consumer(
+        consumer = Consumer(
             channel=channel,
             queue=queue,
             names=self.names,
@@ -154,6 +180,8 @@ class Runtime:
             holder=self.name,
             on_poison=on_poison,
         )
+        self.consumers.append(consumer)
+        return consumer
 
     async def close(self) -> None:
         if self.metrics is not None:

@@ -115,6 +115,9 @@ class Settings(BaseSettings):
     """Times a message whose handling failed unexpectedly (not an outage, not a refusal) is set
     aside in its queue's retry queue and tried again; then it is dead-lettered
     (`retries-exhausted`) with the last error."""
+    intake_stall_s: float = Field(default=60.0, gt=0)
+    """A consumer that has taken no message for this long while its queue has ready ones is
+    reported `stalled` (heartbeat, `/healthz`, `orderflow stats`)."""
     retry_delay_s: float = Field(default=10.0, gt=0, le=24 * 3600)
     """How long a message set aside waits in the retry queue before it comes back (the
     messages behind it go on meanwhile)."""

@@ -63,6 +63,7 @@ class Heartbeat:
         metrics_port: int,
         data: StatusData,
         checks: Sequence[Check] = (),
+        prepare: Check | None = None,
     ) -> None:
         self._store = store
         self.name = name
@@ -71,6 +72,8 @@ class Heartbeat:
         self._metrics_port = metrics_port
         self._data = data
         self._checks = list(checks)
+        self._prepare = prepare
+        """Run before each status is built (what it reads must be fresh)."""
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Heartbeat:
@@ -94,6 +97,11 @@ class Heartbeat:
 
     async def beat(self) -> None:
         """Report the status once, then run the checks."""
+        if self._prepare is not None:
+            try:
+                await self._prepare()
+            except Exception:
+                log.exception("could not gather this process's status")
         status = status_of(
             self.name,
             self.kind,

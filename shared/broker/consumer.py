@@ -56,6 +56,7 @@ from shared.broker.delivery import (
     Handler,
     PoisonHook,
     delivery_count,
+    intake_state,
     is_outage,
     order_fields,
     reason_of,
@@ -176,17 +177,43 @@ class Consumer:
         """Deliveries being handled right now."""
         return len(self._inflight)
 
-    def subscribed(self) -> bool:
+    async def subscribed(self) -> bool:
         """Whether the broker still delivers to this consumer: it has not been paused, and its
         channel is open and still knows the consumer (the broker may cancel one, e.g. when
         its queue is deleted, and a channel closed by an error drops them all)."""
         if self._tag is None or self._channel.is_closed:
             return False
         try:
-            underlay = self._channel.get_underlay_channel()
+            underlay = await self._channel.get_underlay_channel()
         except Exception:  # no underlying channel: reconnecting
             return False
-        return self._tag in getattr(underlay, "consumers", {self._tag: None})
+        consumers = getattr(underlay, "consumers", None)  # aiormq's Channel has it
+        return consumers is None or self._tag in consumers
+
+    async def intake(self, *, stall_after_s: float) -> dict[str, Any]:
+        """This consumer's intake, for the heartbeat, `/healthz` and `orderflow stats`."""
+        ready: int | None = None
+        if self._queue is not None and not self._channel.is_closed:
+            with contextlib.suppress(Exception):  # unknown while the channel reconnects
+                declared = await self._queue.declare(timeout=2)
+                ready = declared.message_count
+        since = self.last_taken or self.subscribed_at
+        idle_s = time.monotonic() - since if since is not None else 0.0
+        state = intake_state(
+            started=self._queue is not None,
+            paused=self._tag is None,
+            subscribed=await self.subscribed(),
+            ready=ready,
+            idle_s=idle_s,
+            stall_after_s=stall_after_s,
+        )
+        return {
+            "queue": self._queue_name,
+            "state": state,
+            "ready": ready,
+            "in_hand": len(self._inflight),
+            "idle_s": round(idle_s, 1),
+        }
 
     async def pause(self) -> None:
         """Stop taking new messages; the ones in hand finish normally."""

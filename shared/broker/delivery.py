@@ -97,6 +97,33 @@ def delivery_count(message: AbstractIncomingMessage) -> int:
     return 2 if message.redelivered else 1
 
 
+INTAKE_HEALTHY = frozenset({"consuming", "paused"})
+"""Intake states in which a consumer is doing its job (`paused`: admission control chose to)."""
+
+
+def intake_state(
+    *,
+    started: bool,
+    paused: bool,
+    subscribed: bool,
+    ready: int | None,
+    idle_s: float,
+    stall_after_s: float,
+) -> str:
+    """What a consumer's intake is doing: `consuming`; `paused` on purpose; `not-subscribed`
+    (the broker no longer delivers to it: its channel closed, or the broker cancelled it);
+    `stalled` (messages wait in its queue and it has taken none for `stall_after_s`)."""
+    if not started:
+        return "not-started"
+    if paused:
+        return "paused"
+    if not subscribed:
+        return "not-subscribed"
+    if ready and idle_s > stall_after_s:
+        return "stalled"
+    return "consuming"
+
+
 def reason_of(exc: PermanentError) -> str:
     """The dead-letter reason of a failure that will fail the same way again."""
     return str(getattr(exc, "reason", "permanent"))

@@ -13,6 +13,7 @@ forever); an oversized dead-letter copy made the broker close the connection.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -202,3 +203,55 @@ async def test_the_sender_is_kept_across_a_delayed_retry(broker: Broker) -> None
     await eventually(retried, what="the delayed retry")
     assert [d.user_id for d in seen] == ["guest", "guest"]
     assert [d.retries for d in seen] == [0, 1]
+
+
+# -- intake is observable: a consumer says when it has stopped taking messages
+
+
+async def test_a_consumer_says_it_is_consuming_or_paused(broker: Broker) -> None:
+    queue = broker.names.agent("inventory")
+    consumer = await broker.consume(queue, _noop)
+    status = await consumer.intake(stall_after_s=60)
+    assert status["state"] == "consuming" and status["queue"] == queue
+    await consumer.pause()
+    assert (await consumer.intake(stall_after_s=60))["state"] == "paused"
+    await consumer.resume()
+    assert (await consumer.intake(stall_after_s=60))["state"] == "consuming"
+
+
+async def test_a_consumer_the_broker_cancelled_says_it_is_not_subscribed(broker: Broker) -> None:
+    queue = broker.names.agent("inventory")
+    consumer = await broker.consume(queue, _noop)
+    channel = await broker.connection.channel()
+    await channel.queue_delete(queue)  # the broker cancels the consumer
+
+    async def not_subscribed() -> bool:
+        return (await consumer.intake(stall_after_s=60))["state"] == "not-subscribed"
+
+    await eventually(not_subscribed, what="the consumer reporting not-subscribed")
+
+
+async def test_a_consumer_taking_nothing_while_messages_wait_says_it_is_stalled(
+    broker: Broker,
+) -> None:
+    queue = broker.names.agent("payment")
+    release = asyncio.Event()
+
+    async def stuck(d: Delivery) -> None:
+        await release.wait()
+
+    consumer = await broker.consume(queue, stuck, prefetch=1, handler_timeout=30.0)
+    await send(broker, queue)
+    await send(broker, queue)  # waits behind the first, which never finishes
+
+    async def stalled() -> dict[str, Any] | None:
+        status = await consumer.intake(stall_after_s=0.5)
+        return status if status["state"] == "stalled" else None
+
+    status = await eventually(stalled, what="the consumer reporting stalled")
+    assert status["ready"] == 1 and status["in_hand"] == 1
+    release.set()
+
+
+async def _noop(d: Delivery) -> None:
+    return None

@@ -29,10 +29,12 @@ from shared.domain.messages import (
     StepReply,
     StepRequest,
     SubmitOrder,
+    decode,
 )
 from shared.domain.models import Address, OrderData, OrderLine
 from shared.domain.states import ProcessState
 from shared.domain.text import unsafe_characters
+from shared.errors import ContractViolation
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 TYPES = [t.value for t in MessageType]
@@ -257,3 +259,21 @@ def valid_orders(draw: st.DrawFn, order_id: str | None = None) -> OrderData:
 
 def contract_of(type_name: str) -> type[Contract]:
     return CONTRACTS[MessageType(type_name)]
+
+
+def type_property(type_name: str | None) -> str | None:
+    """AMQP's type property holds 255 bytes at most: a longer one is cut (a client library
+    refuses to send more)."""
+    if type_name is None:
+        return None
+    return type_name.encode("utf-8", "surrogatepass")[:255].decode("utf-8", "ignore") or None
+
+
+def expected_outcome(type_name: str | None, body: bytes) -> str:
+    """What submission must do with a message: the reason of its dead letter, or `handled`
+    (a valid order: recorded, or, if another order holds its id, dead-lettered `conflict`)."""
+    try:
+        contract = decode(type_name, body, max_bytes=64 * 1024)
+    except ContractViolation as exc:
+        return exc.reason
+    return "handled" if isinstance(contract, SubmitOrder) else "wrong-type"

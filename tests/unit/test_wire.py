@@ -52,3 +52,26 @@ def test_the_tolerant_decoding_reads_it_and_the_properties_after_it(what: str) -
         assert props.timestamp is None
     else:
         assert props.content_type == b"\xc3\x28"
+
+
+# -- the intake states (shared/broker/delivery.intake_state)
+
+from shared.broker.delivery import INTAKE_HEALTHY, intake_state  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("facts", "state"),
+    [
+        ({"started": False}, "not-started"),
+        ({"paused": True, "subscribed": False}, "paused"),
+        ({"subscribed": False}, "not-subscribed"),
+        ({"ready": 3, "idle_s": 61.0}, "stalled"),
+        ({"ready": 3, "idle_s": 59.0}, "consuming"),
+        ({"ready": 0, "idle_s": 3600.0}, "consuming"),  # idle with nothing to take is fine
+        ({"ready": None, "idle_s": 3600.0}, "consuming"),  # unknown depth is not a stall
+    ],
+)
+def test_intake_state(facts: dict[str, Any], state: str) -> None:
+    given = {"started": True, "paused": False, "subscribed": True, "ready": 0, "idle_s": 0.0}
+    assert intake_state(**(given | facts), stall_after_s=60.0) == state
+    assert (state in INTAKE_HEALTHY) == (state in ("consuming", "paused"))
