@@ -35,6 +35,7 @@ from shared.domain.models import Address, OrderData, OrderLine
 from shared.domain.states import ProcessState
 from shared.domain.text import unsafe_characters
 from shared.errors import ContractViolation
+from tests.support.factories import order_data
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 TYPES = [t.value for t in MessageType]
@@ -42,20 +43,7 @@ TYPES = [t.value for t in MessageType]
 
 def sample_contracts(order_id: str = "o-1") -> list[Contract]:
     """One valid message of every contract."""
-    order = OrderData(
-        order_id=order_id,
-        customer_id="c-42",
-        lines=[OrderLine(sku="sku-1", quantity=2, unit_price_cents=1250)],
-        currency="EUR",
-        payment_token="tok_visa_4242",
-        shipping_address=Address(
-            name="Ada Lovelace",
-            line1="12 St James's Sq",
-            city="London",
-            postal_code="SW1Y 4JH",
-            country="GB",
-        ),
-    )
+    order = order_data(order_id)
     return [
         SubmitOrder(order=order, reply_to="h.status.shop.abc"),
         StepRequest(
