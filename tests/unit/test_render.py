@@ -6,16 +6,26 @@ import io
 import json
 import logging
 import sys
+from datetime import timedelta
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 from rich.table import Table
 
+from services.cli.explain import plain_console
+from services.cli.inspect import render_stats
+from services.cli.order_actions import report
+from services.cli.orders import _print_groups, _print_show
 from services.cli.render import PlainFormatter, plain, shown
+from shared.domain.models import ErrorInfo
+from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.text import unsafe_characters
+from shared.domain.timing import utcnow
 from shared.telemetry import JsonFormatter
+from tests.support.factories import order_pair
 from tests.support.hostile import (
     CLEAR,
     CSI8,
@@ -24,6 +34,8 @@ from tests.support.hostile import (
     NUL,
     RLO,
     TITLE,
+    assert_escaped,
+    assert_harmless,
 )
 
 PARTS = [TITLE, CLEAR, CSI8, RLO, NUL, LINK, "[bold red]", "[/]", ":smile:", "\\", "\n", "\t"]
@@ -109,3 +121,98 @@ def test_process_logs_are_ascii_json_lines() -> None:
     line = JsonFormatter(process=f"p{RLO}", hub="h").format(record)
     assert line.isascii() and "\n" not in line
     assert json.loads(line)["event"] == f"got {HOSTILE}"
+
+
+@pytest.fixture
+def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commands' consoles write as to a terminal (styles and all), 200 columns wide."""
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+def _show_result() -> dict[str, Any]:
+    """`orders show`'s data for the human view, with hostile text wherever data goes."""
+    error = {"kind": "permanent", "message": f"declined {HOSTILE}", "at": "2026-12-01T00:00:00"}
+    step = {"step": f"ship{RLO}", "status": "Failed", "attempts": 1, "seconds": None}
+    return {
+        "order_id": "o-1",
+        "received_at": "2026-12-01T00:00:00+00:00",
+        "order": {
+            "customer_id": f"c-{HOSTILE}",
+            "lines": [{"quantity": 1, "unit_price_cents": 100}],
+            "currency": f"EU{CSI8}",
+            "payment_token": "tok_abcd…",
+            "shipping_address": {"country": "GB", "postal_code": f"SW1{CLEAR}"},
+        },
+        "state": {
+            "process_state": "Error",
+            "workflow": f"order{TITLE} v1",
+            "attempt": 1,
+            "failure_count": 1,
+            "failure_threshold": 3,
+            "retry_budget": {"used": 1, "limit": 10},
+            "locked_by": f"o-1:1{TITLE}",
+            "owner": f"scheduler{LINK}",
+            "complete_by": None,
+            "error": error,
+            "steps": [step | {"error": error}],
+            "next": f"parked for an operator: {HOSTILE}",
+        },
+        "compensation": [
+            {"step": "ship", "undo": f"cancel{CLEAR}", "status": "Pending", "idempotency_key": LINK}
+        ],
+    }
+
+
+@pytest.mark.usefixtures("terminal")
+def test_orders_show_writes_no_control_of_the_data(capsys: pytest.CaptureFixture[str]) -> None:
+    _print_show(_show_result())
+    out = capsys.readouterr().out
+    assert "\x1b[" in out  # rich did write to "a terminal": its own styles are there
+    assert_harmless(out, styled=True)
+    assert_escaped(out)
+    assert "customer c-\\x1b]0;pwned\\x07" in out and "EU\\x9b31m" in out
+
+
+@pytest.mark.usefixtures("terminal")
+def test_failure_groups_write_no_control_of_the_data(capsys: pytest.CaptureFixture[str]) -> None:
+    _, record = order_pair("o-1")
+    error = ErrorInfo.model_construct(kind=ErrorKind.PERMANENT, message=HOSTILE, at=utcnow())
+    parked = record.model_copy(update={"process_state": ProcessState.ERROR, "error": error})
+    _print_groups([parked], utcnow() + timedelta(seconds=1), as_json=False)
+    out = capsys.readouterr().out
+    assert_harmless(out, styled=True)
+    # Fingerprinted first (its digits are `#`), escaped as it is shown.
+    assert "\\x1b]#;pwned\\x07\\x1b[#J\\x9b#m\\u202e" + LINK in out
+
+
+@pytest.mark.usefixtures("terminal")
+def test_stats_write_no_control_of_the_data(capsys: pytest.CaptureFixture[str]) -> None:
+    result = {
+        "hub": "shop",
+        "by_state": {"Error": 1},
+        "queues": {f"shop.orders{RLO}": 0},
+        "processes": [
+            {"name": f"s-1{TITLE}", "kind": LINK, "seen": "1s ago", "data": {"note": CLEAR}}
+        ],
+        "leader": f"s-1{CSI8}",
+        "open_breakers": [f"s-1: inventory.reserve{LINK}"],
+        "stuck_pending": [f"o-1{RLO}"],
+        "stuck_pending_capped": False,
+        "overdue": [],
+        "overdue_capped": False,
+        "count_cap": 1000,
+    }
+    plain_console().print(render_stats(result))
+    out = capsys.readouterr().out
+    assert_harmless(out, styled=True)
+    assert_escaped(out)
+
+
+def test_action_reports_write_no_control(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        report([("o-1", f"refused: {HOSTILE}")], as_json=False, dry_run=False)
+    out = capsys.readouterr().out
+    assert_harmless(out)
+    assert_escaped(out)
