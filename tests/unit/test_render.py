@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -9,14 +10,18 @@ import sys
 from datetime import timedelta
 from typing import Any
 
+import click
 import pytest
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 from rich.table import Table
 
+from services.cli import up
 from services.cli.explain import plain_console
 from services.cli.inspect import render_stats
+from services.cli.main import OrderflowGroup
 from services.cli.order_actions import report
 from services.cli.orders import _print_groups, _print_show
 from services.cli.render import PlainFormatter, plain, shown
@@ -24,6 +29,7 @@ from shared.domain.models import ErrorInfo
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.text import unsafe_characters
 from shared.domain.timing import utcnow
+from shared.errors import OrderflowError
 from shared.telemetry import JsonFormatter
 from tests.support.factories import order_pair
 from tests.support.hostile import (
@@ -216,3 +222,33 @@ def test_action_reports_write_no_control(capsys: pytest.CaptureFixture[str]) -> 
     out = capsys.readouterr().out
     assert_harmless(out)
     assert_escaped(out)
+
+
+async def test_up_copies_its_childrens_lines_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    stream = asyncio.StreamReader()
+    stream.feed_data(f'{{"event": "ok"}}\nraw {HOSTILE}\r\n'.encode() + b"\xff\x9b2J\n last")
+    stream.feed_eof()
+    await up._pump("scheduler-1", stream, 12)
+    lines = capsys.readouterr().out.split("\n")
+    assert lines == [
+        'scheduler-1  | {"event": "ok"}',
+        f"scheduler-1  | raw {plain(HOSTILE)}\\x0d",
+        "scheduler-1  | \ufffd\ufffd2J",  # not UTF-8: replacement characters, never raw bytes
+        "scheduler-1  |  last",
+        "",
+    ]
+
+
+def test_an_error_line_is_escaped() -> None:
+    @click.group(cls=OrderflowGroup)
+    def group() -> None:
+        pass
+
+    @group.command()
+    def fail() -> None:
+        raise OrderflowError(f"the remote said {HOSTILE}")
+
+    result = CliRunner().invoke(group, ["fail"])
+    assert result.exit_code == 1
+    assert_harmless(result.stderr)
+    assert_escaped(result.stderr)
