@@ -23,6 +23,7 @@ from rich.table import Table
 
 from services.cli.explain import add_columns, human_age, plain_console
 from services.cli.orders import BadInput
+from services.cli.render import plain, shown
 from shared.bootstrap import open_broker
 from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
 from shared.broker.publisher import Publisher
@@ -130,11 +131,11 @@ def list_cmd(ctx: click.Context, queue: str | None, as_json: bool) -> None:
     add_columns(table, "queue", "message id", "type", "reason", "error", "dead-lettered")
     for r in rows:
         table.add_row(
-            r["queue"].removeprefix(f"{settings.hub}."),
-            str(r["message_id"]),
-            str(r["type"]),
-            str(r["reason"]),
-            str(r["error"] or "")[:60],
+            shown(r["queue"].removeprefix(f"{settings.hub}.")),
+            shown(r["message_id"]),
+            shown(r["type"]),
+            shown(r["reason"]),
+            shown(str(r["error"] or "")[:60]),
             r["age"],
         )
     plain_console().print(table)
@@ -174,13 +175,19 @@ def show_cmd(ctx: click.Context, message_id: str, queue: str | None, as_json: bo
         click.echo(json.dumps({"messages": found}))
         return
     for row in found:
-        click.echo(f"{row['message_id']} on {row['queue']} ({row['type']}, {row['bytes']} bytes)")
-        click.echo(f"  reason: {row['reason']}: {row['error']}")
-        click.echo(f"  dead-lettered {row['age']} after {row['deliveries']} delivery(ies)")
-        click.echo("  body: " + row["body"])
+        click.echo(
+            plain(f"{row['message_id']} on {row['queue']} ({row['type']}, {row['bytes']} bytes)")
+        )
+        click.echo(plain(f"  reason: {row['reason']}: {row['error']}"))
+        click.echo(plain(f"  dead-lettered {row['age']} after {row['deliveries']} delivery(ies)"))
+        # Its lines indented, so that no line of a body can pass for a line of this report.
+        click.echo("  body: " + plain(row["body"], keep_lines=True).replace("\n", "\n    "))
 
 
 def _body(body: bytes) -> str:
+    """The body as text: pretty JSON (every control escaped by `json.dumps`), or else decoded
+    with replacement characters. Not escaped yet: JSON output must keep it as it is; the human
+    view escapes it."""
     try:
         text = json.dumps(json.loads(body), indent=2)
     except (ValueError, UnicodeDecodeError):
@@ -241,9 +248,9 @@ def replay_cmd(
         click.echo(json.dumps({"replayed": done, "not_found": missing}))
     else:
         for d in done:
-            click.echo(f"{d['message_id']}: replayed to {d['queue']}")
+            click.echo(plain(f"{d['message_id']}: replayed to {d['queue']}"))
         for message_id in missing:
-            click.echo(f"{message_id}: not found in a dead-letter queue", err=True)
+            click.echo(plain(f"{message_id}: not found in a dead-letter queue"), err=True)
         click.echo(f"{len(done)} replayed")
     if missing:
         raise SystemExit(1)

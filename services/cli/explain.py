@@ -25,7 +25,9 @@ from shared.store.port import StateQuery
 
 def plain_console(*, stderr: bool = False) -> Console:
     """Rich output with no markup, emoji or highlighting: order ids, keys and error messages
-    are printed exactly as they are (`o-1:ship:undo` is not an emoji, `[x]` not markup)."""
+    are printed exactly as they are (`o-1:ship:undo` is not an emoji, `[x]` not markup).
+    Values from data reach it through `render.shown` all the same, which escapes what would
+    drive the terminal (and is literal text on any console)."""
     return Console(stderr=stderr, emoji=False, markup=False, highlight=False)
 
 

@@ -2,8 +2,9 @@
 
 It asks the process's `/healthz` (served beside `/metrics` on ORDERFLOW_METRICS_PORT): 200
 while its broker connection is open and its store answers. Exit 0 healthy, 1 not. It imports
-nothing but click and the standard library, so that `python -m services.cli.health`, what the
-compose healthchecks run every few seconds, starts in a few tens of milliseconds.
+nothing but click, the standard library and the pure `shared.domain.text` (the answer is
+shown escaped), so that `python -m services.cli.health`, what the compose healthchecks run
+every few seconds, starts in a few tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import urllib.error
 import urllib.request
 
 import click
+
+from shared.domain.text import printable  # pure, standard library only: starts fast
 
 UNHEALTHY = 1
 
@@ -40,12 +43,13 @@ def health(port: int, url: str | None, timeout: float) -> None:
         with urllib.request.urlopen(url, timeout=timeout) as answer:
             body = answer.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
-        click.echo(f"unhealthy: {url}: {exc.code} {exc.read().decode(errors='replace')}", err=True)
+        answer_text = exc.read().decode(errors="replace")
+        click.echo(printable(f"unhealthy: {url}: {exc.code} {answer_text}"), err=True)
         sys.exit(UNHEALTHY)
     except (urllib.error.URLError, OSError) as exc:
-        click.echo(f"unhealthy: {url} does not answer: {exc}", err=True)
+        click.echo(printable(f"unhealthy: {url} does not answer: {exc}"), err=True)
         sys.exit(UNHEALTHY)
-    click.echo(body.strip())
+    click.echo(printable(body.strip()))
 
 
 if __name__ == "__main__":

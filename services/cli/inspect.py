@@ -20,6 +20,7 @@ from services.cli.audit import check_dead_letters
 from services.cli.dlq import dead_letters
 from services.cli.explain import add_columns, human_age, parse_duration, plain_console
 from services.cli.orders import BadInput
+from services.cli.render import plain, shown
 from services.remote.client import RemoteClient
 from services.supervisor.service import LEASE
 from shared.bootstrap import open_broker
@@ -124,23 +125,27 @@ def render_stats(result: dict[str, Any]) -> Group:
     states.add_column("state")
     states.add_column("orders", justify="right")
     for state, n in result["by_state"].items():
-        states.add_row(state, str(n))
+        states.add_row(shown(state), str(n))
     queues = Table(title="queues")
     queues.add_column("queue")
     queues.add_column("messages", justify="right")
     for queue, n in result["queues"].items():
-        queues.add_row(queue.removeprefix(f"{hub}."), "not declared" if n is None else str(n))
+        queues.add_row(
+            shown(queue.removeprefix(f"{hub}.")), "not declared" if n is None else str(n)
+        )
     processes = Table(title=f"{len(result['processes'])} process(es) reporting")
     add_columns(processes, "process", "kind", "seen", "status")
     for p in result["processes"]:
-        processes.add_row(p["name"], p["kind"], p["seen"], _status_text(p["data"]))
+        processes.add_row(
+            shown(p["name"]), shown(p["kind"]), p["seen"], shown(_status_text(p["data"]))
+        )
     lines = [
         f"supervisor leader: {result['leader'] or 'NONE (no supervisor holds the lease)'}",
         "open circuit breakers: " + (", ".join(result["open_breakers"]) or "none"),
         _orders_line("stuck Pending orders", result, "stuck_pending"),
         _orders_line("overdue running orders", result, "overdue"),
     ]
-    return Group(states, queues, processes, *lines)
+    return Group(states, queues, processes, *map(shown, lines))
 
 
 @click.command()
@@ -230,7 +235,11 @@ def alerts_list(ctx: click.Context, since: str | None, limit: int, as_json: bool
     add_columns(table, "when", "kind", "severity", "order", "message")
     for a in found:
         table.add_row(
-            human_age(a.at, now), a.kind.value, a.severity.value, a.order_id or "", a.message[:90]
+            human_age(a.at, now),
+            a.kind.value,
+            a.severity.value,
+            shown(a.order_id or ""),
+            shown(a.message[:90]),
         )
     plain_console().print(table)
 
@@ -271,12 +280,16 @@ def audit(ctx: click.Context, grace: float, as_json: bool) -> None:
         click.echo(json.dumps(result))
     else:
         click.echo(
-            f"{result['orders']} orders, {result['effects']} ledger effects, "
-            f"{result['dead_letters']} dead letters; "
-            + ", ".join(f"{k}: {v}" for k, v in result["by_state"].items())
+            plain(
+                f"{result['orders']} orders, {result['effects']} ledger effects, "
+                f"{result['dead_letters']} dead letters; "
+                + ", ".join(f"{k}: {v}" for k, v in result["by_state"].items())
+            )
         )
         for v in result["violations"]:
-            click.echo(f"violation of invariant {v['invariant']}: {v['order_id']}: {v['message']}")
+            click.echo(
+                plain(f"violation of invariant {v['invariant']}: {v['order_id']}: {v['message']}")
+            )
         click.echo(
             "audit: ok" if result["ok"] else f"audit: {len(result['violations'])} violation(s)"
         )

@@ -18,6 +18,7 @@ from services.cli.deploy import deploy
 from services.cli.dlq import dlq
 from services.cli.health import health
 from services.cli.inspect import alerts, audit, stats, watch
+from services.cli.render import PlainFormatter, plain
 from services.cli.serve import serve
 from services.cli.submit import submit
 from services.cli.up import up
@@ -58,7 +59,8 @@ class OrderflowGroup(click.Group):
 
 
 def _fail(message: str, code: int) -> None:
-    click.echo(f"orderflow: error: {message}", err=True)
+    # An error may quote data (a remote service's answer, a server's message): escaped.
+    click.echo(f"orderflow: error: {plain(message)}", err=True)
     sys.exit(code)
 
 
@@ -88,7 +90,9 @@ def main(
     Exit codes: 0 ok, 1 failure, 2 bad configuration, 3 a server is unreachable.
     """
     # One-shot commands report failures as one line; library chatter would only repeat them.
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    stderr = logging.StreamHandler()
+    stderr.setFormatter(PlainFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[stderr])
     for chatty in ("aio_pika", "aiormq"):
         logging.getLogger(chatty).setLevel(logging.CRITICAL)
     overrides = {"hub": hub, "store_url": store_url, "rabbitmq_url": rabbitmq_url}
@@ -127,7 +131,7 @@ def init(ctx: click.Context, wait_s: float) -> None:
     kind = "quorum" if report.quorum else "classic"
     click.echo(f"store: {report.store_kind}, hub {report.hub!r}: schema and indexes ready")
     click.echo(
-        f"broker: RabbitMQ {report.broker_version}, {len(report.queues)} {kind} queues ready"
+        plain(f"broker: RabbitMQ {report.broker_version}, {len(report.queues)} {kind} queues ready")
     )
 
 

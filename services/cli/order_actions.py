@@ -36,6 +36,7 @@ from services.cli.orders import (
     matching,
     orders,
 )
+from services.cli.render import plain
 
 __all__ = ["orders"]  # the `orders` group, with these commands registered on it
 from shared.config import Settings
@@ -225,11 +226,11 @@ def report(outcomes: list[tuple[str, str]], *, as_json: bool, dry_run: bool) -> 
         )
     else:
         for order_id, outcome in outcomes if len(outcomes) <= 50 else refused[:50]:
-            click.echo(f"{order_id}: {outcome}")
+            click.echo(plain(f"{order_id}: {outcome}"))
         verb = "would be changed" if dry_run else "changed"
         click.echo(f"{len(done)} {verb}, {len(refused)} refused")
         for reason, n in count_by([_reason(r) for _, r in refused]).items():
-            click.echo(f"  {n} x {reason}")
+            click.echo(plain(f"  {n} x {reason}"))
     if refused:
         sys.exit(1)
 
@@ -386,7 +387,9 @@ def compensate_cmd(
             click.echo(f"{order_id}: undo plan" + ("" if steps else ": nothing to undo"))
             for n, s in enumerate(steps, 1):
                 mark = "" if s["will_run"] else "  (done already: skipped)"
-                click.echo(f"  {n}. {s['undo']} for {s['step']}, key {s['idempotency_key']}{mark}")
+                click.echo(
+                    plain(f"  {n}. {s['undo']} for {s['step']}, key {s['idempotency_key']}{mark}")
+                )
 
     outcomes = _run_actions(
         settings,

@@ -14,6 +14,7 @@ from typing import Any
 import click
 from pydantic import TypeAdapter, ValidationError
 from rich.table import Table
+from rich.text import Text
 
 from services.cli.explain import (
     add_columns,
@@ -27,6 +28,7 @@ from services.cli.explain import (
     step_rows,
     undo_plan,
 )
+from services.cli.render import shown
 from shared.config import Settings
 from shared.domain.journal import HistoryEvent
 from shared.domain.models import OrderId, StateRecord
@@ -192,18 +194,20 @@ def list_cmd(
     for r in records:
         error = "" if r.error is None else f"{r.error.kind.value}: {r.error.message[:60]}"
         table.add_row(
-            r.order_id,
+            shown(r.order_id),
             r.process_state.value,
-            current_step(r) or "-",
+            shown(current_step(r) or "-"),
             str(r.attempt),
             str(r.failure_count),
-            error,
+            shown(error),
             human_age(r.updated_at, now),
         )
     console = plain_console()
     console.print(table)
     if next_cursor:
-        console.print(f"more: orderflow orders list … --after '{next_cursor}'", soft_wrap=True)
+        console.print(
+            shown(f"more: orderflow orders list … --after '{next_cursor}'"), soft_wrap=True
+        )
 
 
 def _summary(r: StateRecord, now: datetime) -> dict[str, Any]:
@@ -232,10 +236,10 @@ def _print_groups(records: list[StateRecord], now: datetime, *, as_json: bool) -
         table.add_row(
             str(g.count),
             g.kind,
-            g.fingerprint[:80],
+            shown(g.fingerprint[:80]),
             ", ".join(f"{n} {s}" for s, n in g.states.items()),
             human_age(g.newest, now),
-            "\n".join(g.order_ids[:3]),
+            Text("\n").join(shown(order_id) for order_id in g.order_ids[:3]),
         )
     plain_console().print(table)
 
@@ -324,51 +328,59 @@ def _print_show(result: dict[str, Any]) -> None:
     now = utcnow()
     state = result["state"]
     order = result["order"]
-    console.print(f"order {result['order_id']}")
+    console.print(shown(f"order {result['order_id']}"))
     if order is not None:
         total = sum(line["quantity"] * line["unit_price_cents"] for line in order["lines"])
         console.print(
-            f"  customer {order['customer_id']}, {len(order['lines'])} line(s), "
-            f"{total / 100:.2f} {order['currency']}, payment {order['payment_token']}, "
-            f"ship to {order['shipping_address']['country']} "
-            f"{order['shipping_address']['postal_code']}; received {result['received_at']}"
+            shown(
+                f"  customer {order['customer_id']}, {len(order['lines'])} line(s), "
+                f"{total / 100:.2f} {order['currency']}, payment {order['payment_token']}, "
+                f"ship to {order['shipping_address']['country']} "
+                f"{order['shipping_address']['postal_code']}; received {result['received_at']}"
+            )
         )
     if state is None:
         console.print("  no state record (the audit reports this)")
         return
     budget = state["retry_budget"]
     console.print(
-        f"  state {state['process_state']} ({state['workflow']}), "
-        f"attempt {state['attempt']}, failures {state['failure_count']} of "
-        f"{state['failure_threshold']}, retry budget {budget['used']}/{budget['limit']} used"
+        shown(
+            f"  state {state['process_state']} ({state['workflow']}), "
+            f"attempt {state['attempt']}, failures {state['failure_count']} of "
+            f"{state['failure_threshold']}, retry budget {budget['used']}/{budget['limit']} used"
+        )
     )
     if state["locked_by"]:
         deadline = datetime.fromisoformat(state["complete_by"]) if state["complete_by"] else None
         console.print(
-            f"  lease: {state['locked_by']} on {state['owner'] or '?'}, "
-            f"deadline {human_age(deadline, now)}"
+            shown(
+                f"  lease: {state['locked_by']} on {state['owner'] or '?'}, "
+                f"deadline {human_age(deadline, now)}"
+            )
         )
     if state["error"]:
-        console.print(f"  error: {state['error']['kind']}: {state['error']['message']}")
+        console.print(shown(f"  error: {state['error']['kind']}: {state['error']['message']}"))
     steps = Table(title="steps")
     add_columns(steps, "step", "status", "attempts", "took", "error")
     for s in state["steps"]:
         error = s["error"]
         steps.add_row(
-            s["step"],
+            shown(s["step"]),
             s["status"],
             str(s["attempts"]),
             "-" if s["seconds"] is None else human_duration(s["seconds"]),
-            "" if error is None else f"{error['kind']}: {error['message'][:70]}",
+            shown("" if error is None else f"{error['kind']}: {error['message'][:70]}"),
         )
     console.print(steps)
     if result["compensation"]:
         undo = Table(title="undo log (newest first)")
         add_columns(undo, "step", "undo", "status", "idempotency key")
         for u in result["compensation"]:
-            undo.add_row(u["step"], u["undo"], u["status"], u["idempotency_key"])
+            undo.add_row(
+                shown(u["step"]), shown(u["undo"]), u["status"], shown(u["idempotency_key"])
+            )
         console.print(undo)
-    console.print(f"next: {state['next']}", soft_wrap=True)
+    console.print(shown(f"next: {state['next']}"), soft_wrap=True)
 
 
 # -- history ------------------------------------------------------------------------------------
@@ -428,8 +440,8 @@ def history_cmd(ctx: click.Context, order_id: str, as_json: bool) -> None:
             human_duration(row["since_previous_s"]),
             row["event"],
             "" if row["attempt"] is None else str(row["attempt"]),
-            row["step"] or "",
-            details[:90],
+            shown(row["step"] or ""),
+            shown(details[:90]),
         )
     plain_console().print(table)
     click.echo(f"{len(rows)} events over {human_duration(rows[-1]['since_start_s'])}")

@@ -16,6 +16,7 @@ import click
 from aio_pika.abc import AbstractIncomingMessage
 from pydantic import ValidationError
 
+from services.cli.render import plain
 from shared.bootstrap import open_broker
 from shared.broker.private import PrivateQueue
 from shared.broker.publisher import Publisher
@@ -230,7 +231,7 @@ async def submit_orders(
             return
         statuses[contract.order_id] = contract.status
         detail = f" ({contract.detail})" if contract.detail else ""
-        echo(f"{contract.order_id}: {contract.status.value}{detail}")
+        echo(plain(f"{contract.order_id}: {contract.status.value}{detail}"))
         if all(statuses.get(o) in FINAL for o in pending_ids):
             finished.set()
 

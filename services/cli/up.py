@@ -16,6 +16,7 @@ import sys
 
 import click
 
+from services.cli.render import plain
 from shared.bootstrap import initialise
 from shared.config import Settings
 from shared.domain.workflow import AGENTS
@@ -53,7 +54,9 @@ async def _pump(label: str, stream: asyncio.StreamReader | None, width: int) -> 
     if stream is None:
         return
     while line := await stream.readline():
-        sys.stdout.write(f"{label:<{width}} | {line.decode(errors='replace')}")
+        # A child's output is data too (a library's warning may quote anything): escaped.
+        text = plain(line.decode(errors="replace").removesuffix("\n"))
+        sys.stdout.write(f"{label:<{width}} | {text}\n")
         sys.stdout.flush()
 
 
@@ -168,6 +171,8 @@ def up(
     base = settings.metrics_port if metrics_port is None else metrics_port
     ports = metrics_ports(procs, base)
     report = asyncio.run(initialise(settings))
-    click.echo(f"up: hub {report.hub!r} on {report.store_kind}, RabbitMQ {report.broker_version}")
+    click.echo(
+        plain(f"up: hub {report.hub!r} on {report.store_kind}, RabbitMQ {report.broker_version}")
+    )
     code = asyncio.run(run_up(settings, procs, ports))
     sys.exit(code)

@@ -15,6 +15,7 @@ import click
 from rich.table import Table
 
 from services.cli.explain import add_columns, plain_console
+from services.cli.render import shown
 from shared.config import Settings
 from shared.domain.states import TERMINAL_STATES
 from shared.domain.workflow import WORKFLOWS, current_workflow
@@ -116,11 +117,11 @@ def _print(reports: list[VersionReport]) -> None:
     add_columns(table, "workflow", "version", "steps", "active", "finished", "verdict")
     for r in reports:
         table.add_row(
-            r.workflow,
+            shown(r.workflow),
             f"v{r.version}",
-            " > ".join(r.steps) or "?",
+            shown(" > ".join(r.steps) or "?"),
             str(r.active),
             str(r.finished),
-            r.verdict,
+            shown(r.verdict),
         )
     plain_console().print(table)

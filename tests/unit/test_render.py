@@ -1,0 +1,254 @@
+"""What the operator's commands show of data: escaped for the terminal, literal for rich."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import sys
+from datetime import timedelta
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+from rich.console import Console
+from rich.table import Table
+
+from services.cli import up
+from services.cli.explain import plain_console
+from services.cli.inspect import render_stats
+from services.cli.main import OrderflowGroup
+from services.cli.order_actions import report
+from services.cli.orders import _print_groups, _print_show
+from services.cli.render import PlainFormatter, plain, shown
+from shared.domain.models import ErrorInfo
+from shared.domain.states import ErrorKind, ProcessState
+from shared.domain.text import unsafe_characters
+from shared.domain.timing import utcnow
+from shared.errors import OrderflowError
+from shared.telemetry import JsonFormatter
+from tests.support.factories import order_pair
+from tests.support.hostile import (
+    CLEAR,
+    CSI8,
+    HOSTILE,
+    LINK,
+    NUL,
+    RLO,
+    TITLE,
+    assert_escaped,
+    assert_harmless,
+)
+
+PARTS = [TITLE, CLEAR, CSI8, RLO, NUL, LINK, "[bold red]", "[/]", ":smile:", "\\", "\n", "\t"]
+texts = st.one_of(
+    st.text(st.characters(exclude_categories=[])),  # every code point, surrogates too
+    st.lists(st.one_of(st.sampled_from(PARTS), st.text(max_size=3))).map("".join),
+)
+BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+
+
+def consoles(buffer: io.StringIO) -> list[Console]:
+    """Consoles that believe they write to a terminal: rich's defaults (markup, emoji and
+    highlighting on) and the commands' `plain_console` settings (all off)."""
+    wide: dict[str, Any] = {"file": buffer, "force_terminal": True, "width": 100_000}
+    return [
+        Console(**wide, color_system="truecolor"),
+        Console(**wide, color_system="truecolor", markup=False, emoji=False, highlight=False),
+    ]
+
+
+@given(texts)
+def test_a_shown_value_is_printed_as_its_plain_text_on_any_console(text: str) -> None:
+    for console in consoles(buffer := io.StringIO()):
+        console.print(shown(text), soft_wrap=True)
+        printed = buffer.getvalue()
+        buffer.truncate(0)
+        buffer.seek(0)
+        # Exactly the escaped text: no markup read, no emoji, no style, no character dropped.
+        assert printed == plain(text) + "\n"
+        for char in ("\x1b", "\x9b", "\x07", *BIDI):
+            assert char not in printed
+
+
+@given(texts)
+def test_a_shown_value_in_a_table_cell_writes_no_control(text: str) -> None:
+    for console in consoles(buffer := io.StringIO()):
+        table = Table(show_header=False)
+        table.add_row(shown(text))
+        console.print(table)
+        assert set(unsafe_characters(buffer.getvalue())) <= {"\n"}
+
+
+@given(texts)
+def test_plain_text_holds_no_unsafe_character(text: str) -> None:
+    assert unsafe_characters(plain(text)) == []
+    kept = plain(text, keep_lines=True)
+    assert set(unsafe_characters(kept)) <= {"\n"}
+    assert kept.count("\n") == text.count("\n")  # only its own line feeds, kept
+
+
+def test_escapes_are_visible_and_markup_is_literal() -> None:
+    assert plain(f"c-{TITLE}") == "c-\\x1b]0;pwned\\x07"
+    assert plain(f"{CLEAR}{CSI8}{RLO}") == "\\x1b[2J\\x9b31m\\u202e"
+    assert plain(f"a{NUL}b\nc") == "a\\x00b\\x0ac"
+    assert plain(42) == "42" and plain(None) == "None"
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=200)  # markup on
+    console.print(shown(LINK))
+    assert buffer.getvalue() == LINK + "\n"
+    # What the check guards against: the same text as a string becomes a live hyperlink.
+    console.print(LINK)
+    assert "\x1b]8;" in buffer.getvalue()
+
+
+def test_one_shot_commands_log_lines_escaped_and_tracebacks_keep_their_lines() -> None:
+    try:
+        raise ValueError(f"boom {CLEAR}")
+    except ValueError:
+        record = logging.LogRecord(
+            "x", logging.WARNING, __file__, 1, "got %s", (TITLE,), sys.exc_info()
+        )
+    line = PlainFormatter("%(levelname)s %(name)s: %(message)s").format(record)
+    assert line.startswith("WARNING x: got \\x1b]0;pwned\\x07\nTraceback")
+    assert "ValueError: boom \\x1b[2J" in line
+    assert set(unsafe_characters(line)) <= {"\n"}
+
+
+def test_process_logs_are_ascii_json_lines() -> None:
+    """The processes' logs need no escaping: `json.dumps` (ensure_ascii) escapes every control,
+    C1 and bidi character, and `default=str` values are encoded the same way."""
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "got %s", (HOSTILE,), None)
+    record.error = ValueError(f"{NUL}{CSI8}")  # an `extra=` field that is not JSON
+    line = JsonFormatter(process=f"p{RLO}", hub="h").format(record)
+    assert line.isascii() and "\n" not in line
+    assert json.loads(line)["event"] == f"got {HOSTILE}"
+
+
+@pytest.fixture
+def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commands' consoles write as to a terminal (styles and all), 200 columns wide."""
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+def _show_result() -> dict[str, Any]:
+    """`orders show`'s data for the human view, with hostile text wherever data goes."""
+    error = {"kind": "permanent", "message": f"declined {HOSTILE}", "at": "2026-12-01T00:00:00"}
+    step = {"step": f"ship{RLO}", "status": "Failed", "attempts": 1, "seconds": None}
+    return {
+        "order_id": "o-1",
+        "received_at": "2026-12-01T00:00:00+00:00",
+        "order": {
+            "customer_id": f"c-{HOSTILE}",
+            "lines": [{"quantity": 1, "unit_price_cents": 100}],
+            "currency": f"EU{CSI8}",
+            "payment_token": "tok_abcd…",
+            "shipping_address": {"country": "GB", "postal_code": f"SW1{CLEAR}"},
+        },
+        "state": {
+            "process_state": "Error",
+            "workflow": f"order{TITLE} v1",
+            "attempt": 1,
+            "failure_count": 1,
+            "failure_threshold": 3,
+            "retry_budget": {"used": 1, "limit": 10},
+            "locked_by": f"o-1:1{TITLE}",
+            "owner": f"scheduler{LINK}",
+            "complete_by": None,
+            "error": error,
+            "steps": [step | {"error": error}],
+            "next": f"parked for an operator: {HOSTILE}",
+        },
+        "compensation": [
+            {"step": "ship", "undo": f"cancel{CLEAR}", "status": "Pending", "idempotency_key": LINK}
+        ],
+    }
+
+
+@pytest.mark.usefixtures("terminal")
+def test_orders_show_writes_no_control_of_the_data(capsys: pytest.CaptureFixture[str]) -> None:
+    _print_show(_show_result())
+    out = capsys.readouterr().out
+    assert "\x1b[" in out  # rich did write to "a terminal": its own styles are there
+    assert_harmless(out, styled=True)
+    assert_escaped(out)
+    assert "customer c-\\x1b]0;pwned\\x07" in out and "EU\\x9b31m" in out
+
+
+@pytest.mark.usefixtures("terminal")
+def test_failure_groups_write_no_control_of_the_data(capsys: pytest.CaptureFixture[str]) -> None:
+    _, record = order_pair("o-1")
+    error = ErrorInfo.model_construct(kind=ErrorKind.PERMANENT, message=HOSTILE, at=utcnow())
+    parked = record.model_copy(update={"process_state": ProcessState.ERROR, "error": error})
+    _print_groups([parked], utcnow() + timedelta(seconds=1), as_json=False)
+    out = capsys.readouterr().out
+    assert_harmless(out, styled=True)
+    # Fingerprinted first (its digits are `#`), escaped as it is shown.
+    assert "\\x1b]#;pwned\\x07\\x1b[#J\\x9b#m\\u202e" + LINK in out
+
+
+@pytest.mark.usefixtures("terminal")
+def test_stats_write_no_control_of_the_data(capsys: pytest.CaptureFixture[str]) -> None:
+    result = {
+        "hub": "shop",
+        "by_state": {"Error": 1},
+        "queues": {f"shop.orders{RLO}": 0},
+        "processes": [
+            {"name": f"s-1{TITLE}", "kind": LINK, "seen": "1s ago", "data": {"note": CLEAR}}
+        ],
+        "leader": f"s-1{CSI8}",
+        "open_breakers": [f"s-1: inventory.reserve{LINK}"],
+        "stuck_pending": [f"o-1{RLO}"],
+        "stuck_pending_capped": False,
+        "overdue": [],
+        "overdue_capped": False,
+        "count_cap": 1000,
+    }
+    plain_console().print(render_stats(result))
+    out = capsys.readouterr().out
+    assert_harmless(out, styled=True)
+    assert_escaped(out)
+
+
+def test_action_reports_write_no_control(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        report([("o-1", f"refused: {HOSTILE}")], as_json=False, dry_run=False)
+    out = capsys.readouterr().out
+    assert_harmless(out)
+    assert_escaped(out)
+
+
+async def test_up_copies_its_childrens_lines_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    stream = asyncio.StreamReader()
+    stream.feed_data(f'{{"event": "ok"}}\nraw {HOSTILE}\r\n'.encode() + b"\xff\x9b2J\n last")
+    stream.feed_eof()
+    await up._pump("scheduler-1", stream, 12)
+    lines = capsys.readouterr().out.split("\n")
+    assert lines == [
+        'scheduler-1  | {"event": "ok"}',
+        f"scheduler-1  | raw {plain(HOSTILE)}\\x0d",
+        "scheduler-1  | \ufffd\ufffd2J",  # not UTF-8: replacement characters, never raw bytes
+        "scheduler-1  |  last",
+        "",
+    ]
+
+
+def test_an_error_line_is_escaped() -> None:
+    @click.group(cls=OrderflowGroup)
+    def group() -> None:
+        pass
+
+    @group.command()
+    def fail() -> None:
+        raise OrderflowError(f"the remote said {HOSTILE}")
+
+    result = CliRunner().invoke(group, ["fail"])
+    assert result.exit_code == 1
+    assert_harmless(result.stderr)
+    assert_escaped(result.stderr)
