@@ -7,24 +7,35 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+)
 
-from shared.domain.text import clean_cut, printable
+from shared.domain.text import clean_cut, is_stored, printable
 
 JOURNAL_SCHEMA_VERSION = 1
 """Version of the history, compensation-log and alert record layout written by this build."""
 
 
-def _clean_data(value: Any) -> Any:
-    """Strings in free-form journal data escaped (shared/domain/text.py): they often quote
-    errors and received values, and must neither make a write fail nor reach a screen raw."""
+def _escaped(value: Any) -> Any:
     if isinstance(value, str):
         return printable(value)
     if isinstance(value, dict):
-        return {printable(str(k)): _clean_data(v) for k, v in value.items()}
+        return {printable(str(k)): _escaped(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_clean_data(v) for v in value]
+        return [_escaped(v) for v in value]
     return value
+
+
+def _clean_data(value: Any, info: ValidationInfo) -> Any:
+    """Strings in free-form journal data escaped (shared/domain/text.py): they often quote
+    errors and received values, and must neither make a write fail nor reach a screen raw."""
+    return value if is_stored(info) else _escaped(value)
 
 
 JournalData = Annotated[dict[str, Any], BeforeValidator(_clean_data)]
@@ -32,9 +43,11 @@ JournalData = Annotated[dict[str, Any], BeforeValidator(_clean_data)]
 ALERT_ID_LIMIT = 128
 
 
-def _bounded_id(value: Any) -> Any:
+def _bounded_id(value: Any, info: ValidationInfo) -> Any:
     """An alert id over the limit keeps its start and ends in a digest of the whole, so it
     still names one condition (ids are built from message ids, which senders choose)."""
+    if is_stored(info):
+        return value
     if isinstance(value, str) and len(value) > ALERT_ID_LIMIT:
         digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:24]
         return f"{printable(value)[: ALERT_ID_LIMIT - 25]}~{digest}"

@@ -14,26 +14,37 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationInfo,
 )
 
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
-from shared.domain.text import clean_cut, refuse_unsafe
+from shared.domain.text import STORED as STORED_KEY
+from shared.domain.text import clean_cut, is_stored, refuse_unsafe
 
 RECORD_SCHEMA_VERSION = 1
 """Version of the order and state record layout written by this build."""
 
 # An order id must never contain ':' because the attempt-specific instance id is `<order_id>:<n>`.
 OrderId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+STORED: dict[str, Any] = {STORED_KEY: True}
+"""The validation context of a record read back from a store: what it holds was accepted when
+it was written, under the rules of its day, and is read as it is (and shown escaped)."""
+
+
+def _free_text(value: str, info: ValidationInfo) -> str:
+    return value if is_stored(info) else refuse_unsafe(value)
+
+
 # Free text is what a person typed: any language, but no character that drives a terminal or
 # that a store cannot hold (shared/domain/text.py); such an order is refused at validation.
 ShortText = Annotated[
-    str, StringConstraints(min_length=1, max_length=200), AfterValidator(refuse_unsafe)
+    str, StringConstraints(min_length=1, max_length=200), AfterValidator(_free_text)
 ]
 CustomerId = Annotated[
-    str, StringConstraints(min_length=1, max_length=64), AfterValidator(refuse_unsafe)
+    str, StringConstraints(min_length=1, max_length=64), AfterValidator(_free_text)
 ]
 PostalCode = Annotated[
-    str, StringConstraints(min_length=1, max_length=20), AfterValidator(refuse_unsafe)
+    str, StringConstraints(min_length=1, max_length=20), AfterValidator(_free_text)
 ]
 ERROR_TEXT_LIMIT = 2000
 ErrorText = Annotated[

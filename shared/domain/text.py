@@ -24,6 +24,8 @@ import re
 import unicodedata
 from typing import Any
 
+from pydantic import ValidationInfo
+
 _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 _UNSAFE = re.compile(f"[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029{_BIDI}]")
 """The unsafe characters (see the module docstring), as one character class."""
@@ -75,11 +77,23 @@ def cut(text: str, limit: int) -> str:
     return text[: max(0, limit - 1)] + ELLIPSIS
 
 
+STORED = "stored"
+"""The key of pydantic's validation context that marks a record read back from a store: what
+it holds was accepted when it was written, and is read as it is (shown escaped, never refused
+or rewritten)."""
+
+
+def is_stored(info: ValidationInfo) -> bool:
+    return info.context is not None and bool(info.context.get(STORED))
+
+
 def clean_cut(limit: int) -> Any:
     """A pydantic before-validator for error texts: unsafe characters escaped, then cut to
     `limit` characters, so a text of any length and content is stored instead of refused."""
 
-    def clean(value: Any) -> Any:
-        return cut(printable(value), limit) if isinstance(value, str) else value
+    def clean(value: Any, info: ValidationInfo) -> Any:
+        if is_stored(info) or not isinstance(value, str):
+            return value
+        return cut(printable(value), limit)
 
     return clean

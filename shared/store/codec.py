@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from shared.domain.models import StateRecord
+from shared.domain.models import STORED, StateRecord
 
 
 def plain(value: Any) -> Any:
@@ -45,4 +45,4 @@ def aware(value: datetime | None) -> datetime | None:
 
 
 def state_from(doc: dict[str, Any]) -> StateRecord:
-    return StateRecord.model_validate(doc, strict=False)
+    return StateRecord.model_validate(doc, strict=False, context=STORED)

@@ -34,7 +34,7 @@ from shared.domain.journal import (
     Lease,
     UndoStatus,
 )
-from shared.domain.models import OrderRecord, StateRecord
+from shared.domain.models import STORED, OrderRecord, StateRecord
 from shared.domain.states import TERMINAL_STATES, ProcessState
 from shared.domain.updates import ANY, Changes, Expect
 from shared.errors import ConfigurationError, ServiceUnavailable, one_line
@@ -75,7 +75,7 @@ def _load_state(doc: dict[str, Any]) -> StateRecord:
 
 def _load(model: Any, doc: dict[str, Any], **extra: Any) -> Any:
     doc.pop("_id", None)
-    return model.model_validate(plain({**doc, **extra}), strict=False)
+    return model.model_validate(plain({**doc, **extra}), strict=False, context=STORED)
 
 
 REFUSED_CODES = frozenset({2, 9, 14, 52, 55, 56, 57, 10334, 17280})

@@ -6,9 +6,10 @@ import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
+from pydantic import BaseModel
 
 from shared import crash
 from shared.domain.journal import (
@@ -20,7 +21,7 @@ from shared.domain.journal import (
     Lease,
     UndoStatus,
 )
-from shared.domain.models import OrderRecord, StateRecord
+from shared.domain.models import STORED, OrderRecord, StateRecord
 from shared.domain.states import TERMINAL_STATES, ProcessState
 from shared.domain.updates import ANY, Changes, Expect
 from shared.errors import ConfigurationError, ServiceUnavailable, one_line
@@ -432,7 +433,7 @@ class PostgresStore:
         rows = await self._pool.fetch(
             f"SELECT * FROM {self._s}.history WHERE order_id = $1 ORDER BY seq", order_id
         )
-        return [HistoryEvent.model_validate(dict(r), strict=False) for r in rows]
+        return [_read(HistoryEvent, r) for r in rows]
 
     # -- compensation log
     async def append_compensation(self, entry: CompensationEntry) -> bool:
@@ -458,7 +459,7 @@ class PostgresStore:
             f"SELECT * FROM {self._s}.compensation_log WHERE order_id = $1 ORDER BY seq",
             order_id,
         )
-        return [CompensationEntry.model_validate(dict(r), strict=False) for r in rows]
+        return [_read(CompensationEntry, r) for r in rows]
 
     async def purge_finished(self, *, finished_before: datetime, limit: int) -> Purged:
         row = await self._pool.fetchrow(
@@ -621,7 +622,7 @@ class PostgresStore:
 
     async def lease_get(self, name: str) -> Lease | None:
         row = await self._pool.fetchrow(f"SELECT * FROM {self._s}.lease WHERE name = $1", name)
-        return None if row is None else Lease.model_validate(dict(row), strict=False)
+        return None if row is None else _read(Lease, row)
 
     # -- alerts
     async def raise_alert(self, alert: Alert) -> bool:
@@ -648,7 +649,7 @@ class PostgresStore:
             since,
             limit,
         )
-        return [Alert.model_validate(dict(r), strict=False) for r in rows]
+        return [_read(Alert, r) for r in rows]
 
     # -- component status
     async def report_status(self, status: ComponentStatus) -> None:
@@ -670,7 +671,7 @@ class PostgresStore:
         rows = await self._pool.fetch(
             f"SELECT * FROM {self._s}.components WHERE expires_at > $1 ORDER BY kind, name", now
         )
-        return [ComponentStatus.model_validate(dict(r), strict=False) for r in rows]
+        return [_read(ComponentStatus, r) for r in rows]
 
     async def forget_status(self, name: str) -> None:
         await self._pool.execute(f"DELETE FROM {self._s}.components WHERE name = $1", name)
@@ -714,7 +715,15 @@ def _affected(status: str) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def _read(model: type[M], row: asyncpg.Record) -> M:
+    """A record as stored: read under the STORED context (its text is not re-judged)."""
+    return model.model_validate(dict(row), strict=False, context=STORED)
+
+
 def _order_from(row: asyncpg.Record) -> OrderRecord:
     doc = dict(row)
     del doc["order_id"]
-    return OrderRecord.model_validate(doc, strict=False)
+    return OrderRecord.model_validate(doc, strict=False, context=STORED)

@@ -144,3 +144,15 @@ async def test_nul_in_an_order_is_refused_by_postgresql_and_held_by_bson(
         assert await store.get_state("o-nul") is None
     else:
         assert await store.insert_order(order, state) is InsertOutcome.CREATED
+
+
+async def test_an_order_written_before_the_text_rule_is_read_back_not_refused(
+    store: StateStore,
+) -> None:
+    """Free text refuses control characters now; an order stored before that rule must still be
+    read (and shown escaped), or `orders show` would fail on exactly the data to be shown."""
+    order = _unvalidated_order("o-old", customer_id="\x1b]0;pwned\x07")
+    _, state = order_pair("o-old")
+    assert await store.insert_order(order, state) is InsertOutcome.CREATED
+    stored = await store.get_order("o-old")
+    assert stored is not None and stored.data.customer_id == "\x1b]0;pwned\x07"

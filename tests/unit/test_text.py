@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import BeforeValidator, TypeAdapter
 
 from shared.domain.text import (
     ELLIPSIS,
+    STORED,
     clean_cut,
     cut,
     printable,
@@ -71,8 +75,17 @@ def test_cut_never_exceeds_the_limit(text: str, limit: int) -> None:
     assert out == text or out.endswith(ELLIPSIS)
 
 
+CLEANED = TypeAdapter(Annotated[str | None, BeforeValidator(clean_cut(200))])
+
+
 @given(st.text(max_size=5000))
 def test_clean_cut_makes_any_text_storable(text: str) -> None:
-    cleaned = clean_cut(200)(text)
-    assert len(cleaned) <= 200 and unsafe_characters(cleaned) == []
-    assert clean_cut(200)(None) is None
+    cleaned = CLEANED.validate_python(text)
+    assert cleaned is not None and len(cleaned) <= 200 and unsafe_characters(cleaned) == []
+    assert CLEANED.validate_python(None) is None
+
+
+def test_a_stored_text_is_read_as_it_is() -> None:
+    raw = "\x1b]0;old\x07"
+    assert CLEANED.validate_python(raw, context={STORED: True}) == raw
+    assert CLEANED.validate_python(raw) == "\\x1b]0;old\\x07"
