@@ -32,6 +32,7 @@ tests/unit/test_fuzz_regressions.py` replays them without atheris).
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -53,7 +54,10 @@ def main(argv: list[str]) -> None:
     atheris.enabled_hooks.add("str")
     with atheris.instrument_imports(include=INSTRUMENTED):
         from tests.fuzz.decode_check import check
-    atheris.Setup(argv, check)
+    # libFuzzer runs argv[0] through the shell for -minimize_crash, -fork and -merge: under
+    # `python -m`, argv[0] is this file, which is not executable, so name the command instead.
+    command = f"{shlex.quote(sys.executable)} -m tests.fuzz.fuzz_decode"
+    atheris.Setup([command, *argv[1:]], check)
     atheris.Fuzz()
 
 
