@@ -137,9 +137,17 @@ class OrderStatusUpdate(Contract):
     detail: ErrorText | None = None
 
 
+def _storable_alert(alert: Alert) -> Alert:
+    """A received alert is stored as it is, so all of it must be what every store holds alike:
+    the journal cleans the text of its free-form `data` but bounds neither its keys (`$x`,
+    `a.b`, an empty one) nor its numbers, nor the alert's own `schema_version`."""
+    jsonsafe.storable(alert.model_dump(mode="json"))
+    return alert
+
+
 class AlertMessage(Contract):
     message_type: ClassVar[MessageType] = MessageType.ALERT
-    alert: Alert
+    alert: Annotated[Alert, AfterValidator(_storable_alert)]
 
 
 Message = SubmitOrder | StepRequest | StepReply | OrderStatusUpdate | AlertMessage
