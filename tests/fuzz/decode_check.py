@@ -8,7 +8,8 @@ breaks what every consumer relies on (shared/domain/messages.decode):
 
 - decode returns a `Contract` or raises a `ContractViolation` with a known reason, whose text
   quotes no unsafe character — and never through its last-resort net (`UndecodableMessage`);
-- what decodes survives its own round trip and is storable by every store;
+- what decodes survives its own round trip and is storable by every store, and every time in
+  it has its offset and a year every store and deadline computation holds (`timing.in_range`);
 - the dead letter of the body can be redacted (`redact_body` gives bytes back);
 - the log line about it is one ASCII line of JSON.
 """
@@ -17,11 +18,17 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
 
 from shared.domain import jsonsafe, messages
 from shared.domain.messages import Contract, MessageType, decode
 from shared.domain.redaction import redact_body
 from shared.domain.text import unsafe_characters
+from shared.domain.timing import in_range
 from shared.errors import ContractViolation, UndecodableMessage
 from shared.telemetry import JsonFormatter
 
@@ -104,6 +111,26 @@ def _check_contract(contract: Contract) -> None:
     assert again == contract, f"the round trip changed it: {wire!r}"
     problem = jsonsafe.storable_problem(contract.model_dump(mode="json"))
     assert problem is None, f"decoded but not storable: {problem}"
+    for at in _times(contract):
+        assert at.utcoffset() is not None, f"decoded a time without an offset: {at}"
+        try:
+            in_range(at)
+        except ValueError as exc:
+            raise AssertionError(f"decoded a time out of range: {exc}") from None
+
+
+def _times(value: Any) -> Iterator[datetime]:
+    if isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _times(getattr(value, name))
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _times(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _times(item)
+    elif isinstance(value, datetime):
+        yield value
 
 
 def _check_redaction(body: bytes) -> None:
