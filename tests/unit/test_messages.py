@@ -170,3 +170,20 @@ def test_a_received_alert_with_storable_data_decodes() -> None:
     alert = message.alert.model_copy(update={"data": {"queue": "h.orders", "n": [1, 2.5]}})
     sent = message.model_copy(update={"alert": alert})
     assert decode("alert", sent.to_json(), max_bytes=65536) == sent
+
+
+@pytest.mark.parametrize(
+    ("at", "says"),
+    [
+        ("-1", "1969-12-31T23:59:59+00:00 is outside"),  # the fuzzer's finding (finding-2-…)
+        ("1013-12-01T12:00:00Z", "is outside"),
+        ("9999-12-31T23:59:59-23:59", "is outside"),
+        ("2026-12-01T12:00:00", "without its offset"),
+    ],
+)
+def test_a_received_alert_has_a_wire_time(at: str, says: str) -> None:
+    alert = sample_contracts()[4].model_dump(mode="json")["alert"] | {"at": at}
+    body = json.dumps({"schema_version": 1, "alert": alert}).encode()
+    with pytest.raises(InvalidMessage) as caught:
+        decode("alert", body, max_bytes=65536)
+    assert str(caught.value).startswith("alert: ") and says in str(caught.value)
