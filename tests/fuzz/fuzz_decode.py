@@ -1,4 +1,4 @@
-"""Coverage-guided fuzzing of `decode` and what runs on a refused body (atheris, libFuzzer).
+r"""Coverage-guided fuzzing of `decode` and what runs on a refused body (atheris, libFuzzer).
 
 The check on each input is `tests/fuzz/decode_check.check` (its docstring says what it
 asserts); this file only runs it under the fuzzer, with the orderflow modules instrumented.
@@ -11,20 +11,24 @@ Setup (atheris 3.0 has a wheel for CPython 3.11; requirements/fuzz.lock pins it)
     /tmp/fuzz-venv/bin/pip install --require-hashes -r requirements/fuzz.lock
     /tmp/fuzz-venv/bin/pip install --no-deps --no-build-isolation -e .
 
-A run, from the repository root (the seed corpus is generated, not committed; libFuzzer adds
-what it finds to the first corpus directory):
+A run, from the repository root (`python -m`: the harness imports `tests.fuzz`). The seed
+corpus is generated, not committed; libFuzzer adds what it finds to the first directory, which
+can be kept and reused across runs. It stops at the first failure and writes the input to the
+artifact prefix:
 
+    mkdir -p /tmp/fuzz-artifacts
     /tmp/fuzz-venv/bin/python -m tests.fuzz.fuzz_decode --make-corpus /tmp/fuzz-corpus
-    nice -n 10 /tmp/fuzz-venv/bin/python -m tests.fuzz.fuzz_decode /tmp/fuzz-corpus \\
-        -dict=tests/fuzz/json.dict -max_len=8192 -max_total_time=660 -rss_limit_mb=4096 \\
+    nice -n 10 /tmp/fuzz-venv/bin/python -m tests.fuzz.fuzz_decode /tmp/fuzz-corpus \
+        -dict=tests/fuzz/json.dict -max_len=8192 -max_total_time=660 -rss_limit_mb=4096 \
         -timeout=10 -print_final_stats=1 -artifact_prefix=/tmp/fuzz-artifacts/
 
-Bodies up to decode's limit: the same with `-max_len=65537` (one byte chooses the type).
-Replay or minimise one input:
+Bodies up to decode's limit and past it (one byte chooses the type; `-len_control=0` tries
+long inputs at once instead of growing towards them): the same with
+`-max_len=65600 -len_control=0`. Replay one input, or minimise a failing one:
 
     /tmp/fuzz-venv/bin/python -m tests.fuzz.fuzz_decode /tmp/fuzz-artifacts/crash-…
-    /tmp/fuzz-venv/bin/python -m tests.fuzz.fuzz_decode -minimize_crash=1 -runs=20000 \\
-        /tmp/fuzz-artifacts/crash-…
+    /tmp/fuzz-venv/bin/python -m tests.fuzz.fuzz_decode -minimize_crash=1 -runs=30000 \
+        -artifact_prefix=/tmp/fuzz-min/ /tmp/fuzz-artifacts/crash-…
 
 Keep every finding, minimised, in `tests/fuzz/regressions/` (`python -m pytest
 tests/unit/test_fuzz_regressions.py` replays them without atheris).
