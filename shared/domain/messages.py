@@ -137,9 +137,25 @@ class OrderStatusUpdate(Contract):
     detail: ErrorText | None = None
 
 
+def _receivable_alert(alert: Alert) -> Alert:
+    """A received alert is stored as it is, so it keeps the rules of the other contracts, which
+    the journal's `Alert` (built by the system itself) does not enforce: its time is a wire
+    `Timestamp` (with its offset, within the years of `timing.in_range`), and all of it is what
+    every store holds alike — the journal cleans the text of its free-form `data` but bounds
+    neither its keys (`$x`, `a.b`, an empty one) nor its numbers, nor the `schema_version`."""
+    if alert.at.utcoffset() is None:
+        raise ValueError("at: a time without its offset")
+    try:
+        in_range(alert.at)
+    except ValueError as exc:
+        raise ValueError(f"at: {exc}") from None
+    jsonsafe.storable(alert.model_dump(mode="json"))
+    return alert
+
+
 class AlertMessage(Contract):
     message_type: ClassVar[MessageType] = MessageType.ALERT
-    alert: Alert
+    alert: Annotated[Alert, AfterValidator(_receivable_alert)]
 
 
 Message = SubmitOrder | StepRequest | StepReply | OrderStatusUpdate | AlertMessage

@@ -23,6 +23,7 @@ from shared.errors import (
     UnknownMessageType,
     UnsupportedSchemaVersion,
 )
+from tests.support.bodies import sample_contracts
 from tests.support.factories import order_data
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
@@ -143,3 +144,46 @@ def test_only_a_status_queue_of_the_hub_and_of_the_publishing_application_gets_s
     ]
     for reply_to, user in refused:
         assert names.accepted_status_queue(reply_to, user) is None, reply_to
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"data": {"": {}}},  # the fuzzer's finding (tests/fuzz/regressions/finding-1-…)
+        {"data": {"$set": 1}},
+        {"data": {"a": {"b.c": 1}}},
+        {"data": {"n": 2**64}},
+        {"schema_version": -(2**63) - 1},
+    ],
+    ids=["empty-key", "operator-key", "dotted-key", "huge-int", "huge-version"],
+)
+def test_a_received_alert_is_refused_unless_every_store_holds_it(change) -> None:
+    alert = sample_contracts()[4].model_dump(mode="json")["alert"] | change
+    body = json.dumps({"schema_version": 1, "alert": alert}).encode()
+    with pytest.raises(InvalidMessage) as caught:
+        decode("alert", body, max_bytes=65536)
+    assert str(caught.value).startswith("alert: ")
+
+
+def test_a_received_alert_with_storable_data_decodes() -> None:
+    message = sample_contracts()[4]
+    alert = message.alert.model_copy(update={"data": {"queue": "h.orders", "n": [1, 2.5]}})
+    sent = message.model_copy(update={"alert": alert})
+    assert decode("alert", sent.to_json(), max_bytes=65536) == sent
+
+
+@pytest.mark.parametrize(
+    ("at", "says"),
+    [
+        ("-1", "1969-12-31T23:59:59+00:00 is outside"),  # the fuzzer's finding (finding-2-…)
+        ("1013-12-01T12:00:00Z", "is outside"),
+        ("9999-12-31T23:59:59-23:59", "is outside"),
+        ("2026-12-01T12:00:00", "without its offset"),
+    ],
+)
+def test_a_received_alert_has_a_wire_time(at: str, says: str) -> None:
+    alert = sample_contracts()[4].model_dump(mode="json")["alert"] | {"at": at}
+    body = json.dumps({"schema_version": 1, "alert": alert}).encode()
+    with pytest.raises(InvalidMessage) as caught:
+        decode("alert", body, max_bytes=65536)
+    assert str(caught.value).startswith("alert: ") and says in str(caught.value)
