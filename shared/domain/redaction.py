@@ -90,17 +90,25 @@ _LENIENT = json.JSONDecoder(
     # what gets here. Integers too long for Python to read stay text; none is a card number.
     parse_int=lambda text: int(text) if len(text) <= 1000 else text,
 )
-_KEYED_VALUE = re.compile(r'"((?:[^"\\]|\\.){1,60})"\s*:\s*("(?:[^"\\]|\\.)*"|[-+\w.]+)')
-"""`"key": value` in text that is not JSON as a whole (a truncated or malformed body)."""
+
+
+def _key_pattern(key: str) -> str:
+    """`key` as `_sensitive` reads it: any case, `_`, `-` or a space allowed between letters."""
+    return "[_\\- ]?".join(re.escape(ch) for ch in key)
+
+
+_KEYED_VALUE = re.compile(
+    '"((?i:'
+    + "|".join(_key_pattern(k) for k in sorted(SENSITIVE_KEYS, key=len, reverse=True))
+    + r'))"\s*:\s*("(?:[^"\\]|\\.){0,200}"|[-+\w.]{1,40})'
+)
+"""`"key": value` for a sensitive key, in text that is not JSON as a whole (a truncated or
+malformed body). Only sensitive keys match, and values are bounded, so no body costs more
+than one linear scan."""
 
 
 def _redact_keyed(text: str) -> str:
-    def mask(match: re.Match[str]) -> str:
-        if not _sensitive(match.group(1)):
-            return match.group()
-        return f'"{match.group(1)}": "{MARK}"'
-
-    return _KEYED_VALUE.sub(mask, text)
+    return _KEYED_VALUE.sub(lambda match: f'"{match.group(1)}": "{MARK}"', text)
 
 
 def _read(body: bytes) -> Any:
