@@ -24,6 +24,7 @@ from services.cli.render import plain, shown
 from services.remote.client import RemoteClient
 from services.supervisor.service import LEASE
 from shared.bootstrap import open_broker
+from shared.broker.delivery import INTAKE_HEALTHY
 from shared.broker.topology import Names
 from shared.config import Settings
 from shared.domain.journal import Alert
@@ -60,7 +61,7 @@ async def gather_stats(settings: Settings) -> dict[str, Any]:
     connection = await open_broker(settings, name="orderflow-stats")
     try:
         for base in names.input_queues():
-            for queue in (base, names.dlq(base)):
+            for queue in (base, names.dlq(base), names.retry(base)):
                 channel = await connection.channel()
                 try:
                     declared = await channel.declare_queue(queue, passive=True)
@@ -97,14 +98,37 @@ async def gather_stats(settings: Settings) -> dict[str, Any]:
         ],
         "open_breakers": breakers,
         "leader": leader,
+        "intake": intake_of(components),
     }
+
+
+def intake_of(components: list[Any]) -> list[dict[str, Any]]:
+    """Every consumer's intake as its process last reported it (the heartbeat's `intake`)."""
+    return [
+        {"process": c.name, **consumer}
+        for c in components
+        for consumer in c.data.get("intake") or []
+        if isinstance(consumer, dict)
+    ]
+
+
+def _intake_line(intake: list[dict[str, Any]]) -> str:
+    stopped = [i for i in intake if i.get("state") not in INTAKE_HEALTHY]
+    if not stopped:
+        return f"intake: {len(intake)} consumer(s) consuming or paused"
+    parts = [
+        f"{i['process']} on {i['queue']}: {i['state']} "
+        f"(ready {i.get('ready')}, in hand {i.get('in_hand')}, idle {i.get('idle_s')} s)"
+        for i in stopped
+    ]
+    return "intake STOPPED: " + "; ".join(parts)
 
 
 def _status_text(data: dict[str, Any]) -> str:
     """A process's heartbeat data as `key=value`s, leaving out what says nothing."""
     parts = []
     for key, value in data.items():
-        if key in ("pid", "breakers", "agent") or value is None or value == []:
+        if key in ("pid", "breakers", "agent", "intake") or value is None or value == []:
             continue
         shown = ",".join(map(str, value)) if isinstance(value, list) else value
         parts.append(f"{key}={shown}")
@@ -144,6 +168,7 @@ def render_stats(result: dict[str, Any]) -> Group:
         "open circuit breakers: " + (", ".join(result["open_breakers"]) or "none"),
         _orders_line("stuck Pending orders", result, "stuck_pending"),
         _orders_line("overdue running orders", result, "overdue"),
+        _intake_line(result.get("intake", [])),
     ]
     return Group(states, queues, processes, *map(shown, lines))
 

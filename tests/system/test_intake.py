@@ -186,3 +186,11 @@ async def test_healthz_and_the_heartbeat_say_when_submission_stops_consuming(
 
         intake = await eventually(reported, timeout=15, what="the heartbeat saying so")
         assert intake[0]["queue"] == Names(hub).orders
+
+        # And the operator sees it in `orderflow stats`.
+        shown = json.loads(topo.cli("stats", "--json").stdout)
+        (consumer,) = [i for i in shown["intake"] if i["queue"] == Names(hub).orders]
+        assert consumer["state"] == "not-subscribed"
+        assert consumer["process"] == f"{hub}-submission"
+        human = topo.cli("stats", COLUMNS="200").stdout
+        assert "intake STOPPED" in human and "not-subscribed" in human
