@@ -26,6 +26,7 @@ from services.cli.orders import BadInput
 from services.cli.render import plain, shown
 from shared.bootstrap import open_broker
 from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
+from shared.broker.envelope import carried_headers
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
 from shared.config import Settings
@@ -33,7 +34,6 @@ from shared.domain.timing import utcnow
 
 REPLAYED_AT = "x-orderflow-replayed-at"
 REPLAYED_BY = "x-orderflow-replayed-by"
-_DEAD_LETTER_HEADERS = (REASON, ERROR, SOURCE_QUEUE, DEAD_LETTERED_AT, DELIVERIES)
 BODY_SHOWN = 4000
 
 
@@ -57,8 +57,18 @@ def source_queues(names: Names, queue: str | None) -> list[str]:
     raise BadInput(f"no input queue {queue!r} in hub {names.hub} (one of: {choices})")
 
 
+def _header_value(value: Any) -> Any:
+    """A header as JSON can hold it: a value that is not text (bytes a sender wrote, which the
+    broker kept) as its escaped text, so no listing fails on it."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, bytes | bytearray):
+        return plain(bytes(value).decode("utf-8", "backslashreplace"))
+    return plain(repr(value))
+
+
 def describe(source: str, message: AbstractIncomingMessage, now: datetime) -> dict[str, Any]:
-    headers = dict(message.headers or {})
+    headers = {k: _header_value(v) for k, v in (message.headers or {}).items()}
     at = headers.get(DEAD_LETTERED_AT)
     try:
         when = datetime.fromisoformat(str(at)) if at else None
@@ -161,7 +171,9 @@ def show_cmd(ctx: click.Context, message_id: str, queue: str | None, as_json: bo
                     for m in await _fetch(channel, source):
                         if m.message_id == message_id:
                             row = describe(source, m, now)
-                            row["headers"] = {k: str(v) for k, v in (m.headers or {}).items()}
+                            row["headers"] = {
+                                k: _header_value(v) for k, v in (m.headers or {}).items()
+                            }
                             row["body"] = _body(m.body)
                             found.append(row)
                 finally:
@@ -257,7 +269,9 @@ def replay_cmd(
 
 
 def _replayable(message: AbstractIncomingMessage, by: str) -> aio_pika.Message:
-    headers = {k: v for k, v in (message.headers or {}).items() if k not in _DEAD_LETTER_HEADERS}
+    # A replay starts afresh: none of our headers (reason, retries, sender), none the client
+    # library cannot send again (bytes a sender wrote), none past the size budget.
+    headers = carried_headers(dict(message.headers or {}))
     headers |= {REPLAYED_AT: utcnow().isoformat(), REPLAYED_BY: by}
     return aio_pika.Message(
         message.body,

@@ -53,7 +53,15 @@ def metrics_ports(procs: list[tuple[str, list[str]]], base: int) -> dict[str, in
 async def _pump(label: str, stream: asyncio.StreamReader | None, width: int) -> None:
     if stream is None:
         return
-    while line := await stream.readline():
+    while True:
+        try:
+            line = await stream.readline()
+        except ValueError:
+            # A line longer than the reader's limit: asyncio drops it and reading goes on (if
+            # this pump stopped instead, the child would block on a full pipe for good).
+            line = b"(a line longer than 64 KiB left out)\n"
+        if not line:
+            return
         # A child's output is data too (a library's warning may quote anything): escaped.
         text = plain(line.decode(errors="replace").removesuffix("\n"))
         sys.stdout.write(f"{label:<{width}} | {text}\n")

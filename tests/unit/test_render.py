@@ -252,3 +252,36 @@ def test_an_error_line_is_escaped() -> None:
     assert result.exit_code == 1
     assert_harmless(result.stderr)
     assert_escaped(result.stderr)
+
+
+async def test_up_goes_on_after_a_line_longer_than_its_reader_takes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The pump used to stop at a line over 64 KiB, and the child then blocked on a full pipe."""
+    stream = asyncio.StreamReader()
+    stream.feed_data(b"x" * 200_000 + b"\nafter\n")
+    stream.feed_eof()
+    await up._pump("agent", stream, 5)
+    lines = capsys.readouterr().out.split("\n")
+    assert lines == ["agent | (a line longer than 64 KiB left out)", "agent | after", ""]
+
+
+def test_dead_letter_headers_a_sender_wrote_as_bytes_are_listed_and_replayed_as_text() -> None:
+    from types import SimpleNamespace
+
+    from services.cli import dlq
+
+    message = SimpleNamespace(
+        headers={"x-orderflow-error": b"\xff\x1b[2J", "x-note": b"\xfe", "n": 1},
+        message_id="m",
+        type="order.submit",
+        body=b"{}",
+        correlation_id=None,
+        reply_to=None,
+        content_type=None,
+    )
+    row = dlq.describe("h.orders", message, utcnow())  # type: ignore[arg-type]
+    assert row["error"] == "\\xff\\x1b[2J"
+    json.dumps(row)  # a bytes value made the listing fail with a TypeError
+    replay = dlq._replayable(message, "alice")  # type: ignore[arg-type]
+    assert "x-note" not in replay.headers and replay.headers["n"] == 1
