@@ -17,11 +17,10 @@ from shared.broker.delivery import INTAKE_HEALTHY
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names, QueuePolicy, declare_topology
 from shared.config import Settings
-from shared.domain.journal import AlertKind, Severity
 from shared.errors import ConfigurationError
 from shared.heartbeat import Check, Heartbeat, StatusData
 from shared.metrics import MetricsEndpoint, serve_metrics
-from shared.reporting import Reporter
+from shared.reporting import PoisonAlerts, Reporter
 from shared.store.factory import open_store
 from shared.store.port import StateStore
 
@@ -157,18 +156,6 @@ class Runtime:
         channel = await self.connection.channel()
         reporter = self.reporter()
 
-        async def on_poison(reason: str, error: str, message_id: str) -> None:
-            if reason == "conflict":
-                return  # the handler raised its own, more specific alert
-            await reporter.alert(
-                AlertKind.POISON_MESSAGE,
-                f"message {message_id} on {queue} dead-lettered ({reason}): {error}",
-                alert_id=f"poison:{queue}:{message_id}:{reason}",
-                severity=Severity.WARNING,
-                queue=queue,
-                reason=reason,
-            )
-
         consumer = Consumer(
             channel=channel,
             queue=queue,
@@ -178,7 +165,7 @@ class Runtime:
             dead_letter_publisher=self.publisher,
             policy=consumer_policy(self.settings),
             holder=self.name,
-            on_poison=on_poison,
+            on_poison=PoisonAlerts(reporter, queue, window_s=self.settings.poison_alert_window_s),
         )
         self.consumers.append(consumer)
         return consumer

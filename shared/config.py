@@ -115,6 +115,10 @@ class Settings(BaseSettings):
     """Times a message whose handling failed unexpectedly (not an outage, not a refusal) is set
     aside in its queue's retry queue and tried again; then it is dead-lettered
     (`retries-exhausted`) with the last error."""
+    poison_alert_window_s: float = Field(default=60.0, ge=0)
+    """After a `poison-message` alert, further dead letters of the same queue and reason are
+    counted instead of alerted for this long; the next alert carries the count (0: an alert for
+    every dead letter)."""
     intake_stall_s: float = Field(default=60.0, gt=0)
     """A consumer that has taken no message for this long while its queue has ready ones is
     reported `stalled` (heartbeat, `/healthz`, `orderflow stats`)."""

@@ -6,10 +6,11 @@ It starts the whole topology on the local RabbitMQ and PostgreSQL in a hub of it
 system tests do), draws `--bad` messages that submission must refuse from the generator of
 tests/support/bodies.py (deterministic for a seed: every class of hostile input, only those
 `decode` or submission refuses), publishes them on `<hub>.submit` as a hostile client would,
-then one valid order, and reports, per round:
+then one valid order — all while submission is frozen (SIGSTOP), so the order is queued behind
+the whole burst — and reports, per round:
 
-- the valid order's time from publish to Processed (and, first, that of an order with no burst
-  before it, as the baseline on this machine at this minute);
+- the valid order's time from submission's thaw to Processed (and, first, that of an order with
+  nothing queued before it, as the baseline on this machine at this minute);
 - how long the burst took to be dead-lettered, the reasons, and that every bad message was
   dead-lettered at its first delivery (`x-orderflow-deliveries` = 1), none set aside, none left.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import tempfile
 import time
 import uuid
@@ -100,40 +102,58 @@ async def dead_lettered(
 
 
 async def one_round(topo: Topology, bad: list[tuple[str | None, bytes, str]]) -> None:
+    """The burst and the valid order are queued while submission is frozen (SIGSTOP), so that
+    the order really waits behind all of them; the clock starts when submission thaws."""
     names = Names(topo.hub)
     connection = await connect(RABBITMQ_URL, timeout=5, name="hostile-client")
     publisher = await Publisher.open(connection, timeout=10)
+    ids: dict[str, str] = {}
+    order_id = f"behind-{uuid.uuid4().hex[:12]}"
     try:
         baseline = await processed_after(topo, publisher, names)
-        ids: dict[str, str] = {}
-        started = time.monotonic()
-        for kind, body, reason in bad:
-            message_id = f"bad-{uuid.uuid4().hex}"
-            ids[message_id] = reason
-            await publisher.publish_raw(
-                aio_pika.Message(body, message_id=message_id, type=kind),
+        topo.signal("submission", signal.SIGSTOP)
+        try:
+            for kind, body, reason in bad:
+                message_id = f"bad-{uuid.uuid4().hex}"
+                ids[message_id] = reason
+                await publisher.publish_raw(
+                    aio_pika.Message(body, message_id=message_id, type=kind),
+                    exchange=names.submit,
+                    routing_key="",
+                )
+            await publisher.publish(
+                sample_contracts(order_id)[0],
                 exchange=names.submit,
                 routing_key="",
+                message_id=order_id,
             )
-        published = time.monotonic() - started
-        behind = await processed_after(topo, publisher, names)
+        finally:
+            thawed = time.monotonic()
+            topo.signal("submission", signal.SIGCONT)
     finally:
         await connection.close()
+
+    async def processed() -> bool:
+        state = await topo.store.get_state(order_id)
+        return state is not None and state.process_state is ProcessState.PROCESSED
+
+    await eventually(processed, timeout=120, interval=0.02, what=f"order {order_id}")
+    behind = time.monotonic() - thawed
     seen: dict[str, aio_pika.abc.AbstractIncomingMessage] = {}
     give_up = time.monotonic() + 120
     while len(seen) < len(ids) and time.monotonic() < give_up:
         seen |= await dead_lettered(names, set(ids) - set(seen))
-        await asyncio.sleep(0.2)
-    drained = time.monotonic() - started
+        await asyncio.sleep(0.05)
+    drained = time.monotonic() - thawed
     wrong = [m for m, msg in seen.items() if msg.headers.get("x-orderflow-reason") != ids[m]]
     again = [m for m, msg in seen.items() if msg.headers.get("x-orderflow-deliveries") != 1]
     reasons = Counter(ids.values())
     print(
-        f"  baseline order (no burst): {baseline:.3f} s\n"
-        f"  {len(bad)} bad messages published in {published:.2f} s; "
-        f"the valid order behind them Processed {behind:.3f} s after its publish\n"
-        f"  dead-lettered {len(seen)}/{len(ids)} within {drained:.2f} s of the first publish; "
-        f"wrong reason: {len(wrong)}; not at the first delivery: {len(again)}\n"
+        f"  baseline order (nothing queued before it): {baseline:.3f} s to Processed\n"
+        f"  behind {len(bad)} bad messages queued first: Processed {behind:.3f} s after "
+        f"submission resumed\n"
+        f"  dead-lettered {len(seen)}/{len(ids)} within {drained:.2f} s; wrong reason: "
+        f"{len(wrong)}; not at the first delivery: {len(again)}\n"
         f"  reasons: {dict(reasons.most_common())}"
     )
 
