@@ -94,8 +94,8 @@ def input_queues(hub: str) -> list[str]:
 
 
 def queue_names(hub: str) -> set[str]:
-    """Every input queue of the hub and its dead-letter queue."""
-    return {q for base in input_queues(hub) for q in (base, f"{base}.dlq")}
+    """Every input queue of the hub, its dead-letter queue and its retry queue."""
+    return {q for base in input_queues(hub) for q in (base, f"{base}.dlq", f"{base}.retry")}
 
 
 async def leaders(a: Topology, b: Topology) -> tuple[str, str] | None:
@@ -303,7 +303,7 @@ def message_id_of(path: str) -> str:
 
 
 async def queue_depths(channel: aio_pika.abc.AbstractChannel, hub: str) -> dict[str, int]:
-    """Messages in each input and dead-letter queue of the hub."""
+    """Messages in each input, dead-letter and retry queue of the hub."""
     depths = {}
     for name in sorted(queue_names(hub)):
         queue = await channel.declare_queue(name, passive=True)
