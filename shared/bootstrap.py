@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from aio_pika.abc import AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from shared.broker.connection import connect, quorum_available, server_version
 from shared.broker.consumer import Consumer, ConsumerPolicy, Handler
@@ -81,6 +81,7 @@ class Runtime:
     consumers: list[Consumer] = field(default_factory=list)
     intake: list[dict[str, Any]] = field(default_factory=list)
     """The consumers' intake as last checked (each beat, and each `/healthz`)."""
+    _probe: AbstractChannel | None = None
 
     @classmethod
     async def open(cls, settings: Settings, name: str) -> Runtime:
@@ -126,10 +127,23 @@ class Runtime:
 
     async def refresh_intake(self) -> None:
         stall = self.settings.intake_stall_s
-        self.intake = [await c.intake(stall_after_s=stall) for c in self.consumers]
+        self.intake = [
+            await c.intake(ready=await self._ready(c.queue), stall_after_s=stall)
+            for c in self.consumers
+        ]
         for status in self.intake:
             if status["state"] not in INTAKE_HEALTHY:
                 log.warning("a consumer is not taking messages", extra={"intake": status})
+
+    async def _ready(self, queue: str) -> int | None:
+        """A queue's ready messages, on a probe channel of this process's own (None: unknown)."""
+        try:
+            if self._probe is None or self._probe.is_closed:
+                self._probe = await self.connection.channel()
+            declared = await self._probe.declare_queue(queue, passive=True, timeout=2)
+            return declared.declaration_result.message_count
+        except Exception:  # gone, or the broker unreachable: the probe channel is redone
+            return None
 
     def reporter(self) -> Reporter:
         return Reporter(self.store, self.publisher, self.names, self.name)

@@ -190,13 +190,10 @@ class Consumer:
         consumers = getattr(underlay, "consumers", None)  # aiormq's Channel has it
         return consumers is None or self._tag in consumers
 
-    async def intake(self, *, stall_after_s: float) -> dict[str, Any]:
-        """This consumer's intake, for the heartbeat, `/healthz` and `orderflow stats`."""
-        ready: int | None = None
-        if self._queue is not None and not self._channel.is_closed:
-            with contextlib.suppress(Exception):  # unknown while the channel reconnects
-                declared = await self._queue.declare(timeout=2)
-                ready = declared.message_count
+    async def intake(self, *, ready: int | None, stall_after_s: float) -> dict[str, Any]:
+        """This consumer's intake, for the heartbeat, `/healthz` and `orderflow stats`; `ready`
+        is its queue's depth, read by the caller on a channel of its own (a passive declare of
+        a queue that is gone closes the channel it runs on, and must not close this one's)."""
         since = self.last_taken or self.subscribed_at
         idle_s = time.monotonic() - since if since is not None else 0.0
         state = intake_state(

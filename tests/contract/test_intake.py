@@ -211,12 +211,12 @@ async def test_the_sender_is_kept_across_a_delayed_retry(broker: Broker) -> None
 async def test_a_consumer_says_it_is_consuming_or_paused(broker: Broker) -> None:
     queue = broker.names.agent("inventory")
     consumer = await broker.consume(queue, _noop)
-    status = await consumer.intake(stall_after_s=60)
+    status = await consumer.intake(ready=0, stall_after_s=60)
     assert status["state"] == "consuming" and status["queue"] == queue
     await consumer.pause()
-    assert (await consumer.intake(stall_after_s=60))["state"] == "paused"
+    assert (await consumer.intake(ready=0, stall_after_s=60))["state"] == "paused"
     await consumer.resume()
-    assert (await consumer.intake(stall_after_s=60))["state"] == "consuming"
+    assert (await consumer.intake(ready=0, stall_after_s=60))["state"] == "consuming"
 
 
 async def test_a_consumer_the_broker_cancelled_says_it_is_not_subscribed(broker: Broker) -> None:
@@ -226,7 +226,7 @@ async def test_a_consumer_the_broker_cancelled_says_it_is_not_subscribed(broker:
     await channel.queue_delete(queue)  # the broker cancels the consumer
 
     async def not_subscribed() -> bool:
-        return (await consumer.intake(stall_after_s=60))["state"] == "not-subscribed"
+        return (await consumer.intake(ready=0, stall_after_s=60))["state"] == "not-subscribed"
 
     await eventually(not_subscribed, what="the consumer reporting not-subscribed")
 
@@ -245,7 +245,10 @@ async def test_a_consumer_taking_nothing_while_messages_wait_says_it_is_stalled(
     await send(broker, queue)  # waits behind the first, which never finishes
 
     async def stalled() -> dict[str, Any] | None:
-        status = await consumer.intake(stall_after_s=0.5)
+        channel = await broker.connection.channel()
+        ready = (await channel.declare_queue(queue, passive=True)).declaration_result.message_count
+        await channel.close()
+        status = await consumer.intake(ready=ready, stall_after_s=0.5)
         return status if status["state"] == "stalled" else None
 
     status = await eventually(stalled, what="the consumer reporting stalled")
