@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
@@ -25,6 +26,9 @@ from shared.store.factory import open_store
 from shared.store.port import StateStore
 
 log = logging.getLogger(__name__)
+
+INTAKE_CHECK_S = 2.0
+"""Upper bound on reading one consumer's intake (within /healthz's own bound)."""
 
 
 def queue_policy(settings: Settings, connection: AbstractRobustConnection) -> QueuePolicy:
@@ -58,9 +62,12 @@ def consumer_policy(settings: Settings) -> ConsumerPolicy:
 
 
 def broker_user(url: str) -> str | None:
-    """The user a broker URL logs in as (what RabbitMQ checks a message's `user_id` against)."""
-    username = urlsplit(url).username
-    return unquote(username) if username else None
+    """The user a broker URL logs in as (what RabbitMQ checks a message's `user_id` against);
+    None when it is not the URL's to say (`auth=external`: the certificate names the user)."""
+    parts = urlsplit(url)
+    if "external" in parse_qs(parts.query).get("auth", []):
+        return None
+    return unquote(parts.username) if parts.username else None
 
 
 async def open_broker(settings: Settings, *, name: str) -> AbstractRobustConnection:
@@ -127,21 +134,34 @@ class Runtime:
 
     async def refresh_intake(self) -> None:
         stall = self.settings.intake_stall_s
-        self.intake = [
-            await c.intake(ready=await self._ready(c.queue), stall_after_s=stall)
-            for c in self.consumers
-        ]
+        self.intake = [await self._intake_of(c, stall) for c in self.consumers]
         for status in self.intake:
             if status["state"] not in INTAKE_HEALTHY:
                 log.warning("a consumer is not taking messages", extra={"intake": status})
 
+    async def _intake_of(self, consumer: Consumer, stall_after_s: float) -> dict[str, Any]:
+        """One consumer's intake, bounded in time: a robust channel waits for its connection
+        to come back without a timeout of its own, and the heartbeat and `/healthz` must not."""
+        down = {"queue": consumer.queue, "state": "not-subscribed", "ready": None}
+        if not self.connection.connected.is_set():
+            return down | {"in_hand": consumer.in_hand, "idle_s": None}
+        try:
+            async with asyncio.timeout(INTAKE_CHECK_S):
+                ready = await self._ready(consumer.queue)
+                return await consumer.intake(ready=ready, stall_after_s=stall_after_s)
+        except TimeoutError:
+            return down | {"in_hand": consumer.in_hand, "idle_s": None}
+
     async def _ready(self, queue: str) -> int | None:
-        """A queue's ready messages, on a probe channel of this process's own (None: unknown)."""
+        """A queue's ready messages, on a probe channel of this process's own (None: unknown).
+        Asked of the channel below aio-pika's: a robust channel keeps a declared queue and
+        answers later askings from it, with the depth it had then."""
         try:
             if self._probe is None or self._probe.is_closed:
                 self._probe = await self.connection.channel()
-            declared = await self._probe.declare_queue(queue, passive=True, timeout=2)
-            return declared.declaration_result.message_count
+            underlay = await self._probe.get_underlay_channel()
+            declared = await underlay.queue_declare(queue, passive=True)
+            return int(declared.message_count or 0)
         except Exception:  # gone, or the broker unreachable: the probe channel is redone
             return None
 

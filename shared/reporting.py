@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -156,11 +157,12 @@ class Reporter:
 
 class PoisonAlerts:
     """The `poison-message` alerts of one input queue: the first dead letter of each reason
-    raises one at once; the next ones within `window_s` are counted, and the first after the
-    window raises the next alert with that count. A burst of refused messages (a broken or a
-    hostile client) is then a handful of alerts, not one per message (each a store write and a
-    publish: 22% of submission's CPU in a burst of 1,000): `orderflow dlq list` holds them all,
-    and `orderflow_dead_letters_total` counts them."""
+    raises one at once; the next ones within `window_s` are counted, and when the window ends
+    one alert says how many there were (and a new window begins, so a steady stream raises
+    one alert a window). A burst of refused messages (a broken or a hostile client) is then a
+    handful of alerts, not one per message (each a store write and a publish: 22% of
+    submission's CPU in a burst of 1,000): `orderflow dlq list` holds them all, and
+    `orderflow_dead_letters_total` counts them."""
 
     def __init__(
         self,
@@ -174,23 +176,56 @@ class PoisonAlerts:
         self._queue = queue
         self._window_s = window_s
         self._clock = clock
-        self._last: dict[str, float] = {}
-        self._held: dict[str, int] = {}
+        self._opened: dict[str, float] = {}
+        """When each reason's window opened."""
+        self._held: dict[str, list[str]] = {}
+        """Per reason, the message ids dead-lettered in its window after its alert."""
+        self._flushers: set[asyncio.Task[None]] = set()
 
     async def __call__(self, reason: str, error: str, message_id: str) -> None:
         if reason == "conflict":
             return  # the handler raised its own, more specific alert
-        now = self._clock()
-        last = self._last.get(reason)
-        if last is not None and now - last < self._window_s:
-            self._held[reason] = self._held.get(reason, 0) + 1
+        opened = self._opened.get(reason)
+        if opened is not None and self._clock() - opened < self._window_s:
+            held = self._held.setdefault(reason, [])
+            held.append(message_id)
+            if len(held) == 1:
+                self._flush_later(reason, opened + self._window_s - self._clock())
             return
-        self._last[reason] = now
-        more = self._held.pop(reason, 0)
-        since = f"; {more} more dead-lettered for this reason since the last alert" if more else ""
+        self._opened[reason] = self._clock()
+        await self._alert(
+            reason,
+            message_id,
+            f"message {message_id} on {self._queue} dead-lettered ({reason}): {error}",
+            more=0,
+        )
+
+    def _flush_later(self, reason: str, delay: float) -> None:
+        task = asyncio.get_running_loop().create_task(self._flush(reason, max(0.0, delay)))
+        self._flushers.add(task)
+        task.add_done_callback(self._flushers.discard)
+
+    async def _flush(self, reason: str, delay: float) -> None:
+        await asyncio.sleep(delay)
+        held = self._held.pop(reason, [])
+        if not held:
+            return
+        self._opened[reason] = self._clock()  # the next ones are counted into the next window
+        try:
+            await self._alert(
+                reason,
+                held[-1],
+                f"{len(held)} more messages on {self._queue} dead-lettered ({reason}) within "
+                f"{self._window_s:.0f} s of the last alert, the last {held[-1]}",
+                more=len(held),
+            )
+        except Exception:
+            log.exception("could not raise a poison-message alert")
+
+    async def _alert(self, reason: str, message_id: str, text: str, *, more: int) -> None:
         await self._reporter.alert(
             AlertKind.POISON_MESSAGE,
-            f"message {message_id} on {self._queue} dead-lettered ({reason}): {error}{since}",
+            text,
             alert_id=f"poison:{self._queue}:{message_id}:{reason}",
             severity=Severity.WARNING,
             queue=self._queue,

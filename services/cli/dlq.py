@@ -240,14 +240,16 @@ def replay_cmd(
                     try:
                         for m in await _fetch(channel, source):
                             if replay_all or m.message_id in wanted:
-                                target = str((m.headers or {}).get(SOURCE_QUEUE) or source)
+                                # Back to the queue whose DLQ holds it, never to the one a
+                                # header names: whoever may write to the dead-letter exchange
+                                # could have written that header.
                                 await publisher.publish_raw(
                                     _replayable(m, by),
                                     exchange=names.exchange,
-                                    routing_key=target,
+                                    routing_key=source,
                                 )
                                 await m.ack()  # only once the broker confirmed the copy
-                                done.append({"message_id": m.message_id, "queue": target})
+                                done.append({"message_id": m.message_id, "queue": source})
                     finally:
                         await channel.close()
             finally:

@@ -117,7 +117,7 @@ def _intake_line(intake: list[dict[str, Any]]) -> str:
     if not stopped:
         return f"intake: {len(intake)} consumer(s) consuming or paused"
     parts = [
-        f"{i['process']} on {i['queue']}: {i['state']} "
+        f"{i.get('process')} on {i.get('queue')}: {i.get('state')} "
         f"(ready {i.get('ready')}, in hand {i.get('in_hand')}, idle {i.get('idle_s')} s)"
         for i in stopped
     ]

@@ -7,13 +7,14 @@ and every exception lands in a row of this table:
 |-------------------------------------------|------------------------------------------|----------|
 | returned                                  | ack                                      | done     |
 | duplicate `message_id`                    | ack, handler not called                  | -        |
-| no or unusable `message_id`, a bad body,  | dead-lettered at its first delivery with | done     |
+| no or unusable `message_id`, a bad body,  | dead-lettered at its first delivery with | released |
 | a `ContractViolation`, any other          | its reason and the error; poison alert   |          |
 | `PermanentError` (`StoreRefused`: data    |                                          |          |
 | the store cannot hold)                    |                                          |          |
 | a known outage (`ServiceUnavailable`:     | held: retried in place with backoff and  | kept     |
 | store or broker unreachable;              | jitter for `outage_patience`, then       |          |
-| `PublishError`)                           | requeued                                 |          |
+| `PublishError`, the dead letter's or the  | requeued                                 |          |
+| retry copy's own publish included)        |                                          |          |
 | any other exception, delayed retries left | set aside: a copy to `<queue>.retry`,    | released |
 |                                           | back after `retry_delay`; original acked |          |
 | any other exception, no retries left      | dead-lettered (`retries-exhausted`)      | released |
@@ -40,6 +41,7 @@ import uuid
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
+import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 from tenacity import (
     AsyncRetrying,
@@ -79,6 +81,7 @@ from shared.domain.journal import InboxOutcome
 from shared.domain.messages import decode
 from shared.domain.timing import utcnow
 from shared.errors import (
+    ConfigurationError,
     ContractViolation,
     PermanentError,
     PublishError,
@@ -161,6 +164,15 @@ class Consumer:
     async def start(self) -> None:
         await self._channel.set_qos(prefetch_count=self._policy.prefetch)
         self._queue = await self._channel.get_queue(self._queue_name, ensure=True)
+        retry = self._names.retry(self._queue_name)
+        try:
+            await self._channel.get_exchange(retry, ensure=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            # Setting a message aside would close the shared publisher's channel, every time.
+            raise ConfigurationError(
+                f"exchange {retry} does not exist: run `orderflow init` (this release adds the "
+                "retry queues) and load the RabbitMQ definitions again"
+            ) from None
         await self._subscribe()
 
     async def _subscribe(self) -> None:
@@ -250,10 +262,11 @@ class Consumer:
             try:
                 await self._hold_through_outages(message, envelope)
             except Exception:
-                # Last line of defence: a failure of this adapter itself (the broker refused
-                # our dead letter, the channel died). The broker's own delivery limit bounds
-                # the requeues; the consumer stays up.
+                # Last line of defence: a failure of this adapter itself (an ack on a channel
+                # that died). The redelivery limit, checked before any handling, bounds the
+                # requeues; the consumer stays up.
                 log.exception("unexpected failure handling a message; requeueing it")
+                self.stats.requeued += 1
                 self._detours.count("requeued")
                 with contextlib.suppress(Exception):
                     await message.nack(requeue=True)
@@ -373,14 +386,13 @@ class Consumer:
             async with asyncio.timeout(self._policy.handler_timeout):
                 await self._handler(delivery)
         except PermanentError as exc:
-            # It will fail the same way again: to its DLQ at once, with its own reason.
+            # It will fail the same way again: to its DLQ at once, with its own reason. The
+            # claim is released either way: a replay from the DLQ (the cause fixed) must be
+            # handled, not dropped as a duplicate of a delivery that did nothing.
             text = str(exc) if isinstance(exc, ContractViolation) else one_line(exc, 1000)
-            dead_lettered = await self._detours.dead_letter(message, envelope, reason_of(exc), text)
+            await self._detours.dead_letter(message, envelope, reason_of(exc), text)
             if holder:
-                # Once in its DLQ the message is done with; if it could not be put there it
-                # was requeued, and the redelivery must find the id free, not a duplicate.
-                finish = self._complete if dead_lettered else self._release
-                await finish(delivery.message_id, holder)
+                await self._release(delivery.message_id, holder)
             return
         except Exception as exc:
             if is_outage(exc):
@@ -389,11 +401,32 @@ class Consumer:
                 await self._release(delivery.message_id, holder)
             await self._detours.set_aside(message, envelope, delivery, exc)
             return
+        # Done: from here on nothing may run the handler again, whatever fails.
         if holder:
-            await self._complete(delivery.message_id, holder)
+            await self._mark_done(delivery.message_id, holder)
         self.stats.handled += 1
         self._detours.count("handled")
         await message.ack()
+
+    async def _mark_done(self, message_id: str, holder: str) -> None:
+        """Record the message as handled, retrying only this write through an outage (within
+        the patience). Past it the claim expires on its own: a copy that came later could then
+        be handled again, which every handler tolerates (the inbox only saves the work)."""
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(is_outage),
+                wait=wait_exponential(multiplier=0.1, max=self._policy.outage_backoff_cap)
+                + wait_random(0, 0.5),
+                stop=stop_after_delay(self._policy.outage_patience),
+                reraise=True,
+            ):
+                with attempt:
+                    await self._complete(message_id, holder)
+        except Exception as exc:
+            log.warning(
+                "handled, but could not mark it done; its claim will expire",
+                extra={"error": one_line(exc)},
+            )
 
     async def _claim_batch(self, claims: Sequence[InboxClaim]) -> list[InboxOutcome]:
         assert self._store is not None

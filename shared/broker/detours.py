@@ -10,9 +10,24 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
+import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential,
+    wait_random,
+)
 
-from shared.broker.delivery import ConsumerPolicy, Delivery, PoisonHook, delivery_count, shown
+from shared.broker.delivery import (
+    ConsumerPolicy,
+    Delivery,
+    PoisonHook,
+    delivery_count,
+    is_outage,
+    shown,
+)
 from shared.broker.envelope import Envelope, dead_letter_copy, retry_copy
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
@@ -55,6 +70,26 @@ class Detours:
         self._stats = stats
         self._on_poison = on_poison
 
+    async def _publish(self, copy: aio_pika.Message, exchange: str, what: str) -> bool:
+        """Publish a copy, holding it through a broker outage like any message (backoff and
+        jitter, within the patience); False when the broker still did not take it."""
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(is_outage),
+                wait=wait_exponential(multiplier=0.1, max=self._policy.outage_backoff_cap)
+                + wait_random(0, 0.5),
+                stop=stop_after_delay(self._policy.outage_patience),
+                reraise=True,
+            ):
+                with attempt:
+                    await self._publisher.publish_raw(
+                        copy, exchange=exchange, routing_key=self._queue
+                    )
+        except PublishError:
+            log.exception(f"could not {what} a message; requeueing it instead")
+            return False
+        return True
+
     def count(self, outcome: str) -> None:
         MESSAGES.labels(self._queue, outcome).inc()
 
@@ -77,12 +112,7 @@ class Detours:
             deliveries=delivery_count(message),
             max_body=self._policy.max_message_bytes,
         )
-        try:
-            await self._publisher.publish_raw(
-                copy, exchange=self._names.dead_letters, routing_key=self._queue
-            )
-        except PublishError:
-            log.exception("could not dead-letter a message; requeueing it instead")
+        if not await self._publish(copy, self._names.dead_letters, "dead-letter"):
             await self.requeue(message)
             return False
         self._stats.dead_lettered += 1
@@ -127,12 +157,7 @@ class Detours:
             own_user=self._policy.own_user,
             sender=delivery.user_id,
         )
-        try:
-            await self._publisher.publish_raw(
-                copy, exchange=self._names.retry(self._queue), routing_key=self._queue
-            )
-        except PublishError:
-            log.exception("could not set a failed message aside; requeueing it instead")
+        if not await self._publish(copy, self._names.retry(self._queue), "set aside"):
             await self.requeue(message)
             return
         log.warning(

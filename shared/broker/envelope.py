@@ -43,8 +43,12 @@ TRUNCATED = "x-orderflow-truncated"
 HEADERS_DROPPED = "x-orderflow-headers-dropped"
 """The sender's headers left out of a copy: names, or `all` past the size budget."""
 
-BROKERS = frozenset({"x-delivery-count"})
-"""Headers the broker sets per queue: meaningless on a copy in another queue."""
+BROKERS = frozenset({"x-delivery-count", "CC", "BCC"})
+"""Headers never copied: the broker's per-queue delivery count (meaningless in another queue),
+and the sender-selected routing headers, with which the broker would deliver our copy to the
+queues they name as well (a dead letter published to the direct dead-letter exchange with
+`CC: <hub>.agent.payment` lands in the payment agent's DLQ too, and a replay of it would
+reach the payment agent)."""
 HEADER_BUDGET = 8 * 1024
 """Bytes of the sender's headers a copy carries: with ours it stays far below a frame."""
 ERROR_LIMIT = 1000
@@ -188,8 +192,9 @@ def dead_letter_copy(
         DEAD_LETTERED_AT: utcnow().isoformat(),
         DELIVERIES: deliveries,
     }
-    if envelope.retries(1000):
-        headers[RETRIES] = envelope.retries(1000)
+    retries = envelope.headers.get(RETRIES)  # ours, if it came back from the retry queue
+    if type(retries) is int:  # anything else a sender wrote is not worth keeping
+        headers[RETRIES] = retries
     if redacted:
         headers[REDACTED] = True
     return aio_pika.Message(body, headers=headers, **_properties(envelope))

@@ -8,11 +8,15 @@ redelivers the same message, first in line; and the connection closes again. One
 from any application stops every consumer of the queue, and each reconnect counts a delivery
 against every message in flight. RabbitMQ passes these values through unchecked.
 
-`tolerate_undecodable_properties` makes pamqp's property decoding total: a property that cannot
-be decoded is skipped by its encoded length and given a value that says so (the raw bytes of a
-short string, `UNDECODABLE_HEADERS` in place of a header table, no timestamp), so the message
-reaches the consumer, which dead-letters it with its reason (shared/broker/envelope.py). It
-replaces one method of pamqp, once per process, from `shared.broker.connection.connect`.
+`tolerate_undecodable_properties` makes pamqp's decoding total: a short string that is not UTF-8
+(a property, or a routing key in the broker's Basic.Deliver) is read as its bytes, as pamqp
+already reads long strings (aio-pika then turns such a message id or type into the text of its
+repr, which is harmless: usable as a message id, an unknown type); a property that still cannot
+be decoded (a header table with a key that is not UTF-8, a timestamp past 9999) is skipped by
+its encoded length and marked (`UNDECODABLE_HEADERS` in place of the table, no timestamp), and
+the consumer dead-letters the message `invalid-properties` (shared/broker/envelope.py). It
+replaces one method and one decoder of pamqp, once per process, from
+`shared.broker.connection.connect`.
 """
 
 from __future__ import annotations
@@ -39,11 +43,9 @@ _SKIP: dict[str, Callable[[bytes], int]] = {
 
 
 def _undecodable(data_type: str, raw: bytes) -> Any:
-    if data_type == "shortstr":
-        return bytes(raw[1:])  # not `str`: the envelope treats it as missing, or refuses it
     if data_type in ("table", "longstr"):
         return {UNDECODABLE_HEADERS: len(raw)}
-    return None
+    return None  # a timestamp, an octet: as if absent
 
 
 def _tolerant_unmarshal(self: base.BasicProperties, flags: int, data: bytes) -> None:
@@ -59,8 +61,8 @@ def _tolerant_unmarshal(self: base.BasicProperties, flags: int, data: bytes) -> 
                     raise
                 consumed = skip(data)
                 value = _undecodable(data_type, data[:consumed])
-                if name == "expiration":
-                    value = None  # aio-pika refuses any expiration but text
+            if name == "expiration" and not isinstance(value, str):
+                value = None  # aio-pika refuses any expiration but text (the broker checks it)
             setattr(self, name, value)
             data = data[consumed:]
 

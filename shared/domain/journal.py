@@ -44,14 +44,16 @@ ALERT_ID_LIMIT = 128
 
 
 def _bounded_id(value: Any, info: ValidationInfo) -> Any:
-    """An alert id over the limit keeps its start and ends in a digest of the whole, so it
-    still names one condition (ids are built from message ids, which senders choose)."""
-    if is_stored(info):
+    """An alert id escaped, and over the limit keeps its start and ends in a digest of the
+    whole, so it still names one condition (ids are built from message ids, which senders
+    choose)."""
+    if is_stored(info) or not isinstance(value, str):
         return value
-    if isinstance(value, str) and len(value) > ALERT_ID_LIMIT:
-        digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:24]
-        return f"{printable(value)[: ALERT_ID_LIMIT - 25]}~{digest}"
-    return printable(value) if isinstance(value, str) else value
+    shown = printable(value)
+    if len(shown) <= ALERT_ID_LIMIT:
+        return shown
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    return f"{shown[: ALERT_ID_LIMIT - 25]}~{digest}"
 
 
 class _Record(BaseModel):

@@ -85,10 +85,22 @@ def redact_value(value: Any) -> Any:
     return value
 
 
+class _Duplicate(Exception):
+    """A duplicate key: the parsed value would hide all but the last, so mask it as text."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise _Duplicate
+    return result
+
+
 _LENIENT = json.JSONDecoder(
-    # Read what the strict parser refuses (duplicate keys, NaN): a refused body is exactly
-    # what gets here. Integers too long for Python to read stay text; none is a card number.
+    # Read what the strict parser refuses (NaN): a refused body is exactly what gets here.
+    # Integers too long for Python to read stay text; none is a card number.
     parse_int=lambda text: int(text) if len(text) <= 1000 else text,
+    object_pairs_hook=_no_duplicates,
 )
 
 
@@ -115,7 +127,7 @@ def _read(body: bytes) -> Any:
     """The body's JSON value, or None when it is not JSON (or too deep to walk safely)."""
     try:
         raw = _LENIENT.decode(body.decode("utf-8"))
-    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
+    except (ValueError, RecursionError, _Duplicate):  # UnicodeDecodeError, JSONDecodeError
         return None
     if not isinstance(raw, dict | list) or not _shallow(raw):
         return None

@@ -16,14 +16,15 @@ from typing import Any
 
 from bson.errors import InvalidDocument, InvalidStringData
 from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, ReturnDocument
-from pymongo.errors import ConfigurationError as PyMongoConfigurationError
 from pymongo.errors import (
+    BulkWriteError,
     ConnectionFailure,
     DocumentTooLarge,
     DuplicateKeyError,
     OperationFailure,
     PyMongoError,
 )
+from pymongo.errors import ConfigurationError as PyMongoConfigurationError
 
 from shared.domain.journal import (
     Alert,
@@ -85,6 +86,9 @@ BSONObjectTooLarge, KeyTooLong."""
 
 
 def _refuses(exc: BaseException) -> bool:
+    if isinstance(exc, BulkWriteError):  # insert_many: every write error a refusal
+        errors = (exc.details or {}).get("writeErrors") or []
+        return bool(errors) and all(e.get("code") in REFUSED_CODES for e in errors)
     return isinstance(exc, OperationFailure) and exc.code in REFUSED_CODES
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aio_pika
 import pytest
@@ -24,8 +25,10 @@ from shared.errors import (
     PublishRejected,
     PublishUnroutable,
     StoreRefused,
+    StoreUnavailable,
     TransientError,
 )
+from shared.store.postgres import PostgresStore
 from tests.support.broker_harness import LIMIT, ORDERS_MAX, Broker, reply, send
 from tests.support.waiting import eventually
 
@@ -240,55 +243,82 @@ async def test_a_failure_that_will_repeat_is_dead_lettered_at_its_first_delivery
     assert calls.count("doomed") == 1 and consumer.stats.set_aside == 0
 
 
-async def test_a_contract_violation_from_the_handler_dead_letters_once(broker: Broker) -> None:
+async def test_a_message_dead_lettered_by_its_handler_is_handled_again_when_replayed(
+    broker: Broker,
+) -> None:
+    """Its inbox claim is released, not completed: a replay from the DLQ once the cause is
+    fixed is handled, not dropped as a duplicate of a delivery that did nothing."""
     queue = broker.names.orders
     calls: list[str] = []
 
     async def handler(d: Delivery) -> None:
         calls.append(d.message_id)
-        raise InvalidMessage("order data conflicts with the recorded order", reason="conflict")
+        if len(calls) == 1:
+            raise InvalidMessage("order data conflicts with the recorded order", reason="conflict")
 
     consumer = await broker.consume(queue, handler)
     await send(broker, queue, message_id="conflicting")
     dead = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
     assert dead[0].headers[REASON] == "conflict"
-    await send(broker, queue, message_id="conflicting")
+    await send(broker, queue, message_id="conflicting")  # the replay
 
-    async def dropped() -> bool:
-        return consumer.stats.duplicates == 1
+    async def handled() -> bool:
+        return consumer.stats.handled == 1
 
-    await eventually(dropped, what="the repeat dropped as a duplicate")
-    assert calls == ["conflicting"]
+    await eventually(handled, what="the replay handled")
+    assert calls == ["conflicting", "conflicting"] and consumer.stats.duplicates == 0
 
 
-async def test_a_poison_message_whose_dead_letter_fails_is_not_lost(broker: Broker) -> None:
-    """The dead-letter publish fails once: the message is requeued, and its redelivery is
-    handled again (not dropped as a duplicate of a delivery that never finished)."""
+class FailingFor:
+    """A publisher that refuses every dead letter for a while, as a broker in trouble does."""
+
+    def __init__(self, publisher: Publisher, seconds: float) -> None:
+        self.publisher, self.until, self.refused = publisher, time.monotonic() + seconds, 0
+
+    async def publish_raw(self, message: aio_pika.Message, **where: str) -> None:
+        if time.monotonic() < self.until:
+            self.refused += 1
+            raise PublishRejected("the broker refused the dead letter (test)")
+        await self.publisher.publish_raw(message, **where)
+
+
+async def conflicting(d: Delivery) -> None:
+    raise InvalidMessage("order data conflicts with the recorded order", reason="conflict")
+
+
+async def test_a_dead_letter_the_broker_refuses_for_a_moment_is_held_not_requeued(
+    broker: Broker,
+) -> None:
+    queue = broker.names.orders
+    flaky = FailingFor(broker.publisher, seconds=0.5)
+    consumer = await broker.consume(queue, conflicting, dead_letters=flaky)
+    await send(broker, queue, message_id="unlucky")
+    dead = await eventually(lambda: broker.dead_letters(queue), what="a dead letter at last")
+    assert flaky.refused >= 1 and [m.message_id for m in dead] == ["unlucky"]
+    assert dead[0].headers["x-orderflow-deliveries"] == 1  # held through it: no redelivery
+    assert consumer.stats.requeued == 0
+
+
+async def test_a_poison_message_whose_dead_letter_fails_past_the_patience_is_not_lost(
+    broker: Broker,
+) -> None:
+    """Past the patience the message is requeued, and its redelivery is handled again (not
+    dropped as a duplicate of a delivery that never finished)."""
     queue = broker.names.orders
     calls: list[str] = []
 
-    class FailsOnce:
-        def __init__(self, publisher: Publisher) -> None:
-            self.publisher, self.failed = publisher, False
-
-        async def publish_raw(self, message: aio_pika.Message, **where: str) -> None:
-            if not self.failed:
-                self.failed = True
-                raise PublishRejected("the broker refused the dead letter (test)")
-            await self.publisher.publish_raw(message, **where)
-
     async def handler(d: Delivery) -> None:
         calls.append(d.message_id)
-        raise InvalidMessage("order data conflicts with the recorded order", reason="conflict")
+        await conflicting(d)
 
-    flaky = FailsOnce(broker.publisher)
-    consumer = await broker.consume(queue, handler, dead_letters=flaky)
+    flaky = FailingFor(broker.publisher, seconds=1.0)
+    consumer = await broker.consume(queue, handler, dead_letters=flaky, outage_patience=0.3)
     await send(broker, queue, message_id="unlucky")
     dead = await eventually(lambda: broker.dead_letters(queue), what="a dead letter at last")
-    assert flaky.failed and [m.message_id for m in dead] == ["unlucky"]
+    assert [m.message_id for m in dead] == ["unlucky"]
     assert dead[0].headers[REASON] == "conflict"
-    assert calls == ["unlucky", "unlucky"], "handled again after the failed dead-letter"
-    assert consumer.stats.duplicates == 0
+    assert len(calls) >= 2, "handled again after the failed dead-letter"
+    assert consumer.stats.duplicates == 0 and consumer.stats.requeued >= 1
 
 
 async def test_stop_drains_the_message_in_hand(broker: Broker) -> None:
@@ -335,3 +365,44 @@ async def test_a_dead_lettered_body_keeps_no_card_number_in_clear(broker: Broker
     assert dead[0].headers[REDACTED] is True
     assert b"4111" not in dead[0].body
     assert json.loads(dead[0].body)["order"]["order_id"] == "o-card"
+
+
+async def test_an_outage_after_the_handler_succeeded_does_not_run_it_again(
+    broker: Broker,
+) -> None:
+    """Marking the message done failed once (the store restarting): only that write is
+    retried; before, the whole delivery was, and the handler ran twice (found in review)."""
+    queue = broker.names.agent("inventory")
+    calls: list[str] = []
+
+    class CompletesOnSecondTry:
+        def __init__(self, store: PostgresStore) -> None:
+            self.store, self.failed = store, False
+
+        def __getattr__(self, name: str):  # everything else as the real store does it
+            return getattr(self.store, name)
+
+        async def inbox_complete_many(self, queue: str, done) -> None:
+            if not self.failed:
+                self.failed = True
+                raise StoreUnavailable("PostgreSQL unavailable: restarting (test)")
+            await self.store.inbox_complete_many(queue, done)
+
+    async def handler(d: Delivery) -> None:
+        calls.append(d.message_id)
+
+    flaky = CompletesOnSecondTry(broker.store)
+    consumer = await broker.consume(queue, handler, store=flaky)
+    await send(broker, queue, message_id="once")
+
+    async def handled() -> bool:
+        return consumer.stats.handled == 1
+
+    await eventually(handled, what="the message handled")
+    assert flaky.failed and calls == ["once"]
+    await send(broker, queue, message_id="once")  # and it was marked done after all
+
+    async def dropped() -> bool:
+        return consumer.stats.duplicates == 1
+
+    await eventually(dropped, what="the copy dropped as a duplicate")

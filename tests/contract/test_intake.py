@@ -21,8 +21,11 @@ import aio_pika
 import aiormq
 import pytest
 
+from shared.bootstrap import Runtime
 from shared.broker.consumer import REASON, SOURCE_QUEUE, Delivery
 from shared.broker.envelope import HEADERS_DROPPED, RETRIES, SENDER
+from shared.config import load_settings
+from tests.conftest import POSTGRES_URL, RABBITMQ_URL
 from tests.support.broker_harness import Broker, reply, send
 from tests.support.waiting import eventually
 from tests.support.wire_bytes import HUGE_TIMESTAMP, Raw, raw_bytes_on_the_wire
@@ -258,3 +261,75 @@ async def test_a_consumer_taking_nothing_while_messages_wait_says_it_is_stalled(
 
 async def _noop(d: Delivery) -> None:
     return None
+
+
+async def test_the_runtime_reads_a_fresh_depth_every_time(broker: Broker) -> None:
+    """A robust channel answers a second passive declare from the queue it kept, with the depth
+    of the first: a consumer would have been called stalled for good, or never."""
+    settings = load_settings(
+        hub=broker.names.hub, store_url=POSTGRES_URL, rabbitmq_url=RABBITMQ_URL
+    )
+    runtime = await Runtime.open(settings, "intake-probe")
+    try:
+        queue = broker.names.agent("shipping")
+        assert await runtime._ready(queue) == 0
+        await send(broker, queue)
+        await send(broker, queue)
+
+        async def two() -> bool:
+            return await runtime._ready(queue) == 2
+
+        await eventually(two, what="the probe seeing both messages")
+        assert await runtime._ready(f"{broker.names.hub}.no-such-queue") is None
+        assert await runtime._ready(queue) == 2  # the probe channel is redone after a 404
+    finally:
+        await runtime.close()
+
+
+async def test_routing_headers_a_sender_wrote_never_carry_our_copies_elsewhere(
+    broker: Broker,
+) -> None:
+    """`CC` on a copy published to the direct dead-letter exchange would put it in the DLQ of
+    the queue it names too, from which a replay reaches that queue's agent."""
+    queue = broker.names.orders
+    seen = await _consume_recording(broker, queue)
+    elsewhere = broker.names.agent("payment")
+    await _publish(
+        broker,
+        queue,
+        aio_pika.Message(
+            b"{not json",
+            message_id="cc",
+            type="step.request",
+            headers={"CC": [elsewhere], "BCC": [elsewhere]},
+        ),
+    )
+    await _good_one_after(broker, queue, seen)
+    (dead,) = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
+    assert dead.headers[REASON] == "malformed" and "CC" not in dead.headers
+    assert await broker.dead_letters(elsewhere) == []
+
+
+async def test_a_routing_key_that_is_not_utf8_reaches_the_consumer(broker: Broker) -> None:
+    """The broker hands the publisher's routing key back in Basic.Deliver: through the fanout
+    exchange of applications, any bytes at all (pamqp alone closed the connection over them)."""
+    queue = broker.names.orders
+    seen = await _consume_recording(broker, queue)
+    channel = await broker.connection.channel()
+    underlay = await channel.get_underlay_channel()
+    props = aiormq.spec.Basic.Properties(message_id="rk", message_type="step.reply")
+    with raw_bytes_on_the_wire():
+        await underlay.basic_publish(
+            reply().to_json(),
+            exchange=broker.names.submit,
+            routing_key=Raw(b"\xff"),
+            properties=props,
+        )
+    await channel.close()
+
+    async def handled() -> bool:
+        return any(d.message_id == "rk" for d in seen)
+
+    await eventually(handled, what="the message handled")
+    await _good_one_after(broker, queue, seen)
+    assert not broker.connection.is_closed

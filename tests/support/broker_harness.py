@@ -31,7 +31,9 @@ class Broker:
     store: PostgresStore
     consumers: list[Consumer] = field(default_factory=list)
 
-    async def consume(self, queue: str, handler, *, dead_letters=None, **policy) -> Consumer:
+    async def consume(
+        self, queue: str, handler, *, dead_letters=None, store=None, **policy
+    ) -> Consumer:
         channel = await self.connection.channel()
         defaults = {
             "prefetch": 10,
@@ -49,7 +51,7 @@ class Broker:
             queue=queue,
             names=self.names,
             handler=handler,
-            store=self.store,
+            store=store or self.store,
             dead_letter_publisher=dead_letters or self.publisher,
             policy=ConsumerPolicy(**(defaults | policy)),
             holder=f"test-{uuid.uuid4().hex[:6]}",

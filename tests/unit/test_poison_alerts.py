@@ -6,6 +6,7 @@ from typing import Any
 
 from shared.domain.journal import AlertKind
 from shared.reporting import PoisonAlerts
+from tests.support.waiting import eventually
 
 
 class Alerts:
@@ -16,19 +17,26 @@ class Alerts:
         self.raised.append({"kind": kind, "message": message, **fields})
 
 
-async def test_a_burst_is_one_alert_per_reason_and_the_next_one_counts_the_rest() -> None:
+async def test_a_burst_is_one_alert_per_reason_then_one_with_the_count() -> None:
     now = [0.0]
     alerts = Alerts()
-    poison = PoisonAlerts(alerts, "h.orders", window_s=60, clock=lambda: now[0])  # type: ignore[arg-type]
+    poison = PoisonAlerts(alerts, "h.orders", window_s=0.2, clock=lambda: now[0])  # type: ignore[arg-type]
     for n in range(1000):
         await poison("malformed", "body is not JSON", f"m{n}")
     await poison("invalid", "order.lines: Field required", "i0")
     assert [(a["reason"], a["more"]) for a in alerts.raised] == [("malformed", 0), ("invalid", 0)]
     assert alerts.raised[0]["alert_id"] == "poison:h.orders:m0:malformed"
-    now[0] = 61.0
-    await poison("malformed", "body is not JSON", "late")
-    assert alerts.raised[-1]["more"] == 999
-    assert "999 more dead-lettered for this reason" in alerts.raised[-1]["message"]
+    now[0] = 0.3  # the window ends: the count is reported, with no new dead letter needed
+    await eventually(lambda: _async(len(alerts.raised) == 3), what="the summary alert")
+    summary = alerts.raised[-1]
+    assert summary["more"] == 999 and summary["alert_id"] == "poison:h.orders:m999:malformed"
+    assert "999 more messages on h.orders dead-lettered (malformed)" in summary["message"]
+    await poison("malformed", "body is not JSON", "next")  # in the window the summary opened
+    assert len(alerts.raised) == 3
+
+
+async def _async(value: bool) -> bool:
+    return value
 
 
 async def test_a_conflict_raises_none_here_and_a_zero_window_raises_every_one() -> None:

@@ -84,3 +84,11 @@ def test_keyed_values_in_text_that_is_not_json_are_masked() -> None:
 def test_nothing_to_mask_keeps_the_body_byte_for_byte() -> None:
     body = b'{"a": NaN, "b": [1, 2.5, "x"]}'
     assert redact_body(body) == (body, False)
+
+
+def test_a_card_number_behind_a_duplicate_key_is_masked() -> None:
+    """The parsed value keeps the last of two keys only; the body kept in the DLQ has both
+    (found in review: the first one's card number was kept in clear)."""
+    body = b'{"note": "4111 1111 1111 1111", "note": "x"}'
+    masked, changed = redact_body(body)
+    assert changed and b"4111" not in masked
