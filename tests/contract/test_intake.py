@@ -25,6 +25,7 @@ from shared.bootstrap import Runtime
 from shared.broker.consumer import REASON, SOURCE_QUEUE, Delivery
 from shared.broker.envelope import HEADERS_DROPPED, RETRIES, SENDER
 from shared.config import load_settings
+from shared.errors import ConfigurationError
 from tests.conftest import POSTGRES_URL, RABBITMQ_URL
 from tests.support.broker_harness import Broker, reply, send
 from tests.support.waiting import eventually
@@ -333,3 +334,13 @@ async def test_a_routing_key_that_is_not_utf8_reaches_the_consumer(broker: Broke
     await eventually(handled, what="the message handled")
     await _good_one_after(broker, queue, seen)
     assert not broker.connection.is_closed
+
+
+async def test_a_consumer_refuses_to_start_without_its_retry_exchange(broker: Broker) -> None:
+    """A hub not initialised by this release: setting a message aside would close the shared
+    publisher's channel every time, so the process says so at once instead."""
+    queue = broker.names.agent("inventory")
+    channel = await broker.connection.channel()
+    await channel.exchange_delete(broker.names.retry(queue))
+    with pytest.raises(ConfigurationError, match="orderflow init"):
+        await broker.consume(queue, _noop)
