@@ -43,13 +43,6 @@ from typing import Any, TypeVar
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_delay,
-    wait_exponential,
-    wait_random,
-)
 
 from shared.batching import GroupCommit
 from shared.broker.delivery import (
@@ -58,6 +51,7 @@ from shared.broker.delivery import (
     Handler,
     PoisonHook,
     delivery_count,
+    held,
     intake_state,
     is_outage,
     order_fields,
@@ -281,18 +275,12 @@ class Consumer:
         counted as a redelivery) and retry with backoff and jitter until the server is back,
         within the patience; past it, requeue."""
         holder = f"{self._holder}:{uuid.uuid4().hex[:8]}"  # this delivery's inbox claims
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(is_outage),
-            wait=wait_exponential(multiplier=0.1, max=self._policy.outage_backoff_cap)
-            + wait_random(0, 0.5),
-            stop=stop_after_delay(self._policy.outage_patience),
-            before_sleep=_log_outage,
-            reraise=True,
-        )
         try:
-            async for attempt in retrying:
-                with attempt:
-                    await self._process(message, envelope, holder)
+            await held(
+                lambda: self._process(message, envelope, holder),
+                patience=self._policy.outage_patience,
+                backoff_cap=self._policy.outage_backoff_cap,
+            )
         except (ServiceUnavailable, PublishError) as exc:
             if not is_outage(exc):
                 raise
@@ -413,15 +401,11 @@ class Consumer:
         the patience). Past it the claim expires on its own: a copy that came later could then
         be handled again, which every handler tolerates (the inbox only saves the work)."""
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(is_outage),
-                wait=wait_exponential(multiplier=0.1, max=self._policy.outage_backoff_cap)
-                + wait_random(0, 0.5),
-                stop=stop_after_delay(self._policy.outage_patience),
-                reraise=True,
-            ):
-                with attempt:
-                    await self._complete(message_id, holder)
+            await held(
+                lambda: self._complete(message_id, holder),
+                patience=self._policy.outage_patience,
+                backoff_cap=self._policy.outage_backoff_cap,
+            )
         except Exception as exc:
             log.warning(
                 "handled, but could not mark it done; its claim will expire",
@@ -455,11 +439,3 @@ class Consumer:
         assert self._store is not None
         with contextlib.suppress(Exception):
             await self._store.inbox_release(self._queue_name, message_id, holder=holder)
-
-
-def _log_outage(state: Any) -> None:
-    exc = state.outcome.exception() if state.outcome is not None else None
-    log.warning(
-        "a server is unavailable; holding the message and retrying",
-        extra={"error": one_line(exc) if exc else None, "attempt": state.attempt_number},
-    )

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from aio_pika.abc import AbstractIncomingMessage
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential,
+    wait_random,
+)
 
 from shared.domain.messages import (
     AlertMessage,
@@ -18,7 +26,17 @@ from shared.domain.messages import (
     SubmitOrder,
 )
 from shared.domain.text import cut, printable
-from shared.errors import PermanentError, PublishError, PublishUnroutable, ServiceUnavailable
+from shared.errors import (
+    PermanentError,
+    PublishError,
+    PublishUnroutable,
+    ServiceUnavailable,
+    one_line,
+)
+
+log = logging.getLogger("shared.broker.consumer")
+
+R = TypeVar("R")
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -122,6 +140,30 @@ def intake_state(
     if ready and idle_s > stall_after_s:
         return "stalled"
     return "consuming"
+
+
+async def held(operation: Callable[[], Awaitable[R]], *, patience: float, backoff_cap: float) -> R:
+    """`operation()`, and through an outage the same again with exponential backoff and jitter
+    (tenacity) until it passes or `patience` seconds have gone (then the outage is raised).
+    The first try costs no retry machinery: every message takes this way."""
+    try:
+        return await operation()
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        log.warning(
+            "a server is unavailable; holding the message and retrying",
+            extra={"error": one_line(exc)},
+        )
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(is_outage),
+        wait=wait_exponential(multiplier=0.1, max=backoff_cap) + wait_random(0, 0.5),
+        stop=stop_after_delay(patience),
+        reraise=True,
+    ):
+        with attempt:
+            return await operation()
+    raise AssertionError("tenacity ends in a return or a raise")  # pragma: no cover
 
 
 def reason_of(exc: PermanentError) -> str:

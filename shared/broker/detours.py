@@ -12,20 +12,13 @@ from dataclasses import dataclass, field
 
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_delay,
-    wait_exponential,
-    wait_random,
-)
 
 from shared.broker.delivery import (
     ConsumerPolicy,
     Delivery,
     PoisonHook,
     delivery_count,
-    is_outage,
+    held,
     shown,
 )
 from shared.broker.envelope import Envelope, dead_letter_copy, retry_copy
@@ -74,17 +67,13 @@ class Detours:
         """Publish a copy, holding it through a broker outage like any message (backoff and
         jitter, within the patience); False when the broker still did not take it."""
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(is_outage),
-                wait=wait_exponential(multiplier=0.1, max=self._policy.outage_backoff_cap)
-                + wait_random(0, 0.5),
-                stop=stop_after_delay(self._policy.outage_patience),
-                reraise=True,
-            ):
-                with attempt:
-                    await self._publisher.publish_raw(
-                        copy, exchange=exchange, routing_key=self._queue
-                    )
+            await held(
+                lambda: self._publisher.publish_raw(
+                    copy, exchange=exchange, routing_key=self._queue
+                ),
+                patience=self._policy.outage_patience,
+                backoff_cap=self._policy.outage_backoff_cap,
+            )
         except PublishError:
             log.exception(f"could not {what} a message; requeueing it instead")
             return False

@@ -23,7 +23,7 @@ from pamqp import encode
 
 from shared.broker.wire import UNDECODABLE_HEADERS
 from shared.domain.redaction import redact_body
-from shared.domain.text import cut, printable, unsafe_characters
+from shared.domain.text import cut, is_safe, printable
 from shared.domain.timing import utcnow
 
 OURS = "x-orderflow-"
@@ -57,7 +57,7 @@ ERROR_LIMIT = 1000
 
 def _text(value: object) -> str | None:
     """A property as text, or None when it is missing, not text, or unsafe to use."""
-    if not isinstance(value, str) or not value or unsafe_characters(value):
+    if not isinstance(value, str) or not value or not is_safe(value):
         return None
     return value
 

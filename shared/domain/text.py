@@ -38,6 +38,11 @@ def unsafe_characters(text: str) -> list[str]:
     return list(dict.fromkeys(_UNSAFE.findall(text)))
 
 
+def is_safe(text: str) -> bool:
+    """Whether `text` holds no unsafe character (one regex search, for every message)."""
+    return _UNSAFE.search(text) is None
+
+
 def describe(char: str) -> str:
     """`U+001B (ESCAPE)`: a character named for an error message, never the character itself."""
     name = unicodedata.name(char, "") or _category_name(char)

@@ -22,8 +22,8 @@ from tests.support.bodies import json_values
         (b'{"a": NaN}', "NaN"),
         (b'{"a": -Infinity}', "Infinity"),
         (b'{"a": 1e400}', "out of range"),
-        (b'{"a": ' + b"1" * 21 + b"}", "21 digits"),
-        (b'{"a": ' + b"1" * 5000 + b"}", "5000 digits"),
+        (b'{"a": ' + b"1" * 5000 + b"}", "4,300 digits"),
+        (b'[{"a": ' + b"1" * 5000 + b"}]", "4,300 digits"),
         (b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1), "nested deeper"),
         (b"[" * 200_000, "nested deeper"),
         (b'["\\ud800"]', "surrogate"),
@@ -34,6 +34,11 @@ from tests.support.bodies import json_values
 def test_parse_refuses_with_the_reason(body: bytes, says: str) -> None:
     with pytest.raises(MalformedMessage, match=says):
         parse(body)
+
+
+def test_an_integer_past_64_bits_is_read_and_then_not_storable() -> None:
+    value = parse(b'{"a": ' + b"1" * 21 + b"}")
+    assert storable_problem(value) is not None
 
 
 def test_parse_reads_ordinary_json() -> None:
