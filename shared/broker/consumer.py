@@ -56,7 +56,6 @@ from shared.broker.delivery import (
     is_outage,
     order_fields,
     reason_of,
-    shown,
 )
 from shared.broker.detours import Detours, Stats
 from shared.broker.envelope import (
@@ -68,6 +67,7 @@ from shared.broker.envelope import (
     RETRIES,
     SOURCE_QUEUE,
     Envelope,
+    shown,
 )
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names

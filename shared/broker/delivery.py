@@ -25,7 +25,6 @@ from shared.domain.messages import (
     StepRequest,
     SubmitOrder,
 )
-from shared.domain.text import cut, printable
 from shared.errors import (
     PermanentError,
     PublishError,
@@ -169,10 +168,3 @@ async def held(operation: Callable[[], Awaitable[R]], *, patience: float, backof
 def reason_of(exc: PermanentError) -> str:
     """The dead-letter reason of a failure that will fail the same way again."""
     return str(getattr(exc, "reason", "permanent"))
-
-
-def shown(value: object) -> str:
-    """A property value as safe, short text for a log line or an error (bytes included)."""
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "backslashreplace")
-    return printable(cut(str(value), 120)) if value is not None else "(none)"

@@ -19,9 +19,8 @@ from shared.broker.delivery import (
     PoisonHook,
     delivery_count,
     held,
-    shown,
 )
-from shared.broker.envelope import Envelope, dead_letter_copy, retry_copy
+from shared.broker.envelope import Envelope, dead_letter_copy, retry_copy, shown
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
 from shared.domain.text import cut, printable

@@ -55,6 +55,13 @@ ERROR_LIMIT = 1000
 """Characters of the error text a dead letter carries."""
 
 
+def shown(value: object) -> str:
+    """A property value as safe, short text for a log line or an error (bytes included)."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "backslashreplace")
+    return printable(cut(str(value), 120)) if value is not None else "(none)"
+
+
 def _text(value: object) -> str | None:
     """A property as text, or None when it is missing, not text, or unsafe to use."""
     if not isinstance(value, str) or not value or not is_safe(value):
@@ -109,8 +116,10 @@ class Envelope:
             return None
         if self.raw_message_id in (None, ""):
             return "missing-message-id", "no message_id"
-        shown = printable(cut(str(self.raw_message_id), 120))
-        return "invalid-message-id", f"message_id {shown} is not text without control characters"
+        return (
+            "invalid-message-id",
+            f"message_id {shown(self.raw_message_id)} is not text without control characters",
+        )
 
     def retries(self, limit: int) -> int:
         """Delayed retries so far, from our header; a sender's odd value counts as none."""

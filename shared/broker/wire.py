@@ -31,19 +31,16 @@ UNDECODABLE_HEADERS = "x-orderflow-undecodable-headers"
 """The only header of a message whose header table could not be decoded: its size in bytes."""
 
 _SKIP: dict[str, Callable[[bytes], int]] = {
+    # The encoded length of each type Basic.Properties has.
     "shortstr": lambda data: 1 + data[0],
-    "longstr": lambda data: 4 + struct.unpack_from(">I", data)[0],
     "table": lambda data: 4 + struct.unpack_from(">I", data)[0],
     "octet": lambda data: 1,
-    "short": lambda data: 2,
-    "long": lambda data: 4,
-    "longlong": lambda data: 8,
     "timestamp": lambda data: 8,
 }
 
 
 def _undecodable(data_type: str, raw: bytes) -> Any:
-    if data_type in ("table", "longstr"):
+    if data_type == "table":
         return {UNDECODABLE_HEADERS: len(raw)}
     return None  # a timestamp, an octet: as if absent
 

@@ -8,9 +8,6 @@ log line about it. Examples the search found, or that the intake issue lists, ar
 
 from __future__ import annotations
 
-import json
-import logging
-
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -20,7 +17,7 @@ from shared.domain.messages import Contract, decode
 from shared.domain.redaction import redact_body
 from shared.domain.text import unsafe_characters
 from shared.errors import ContractViolation, UndecodableMessage
-from shared.telemetry import JsonFormatter
+from tests.fuzz import decode_check
 from tests.support.bodies import (
     SAMPLES,
     TYPES,
@@ -119,20 +116,8 @@ def test_the_log_line_about_any_refused_body_is_one_ascii_json_line(
     message: tuple[str | None, bytes],
 ) -> None:
     type_name, body = message
-    outcome = _outcome(type_name, body)
-    record = logging.makeLogRecord(
-        {
-            "msg": "message dead-lettered",
-            "levelname": "WARNING",
-            "reason": getattr(outcome, "reason", None),
-            "error": str(outcome),
-            "message_type": type_name,
-            "body": body.decode("utf-8", "replace"),
-        }
-    )
-    line = JsonFormatter(process="p", hub="h").format(record)
-    assert "\n" not in line and line.isascii()
-    assert json.loads(line)["event"] == "message dead-lettered"
+    # The same check the fuzzer runs (one ASCII line of JSON, the event named).
+    decode_check._check_log_line(type_name, body, _outcome(type_name, body))
 
 
 @given(valid_orders())

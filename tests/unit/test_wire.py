@@ -75,3 +75,47 @@ def test_intake_state(facts: dict[str, Any], state: str) -> None:
     given = {"started": True, "paused": False, "subscribed": True, "ready": 0, "idle_s": 0.0}
     assert intake_state(**(given | facts), stall_after_s=60.0) == state
     assert (state in INTAKE_HEALTHY) == (state in ("consuming", "paused"))
+
+
+# -- the neighbours, searched: any bytes in any short-string property, any header table
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+SHORT_STRINGS = [
+    "content_type",
+    "content_encoding",
+    "correlation_id",
+    "reply_to",
+    "message_id",
+    "message_type",
+    "user_id",
+    "cluster_id",
+]
+
+
+@settings(max_examples=300)
+@given(
+    st.dictionaries(st.sampled_from(SHORT_STRINGS), st.binary(max_size=255).map(Raw), max_size=4),
+    st.dictionaries(
+        st.binary(min_size=1, max_size=20).map(Raw),
+        st.one_of(st.binary(max_size=30).map(Raw), st.integers(-(2**31), 2**31 - 1)),
+        max_size=3,
+    ),
+    st.one_of(st.none(), st.just(HUGE_TIMESTAMP)),
+)
+def test_any_bytes_in_any_property_are_read_and_the_properties_after_them_too(
+    shorts: dict[str, Raw], headers: dict[Raw, Any], stamp: object
+) -> None:
+    wire.tolerate_undecodable_properties()
+    properties: dict[str, Any] = dict(shorts)
+    if headers:
+        properties["headers"] = headers
+    if stamp is not None:
+        properties["timestamp"] = stamp
+    _, _, header = pamqp.frame.unmarshal(_frame(properties))
+    props = header.properties
+    assert props.app_id == "after"  # encoded after every one of them
+    for name, value in shorts.items():
+        got = getattr(props, name)
+        assert got == bytes(value) or got == bytes(value).decode("utf-8")
