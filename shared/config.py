@@ -9,7 +9,7 @@ from datetime import timedelta
 from types import MappingProxyType
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.domain.messages import validation_problems
@@ -49,6 +49,17 @@ class Settings(BaseSettings):
     """Task hub: prefixes every queue, exchange and database/schema."""
     remote_url: str = "http://127.0.0.1:8080"
     """Base URL of the remote service the agents call."""
+    broker_user_prefix: str | None = Field(default=None, max_length=60)
+    """What each kind of process's RabbitMQ user name starts with (`<prefix>scheduler`,
+    `<prefix>agent-payment`); unset: `<hub>-`, as the generated definitions name them. A
+    receiver accepts a message only from the user allowed to send it (shared/broker/senders.py);
+    a process whose own user does not follow this naming (one user for all, as `guest` in
+    development) accepts messages only from that same user."""
+    seal_key: SecretStr | None = None
+    """Key of the seal a consumer puts on its dead letters (so that a replay is accepted as what
+    it was, and nothing else is); unset: derived from the password of `ORDERFLOW_RABBITMQ_URL`
+    (each kind of process has its own). Set it (the same for every process of a kind) to keep
+    dead letters replayable across a password change, or when the broker URL has no password."""
 
     # -- timeouts of every external call
     connect_timeout_s: float = Field(default=5.0, gt=0)
