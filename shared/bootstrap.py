@@ -8,14 +8,15 @@ import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
-from shared.broker.connection import connect, quorum_available, server_version
+from shared.broker.connection import connect, login_user, quorum_available, server_version
 from shared.broker.consumer import Consumer, ConsumerPolicy, Handler
 from shared.broker.delivery import INTAKE_HEALTHY
 from shared.broker.publisher import Publisher
+from shared.broker.seal import seal_key
+from shared.broker.senders import Senders
 from shared.broker.topology import Names, QueuePolicy, declare_topology
 from shared.config import Settings
 from shared.errors import ConfigurationError
@@ -57,17 +58,10 @@ def consumer_policy(settings: Settings) -> ConsumerPolicy:
         handler_timeout=settings.handler_timeout_s,
         delayed_retries=settings.delayed_retries,
         retry_delay=settings.retry_delay_s,
-        own_user=broker_user(settings.rabbitmq_url),
+        own_user=login_user(settings.rabbitmq_url),
+        user_prefix=settings.broker_user_prefix,
+        seal_key=seal_key(settings),
     )
-
-
-def broker_user(url: str) -> str | None:
-    """The user a broker URL logs in as (what RabbitMQ checks a message's `user_id` against);
-    None when it is not the URL's to say (`auth=external`: the certificate names the user)."""
-    parts = urlsplit(url)
-    if "external" in parse_qs(parts.query).get("auth", []):
-        return None
-    return unquote(parts.username) if parts.username else None
 
 
 async def open_broker(settings: Settings, *, name: str) -> AbstractRobustConnection:
@@ -164,6 +158,15 @@ class Runtime:
             return int(declared.message_count or 0)
         except Exception:  # gone, or the broker unreachable: the probe channel is redone
             return None
+
+    def senders(self, role: str) -> Senders:
+        """Who this process, of kind `role`, tells apart (shared/broker/senders.py)."""
+        return Senders.of(
+            self.settings.hub,
+            self.settings.broker_user_prefix,
+            login_user(self.settings.rabbitmq_url),
+            role,
+        )
 
     def reporter(self) -> Reporter:
         return Reporter(self.store, self.publisher, self.names, self.name)

@@ -115,6 +115,14 @@ DEAD_LETTERS = Counter(
     ["queue", "reason"],
     registry=REGISTRY,
 )
+REPLIES_DROPPED = Counter(
+    "orderflow_replies_dropped",
+    "Agent replies a scheduler dropped, by reason: unknown (late, or no request has its "
+    "correlation id), unauthorised (not from the step's agent), mismatch (not about the "
+    "request's step, action, attempt or idempotency key), not-a-reply.",
+    ["reason"],
+    registry=REGISTRY,
+)
 
 
 HealthCheck = Callable[[], Awaitable[dict[str, bool]]]

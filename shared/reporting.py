@@ -12,7 +12,7 @@ from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
 from shared.domain.journal import Alert, AlertKind, HistoryEvent, HistoryEventType, Severity
 from shared.domain.messages import AlertMessage, OrderStatus, OrderStatusUpdate
-from shared.domain.models import StateRecord
+from shared.domain.models import StateRecord, unscoped
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.errors import PublishError, PublishUnroutable
@@ -135,7 +135,7 @@ class Reporter:
         if not reply_to:
             return
         update = OrderStatusUpdate(
-            order_id=order_id,
+            order_id=unscoped(order_id),  # the application's own id
             status=status,
             process_state=state,
             at=utcnow(),

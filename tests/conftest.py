@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -16,6 +17,9 @@ POSTGRES_URL = os.environ.get(
     "ORDERFLOW_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
 RABBITMQ_URL = os.environ.get("ORDERFLOW_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
+RABBITMQ_USER = urlsplit(RABBITMQ_URL).username or "guest"
+"""The test broker's user: every process of a test runs as it, and messages a test publishes
+below our publisher carry it as their `user_id` (shared/broker/senders.py)."""
 MONGODB_URL = os.environ.get("ORDERFLOW_TEST_MONGODB_URL")
 
 

@@ -279,7 +279,8 @@ class Agent:
                 exchange=self._replies,
                 routing_key=request.reply_to,
                 message_id=f"{delivery.message_id}:reply",
-                correlation_id=delivery.message_id,
+                # The request's own (random) correlation id: the only one its scheduler takes.
+                correlation_id=delivery.correlation_id,
             )
         except PublishUnroutable:
             # The scheduler that asked is gone: late replies are ignored by design.

@@ -2,9 +2,14 @@
 
 Reading never loses a message: the messages are fetched unacknowledged and go back to their
 dead-letter queue when the command's channel closes, except those a replay or a purge removes.
-A replay publishes the message, with its original `message_id`, to the queue it came from and
-removes it from the dead-letter queue only once the broker confirmed the publish; so dedupe still
-holds (a message whose id was handled already is dropped as a duplicate, not handled twice).
+A replay publishes the message, with its original `message_id`, to the queue it came from
+(through that queue's replay exchange, the only way the operator's user has into it) and removes
+it from the dead-letter queue only once the broker confirmed the publish; so dedupe still holds
+(a message whose id was handled already is dropped as a duplicate, not handled twice). The
+queue's consumer accepts a replay only with the seal it put on the dead letter, as the message of
+its original sender; a message the broker dead-lettered on its own (its delivery limit) has no
+seal, and its replay is refused (`unauthorised`) unless the operator runs as the consumer's
+user.
 """
 
 from __future__ import annotations
@@ -23,10 +28,10 @@ from rich.table import Table
 
 from services.cli.explain import add_columns, human_age, plain_console
 from services.cli.orders import BadInput
-from services.cli.render import plain, shown
+from services.cli.render import plain, shorten_tokens, shown
 from shared.bootstrap import open_broker
 from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
-from shared.broker.envelope import carried_headers
+from shared.broker.envelope import SEAL, SENDER, carried_headers
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
 from shared.config import Settings
@@ -197,12 +202,12 @@ def show_cmd(ctx: click.Context, message_id: str, queue: str | None, as_json: bo
 
 
 def _body(body: bytes) -> str:
-    """The body as text: pretty JSON (every control escaped by `json.dumps`), or else decoded
-    with replacement characters. Not escaped yet: JSON output must keep it as it is; the human
-    view escapes it."""
+    """The body as text: pretty JSON (every control escaped by `json.dumps`; payment tokens
+    shortened, as `orders show` does), or else decoded with replacement characters. Not
+    escaped yet: JSON output must keep it as it is; the human view escapes it."""
     try:
-        text = json.dumps(json.loads(body), indent=2)
-    except (ValueError, UnicodeDecodeError):
+        text = json.dumps(shorten_tokens(json.loads(body)), indent=2)
+    except (ValueError, UnicodeDecodeError, RecursionError):
         text = body.decode("utf-8", errors="replace")
     return text if len(text) <= BODY_SHOWN else text[:BODY_SHOWN] + f"… ({len(text)} chars)"
 
@@ -240,12 +245,12 @@ def replay_cmd(
                     try:
                         for m in await _fetch(channel, source):
                             if replay_all or m.message_id in wanted:
-                                # Back to the queue whose DLQ holds it, never to the one a
-                                # header names: whoever may write to the dead-letter exchange
-                                # could have written that header.
+                                # Back to the queue whose DLQ holds it, through its replay
+                                # exchange (the operator's only way into an input queue),
+                                # never to the one a header names.
                                 await publisher.publish_raw(
                                     _replayable(m, by),
-                                    exchange=names.exchange,
+                                    exchange=names.replay(source),
                                     routing_key=source,
                                 )
                                 await m.ack()  # only once the broker confirmed the copy
@@ -271,9 +276,12 @@ def replay_cmd(
 
 
 def _replayable(message: AbstractIncomingMessage, by: str) -> aio_pika.Message:
-    # A replay starts afresh: none of our headers (reason, retries, sender), none the client
-    # library cannot send again (bytes a sender wrote), none past the size budget.
-    headers = carried_headers(dict(message.headers or {}))
+    # A replay starts afresh: of our headers only the sender and the seal its consumer put on
+    # it (without which the consumer refuses it: shared/broker/seal.py), of the sender's only
+    # those a copy carries; and every property the seal covers exactly as it was.
+    original = dict(message.headers or {})
+    headers = carried_headers(original)
+    headers |= {k: original[k] for k in (SENDER, SEAL) if isinstance(original.get(k), str)}
     headers |= {REPLAYED_AT: utcnow().isoformat(), REPLAYED_BY: by}
     return aio_pika.Message(
         message.body,

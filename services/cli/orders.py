@@ -28,7 +28,7 @@ from services.cli.explain import (
     step_rows,
     undo_plan,
 )
-from services.cli.render import shown
+from services.cli.render import short_token, shown
 from shared.config import Settings
 from shared.domain.journal import HistoryEvent
 from shared.domain.models import OrderId, StateRecord
@@ -291,8 +291,7 @@ def show_cmd(ctx: click.Context, order_id: str, as_json: bool) -> None:
 
 
 def _order_json(data: dict[str, Any]) -> dict[str, Any]:
-    token = str(data.get("payment_token", ""))
-    data["payment_token"] = token[:8] + "…" if len(token) > 8 else token  # never in full
+    data["payment_token"] = short_token(str(data.get("payment_token", "")))  # never in full
     return data
 
 

@@ -20,6 +20,7 @@ non-ASCII character and control (its default `ensure_ascii=True`).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from rich.text import Text
 
@@ -46,3 +47,24 @@ class PlainFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return plain(super().format(record), keep_lines=True)
+
+
+TOKEN_SHOWN = 8
+"""Characters of a payment token shown: enough to tell two apart, never the whole."""
+
+
+def short_token(token: str) -> str:
+    """A payment token as every command shows it: its start only."""
+    return token[:TOKEN_SHOWN] + "…" if len(token) > TOKEN_SHOWN else token
+
+
+def shorten_tokens(value: Any) -> Any:
+    """A copy of parsed JSON with every `payment_token` string shortened, at any depth."""
+    if isinstance(value, dict):
+        return {
+            k: short_token(v) if k == "payment_token" and isinstance(v, str) else shorten_tokens(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [shorten_tokens(v) for v in value]
+    return value

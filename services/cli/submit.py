@@ -18,8 +18,10 @@ from pydantic import ValidationError
 
 from services.cli.render import plain
 from shared.bootstrap import open_broker
+from shared.broker.connection import login_user
 from shared.broker.private import PrivateQueue
 from shared.broker.publisher import Publisher
+from shared.broker.senders import APP, STATUS_SENDERS, Senders
 from shared.broker.topology import APP_NAME, Names
 from shared.config import Settings
 from shared.domain.messages import (
@@ -226,8 +228,17 @@ async def submit_orders(
     finished = asyncio.Event()
     pending_ids = {o.order_id for o in orders}
 
+    senders = Senders.of(
+        settings.hub, settings.broker_user_prefix, login_user(settings.rabbitmq_url), APP
+    )
+
     def on_status(contract: Contract, message: AbstractIncomingMessage) -> None:
         if not isinstance(contract, OrderStatusUpdate):
+            return
+        sender = message.user_id if isinstance(message.user_id, str) else None
+        refused = senders.refusal(sender, STATUS_SENDERS)
+        if refused is not None:  # only our processes report an order's status
+            echo(plain(f"a status message dropped: {refused}"))
             return
         statuses[contract.order_id] = contract.status
         detail = f" ({contract.detail})" if contract.detail else ""

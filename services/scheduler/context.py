@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from shared.batching import GroupCommit
-from shared.broker.private import ReplyRouter
+from shared.broker.private import Expected, ReplyRouter
 from shared.broker.publisher import Publisher
+from shared.broker.senders import agent_role
 from shared.broker.topology import Names
 from shared.config import Settings
 from shared.crash import crash_point
@@ -126,9 +128,19 @@ class AttemptContext:
     async def _ask(
         self, agent: str, message_id: str, renew: Renew, fields: dict[str, Any]
     ) -> StepReply | None:
-        waiting = self.router.expect(message_id)
+        # A random correlation id per request: no one can guess the one a reply needs.
+        correlation_id = secrets.token_hex(16)
+        expected = Expected(
+            sender_role=agent_role(agent),
+            order_id=str(fields["order_id"]),
+            step=str(fields["step"]),
+            action=StepAction(fields["action"]),
+            fencing_token=str(fields["fencing_token"]),
+            idempotency_key=str(fields["idempotency_key"]),
+        )
+        waiting = self.router.expect(correlation_id, expected)
         try:
-            request = await self._send(agent, message_id, renew, fields)
+            request = await self._send(agent, message_id, correlation_id, renew, fields)
             if request is None:
                 return None
             undo = request.action is StepAction.UNDO
@@ -138,14 +150,19 @@ class AttemptContext:
         except TimeoutError:
             return None
         finally:
-            self.router.forget(message_id)
+            self.router.forget(correlation_id)
         if not isinstance(reply, StepReply):
             log.warning("a non-reply on the reply queue", extra={"message_id": message_id})
             return None
         return reply
 
     async def _send(
-        self, agent: str, message_id: str, renew: Renew, fields: dict[str, Any]
+        self,
+        agent: str,
+        message_id: str,
+        correlation_id: str,
+        renew: Renew,
+        fields: dict[str, Any],
     ) -> StepRequest | None:
         """Publish the request. While the broker is away (a restart), hold the order: keep its
         deadline ahead with fenced writes and publish again (same message id, so an agent that
@@ -162,7 +179,7 @@ class AttemptContext:
                     exchange=self.names.exchange,
                     routing_key=self.names.agent(agent),
                     message_id=message_id,
-                    correlation_id=message_id,
+                    correlation_id=correlation_id,
                 )
                 return request
             except PublishError as exc:

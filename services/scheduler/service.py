@@ -34,7 +34,7 @@ class Scheduler:
         self._rt = runtime
         self._settings = runtime.settings
         self.name = runtime.name
-        self._router = ReplyRouter()
+        self._router = ReplyRouter(runtime.senders("scheduler"))
         self._replies = PrivateQueue(
             runtime.connection,
             runtime.names.reply_queue(f"scheduler-{uuid.uuid4().hex[:6]}"),

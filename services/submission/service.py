@@ -20,9 +20,12 @@ from typing import Any
 
 from shared.bootstrap import Runtime
 from shared.broker.consumer import Consumer, Delivery
+from shared.broker.envelope import shown
+from shared.broker.private import StatusBinder
+from shared.broker.topology import APP_NAME
 from shared.domain.journal import AlertKind, HistoryEventType, Severity
 from shared.domain.messages import OrderStatus, SubmitOrder
-from shared.domain.models import OrderRecord
+from shared.domain.models import OrderData, OrderRecord, scoped
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.domain.workflow import current_workflow, new_state_record
@@ -45,6 +48,8 @@ class Submission:
         self._workflow = current_workflow("order", runtime.settings.workflow_version)
         self._names = runtime.names
         self._consumer: Consumer | None = None
+        self._senders = runtime.senders("submission")
+        self._binder = StatusBinder(runtime.connection, runtime.names)
         self._backlog = 0
         """The last count of outstanding orders, plus the orders recorded since."""
         self.paused = False
@@ -60,15 +65,17 @@ class Submission:
                 "the orders queue takes order.submit messages only", reason="wrong-type"
             )
         now = utcnow()
-        order = OrderRecord.of(message.order, now)
+        order = OrderRecord.of(self._owned(message, delivery.user_id), now)
         asked = message.reply_to or delivery.reply_to
         reply_to = self._names.accepted_status_queue(asked, delivery.user_id)
         if asked is not None and reply_to is None:
             log.warning(
                 "reply_to refused: not a status queue of this hub and this application; "
                 "the order is recorded without status messages",
-                extra={"reply_to": asked[:100]},
+                extra={"reply_to": shown(asked)},
             )
+        if reply_to is not None:
+            await self._binder.bind(reply_to)
         state = new_state_record(
             order,
             self._workflow,
@@ -112,9 +119,26 @@ class Submission:
             message_id=f"{order_id}:status:received",
         )
 
+    def _owned(self, message: SubmitOrder, user: str | None) -> OrderData:
+        """The order under its id in the system: where applications are told apart by their
+        broker users, prefixed with the sending application's name, so that an order id can
+        only conflict with another of the same application."""
+        if not self._senders.strict:
+            return message.order
+        if user is None or not APP_NAME.fullmatch(user):
+            raise InvalidMessage(
+                f"the sending application's user {shown(user)} must match {APP_NAME.pattern}: "
+                "it names the application's orders and status queues",
+                reason="unauthorised",
+            )
+        return message.order.model_copy(update={"order_id": scoped(user, message.order.order_id)})
+
     async def _submitted(self, order_id: str) -> bool:
         events = await self._rt.store.read_history(order_id)
         return any(e.type is HistoryEventType.ORDER_SUBMITTED for e in events)
+
+    async def close(self) -> None:
+        await self._binder.close()
 
     async def attach(self, consumer: Consumer) -> None:
         self._consumer = consumer
@@ -172,3 +196,4 @@ async def serve_submission(runtime: Runtime, stop: asyncio.Event) -> None:
             await submission.admission(consumer, stop)
         finally:
             await consumer.stop(drain_timeout=runtime.settings.drain_timeout_s)
+            await submission.close()

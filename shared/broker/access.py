@@ -9,18 +9,29 @@ further limit the routing keys a user may publish with (write) and bind with (re
 This table is written from what each process does in the code (and checked against it: unit
 tests compare it with a table of uses, a system test runs every process under its own user):
 
-| kind          | consumes               | publishes to                    | declares        |
-|---------------|------------------------|---------------------------------|-----------------|
-| admin (init)  | -                      | -                               | the topology    |
-| submission    | orders                 | dlx, orders.retry, alerts, status | -             |
-| scheduler     | its reply queue        | direct (requests), alerts, status | its reply queue |
-| supervisor    | -                      | alerts, status                  | -               |
-| agent X       | agent.X                | dlx, agent.X.retry, alerts, replies | -           |
-| operator      | every DLQ (get, purge) | direct (replays)                | -               |
-| application A | its status queues      | submit                          | its status queues |
+| kind          | consumes               | publishes to                          | declares      |
+|---------------|------------------------|---------------------------------------|---------------|
+| admin (init)  | -                      | -                                     | the topology  |
+| submission    | orders                 | orders.dlq, orders.retry, alerts,     | -             |
+|               |                        | status                                |               |
+| scheduler     | its reply queue        | direct (requests), alerts, status     | reply queue   |
+| supervisor    | -                      | alerts, status                        | -             |
+| agent X       | agent.X                | agent.X.dlq, agent.X.retry, alerts,   | -             |
+|               |                        | replies                               |               |
+| operator      | every DLQ (get, purge) | each input queue's replay exchange    | -             |
+| application A | its status queues      | submit                                | status queues |
 
-A reply queue is bound to `replies`, a status queue to `status` (by its owner, which needs read on
-that exchange and write on its queue to bind).
+A scheduler binds its reply queue to `replies`. An application does not bind its status queues:
+submission binds the one an order names (once it is sure the queue is the application's), so an
+application reads no exchange at all, and cannot bind one (`status`, say) into another
+(`submit`) to loop our messages back into the orders queue. The broker's own dead-lettering (its
+delivery limit) goes through `dlx`, to which nobody may publish.
+
+Each `<queue>.dlq` and `<queue>.retry` exchange is written only by that queue's consumer, and
+each `<queue>.replay` only by the operator: no user can put a message into another process's
+dead-letter queue or, except through a replay its consumer checks (shared/broker/seal.py), into
+another process's queue. Who sent a message is then checked by its receiver from its
+broker-verified `user_id` (shared/broker/senders.py).
 
 Nobody may write to the default exchange: it routes to every queue by name.
 """
@@ -30,21 +41,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from shared.broker.senders import SERVICE_ROLES
 from shared.broker.topology import Names
 from shared.domain.workflow import AGENTS
 
+__all__ = ["NOTHING", "SERVICE_ROLES", "Grant", "Resources", "TopicGrant", "app_grant", "grant"]
+
 NOTHING = "^$"
 """Matches no resource name (RabbitMQ's own way to grant nothing)."""
-
-SERVICE_ROLES = (
-    "admin",
-    "submission",
-    "scheduler",
-    "supervisor",
-    *(f"agent-{name}" for name in AGENTS),
-    "operator",
-)
-"""Every role but the submitting applications, which are named one by one."""
 
 
 @dataclass(frozen=True)
@@ -93,10 +97,12 @@ def grant(names: Names, role: str) -> Grant:
         everything = _one(*names.exchanges(), *names.durable_queues())
         return Grant(configure=everything, write=everything, read=everything)
     if role == "submission":
+        orders = names.orders
         return Grant(
-            write=_one(names.dead_letters, names.retry(names.orders), names.alerts, names.status),
-            read=_one(names.orders),
-            topics=(TopicGrant(names.status, write=status_keys),),
+            write=_one(names.dlq(orders), names.retry(orders), names.alerts, names.status)
+            | status_keys,
+            read=_one(orders, names.status),
+            topics=(TopicGrant(names.status, write=status_keys, read=status_keys),),
         )
     if role == "scheduler":
         return Grant(
@@ -117,25 +123,22 @@ def grant(names: Names, role: str) -> Grant:
     if role.startswith("agent-") and role.removeprefix("agent-") in AGENTS:
         queue = names.agent(role.removeprefix("agent-"))
         return Grant(
-            write=_one(names.dead_letters, names.retry(queue), names.alerts, names.replies),
+            write=_one(names.dlq(queue), names.retry(queue), names.alerts, names.replies),
             read=_one(queue),
             topics=(TopicGrant(names.replies, write=reply),),
         )
     if role == "operator":
+        inputs = names.input_queues()
         return Grant(
-            write=_one(names.exchange),
-            read=_one(*(names.dlq(q) for q in names.input_queues())),
+            write=_one(*(names.replay(q) for q in inputs)),
+            read=_one(*(names.dlq(q) for q in inputs)),
         )
     raise ValueError(f"no role {role!r}: one of {', '.join(SERVICE_ROLES)} (or an application)")
 
 
 def app_grant(names: Names, app: str) -> Grant:
     """A submitting application: submits orders, and follows them on its own status queues,
-    which no other application may declare, bind or read."""
+    which no other application may declare or read. It reads no exchange: submission binds its
+    status queues for it (see the module's docstring)."""
     own = Resources(prefixes=(names.status_prefix(app),))
-    return Grant(
-        configure=own,
-        write=_one(names.submit) | own,
-        read=_one(names.status) | own,
-        topics=(TopicGrant(names.status, read=own),),
-    )
+    return Grant(configure=own, write=_one(names.submit), read=own)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import unquote, urlsplit
+
 import aio_pika
 from aio_pika.abc import AbstractRobustConnection
 
@@ -35,3 +37,11 @@ def server_version(connection: AbstractRobustConnection) -> str:
 
 def quorum_available(connection: AbstractRobustConnection) -> bool:
     return supports_quorum(server_version(connection))
+
+
+def login_user(url: str) -> str | None:
+    """The broker user a URL logs in as: what RabbitMQ checks each message's `user_id` against,
+    and what every publisher sets it to (shared/broker/senders.py). With `auth=external` the
+    client certificate names the user, and the URL must name the same (`amqps://NAME@host/…`)."""
+    parts = urlsplit(url)
+    return unquote(parts.username) if parts.username else None

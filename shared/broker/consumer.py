@@ -65,11 +65,13 @@ from shared.broker.envelope import (
     REASON,
     REDACTED,
     RETRIES,
+    SEAL,
     SOURCE_QUEUE,
     Envelope,
     shown,
 )
 from shared.broker.publisher import Publisher
+from shared.broker.senders import Senders, queue_role, queue_senders
 from shared.broker.topology import Names
 from shared.domain.journal import InboxOutcome
 from shared.domain.messages import decode
@@ -132,6 +134,10 @@ class Consumer:
         self._tag: str | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self.stats = Stats()
+        self._senders = Senders.of(
+            names.hub, policy.user_prefix, policy.own_user, queue_role(names, queue)
+        )
+        self._allowed = queue_senders(names, queue)
         self._detours = Detours(
             queue=queue,
             names=names,
@@ -158,15 +164,16 @@ class Consumer:
     async def start(self) -> None:
         await self._channel.set_qos(prefetch_count=self._policy.prefetch)
         self._queue = await self._channel.get_queue(self._queue_name, ensure=True)
-        retry = self._names.retry(self._queue_name)
-        try:
-            await self._channel.get_exchange(retry, ensure=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            # Setting a message aside would close the shared publisher's channel, every time.
-            raise ConfigurationError(
-                f"exchange {retry} does not exist: run `orderflow init` (this release adds the "
-                "retry queues) and load the RabbitMQ definitions again"
-            ) from None
+        for exchange in (self._names.retry(self._queue_name), self._names.dlq(self._queue_name)):
+            try:
+                await self._channel.get_exchange(exchange, ensure=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                # Setting a message aside or dead-lettering it would close the shared
+                # publisher's channel, every time.
+                raise ConfigurationError(
+                    f"exchange {exchange} does not exist: run `orderflow init` (this release "
+                    "adds it) and load the RabbitMQ definitions again"
+                ) from None
         await self._subscribe()
 
     async def _subscribe(self) -> None:
@@ -294,16 +301,26 @@ class Consumer:
             await self._detours.dead_letter(message, envelope, *refused)
             return
         assert envelope.message_id is not None
+        sender, unauthorised = self._authorise(message, envelope)
+        if unauthorised is not None:
+            await self._detours.dead_letter(
+                message, envelope, "unauthorised", unauthorised, sender=sender
+            )
+            return
         deliveries = delivery_count(message)
         try:
             contract = decode(envelope.type, message.body, max_bytes=self._policy.max_message_bytes)
         except ContractViolation as exc:
-            await self._detours.dead_letter(message, envelope, exc.reason, str(exc))
+            await self._detours.dead_letter(message, envelope, exc.reason, str(exc), sender=sender)
             return
         bind_log_fields(**order_fields(contract))
         if deliveries > self._policy.redelivery_limit:
             await self._detours.dead_letter(
-                message, envelope, "redelivery-limit", f"delivered {deliveries} times"
+                message,
+                envelope,
+                "redelivery-limit",
+                f"delivered {deliveries} times",
+                sender=sender,
             )
             return
         delivery = Delivery(
@@ -313,13 +330,31 @@ class Consumer:
             reply_to=envelope.reply_to,
             headers=envelope.headers,
             deliveries=deliveries,
-            user_id=envelope.sender(self._policy.own_user),
+            user_id=sender,
             retries=envelope.retries(self._policy.delayed_retries),
         )
         if self._store is None:
             await self._handle(message, envelope, delivery, holder=None)
         else:
             await self._dedupe(message, envelope, delivery, holder)
+
+    def _authorise(
+        self, message: AbstractIncomingMessage, envelope: Envelope
+    ) -> tuple[str | None, str | None]:
+        """(the sender, why it may not send here or None). The sender is the broker-checked
+        `user_id`; a copy back from our retry queue says whose it was, and a replayed dead
+        letter's seal does (whoever replays it: only this queue's consumer could make it)."""
+        sender = envelope.sender(self._policy.own_user)
+        if SEAL in envelope.headers:
+            sealed = envelope.sealed_sender(self._queue_name, message.body, self._policy.seal_key)
+            if sealed is None:
+                return sender, (
+                    f"sent by user {sender!r} with a seal that does not check: not a dead letter "
+                    f"of {self._queue_name} as its consumer made it (or one sealed under another "
+                    "key: see ORDERFLOW_SEAL_KEY)"
+                )
+            sender = sealed
+        return sender, self._senders.refusal(sender, self._allowed)
 
     async def _dedupe(
         self,
@@ -332,7 +367,9 @@ class Consumer:
         try:
             outcome = await self._claim(delivery.message_id, holder)
         except PermanentError as exc:  # the store refuses this message id
-            await self._detours.dead_letter(message, envelope, reason_of(exc), one_line(exc, 1000))
+            await self._detours.dead_letter(
+                message, envelope, reason_of(exc), one_line(exc, 1000), sender=delivery.user_id
+            )
             return
         except Exception as exc:
             if is_outage(exc):
@@ -378,7 +415,9 @@ class Consumer:
             # claim is released either way: a replay from the DLQ (the cause fixed) must be
             # handled, not dropped as a duplicate of a delivery that did nothing.
             text = str(exc) if isinstance(exc, ContractViolation) else one_line(exc, 1000)
-            await self._detours.dead_letter(message, envelope, reason_of(exc), text)
+            await self._detours.dead_letter(
+                message, envelope, reason_of(exc), text, sender=delivery.user_id
+            )
             if holder:
                 await self._release(delivery.message_id, holder)
             return

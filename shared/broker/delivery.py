@@ -84,7 +84,12 @@ class ConsumerPolicy:
     retry_delay: float = 10.0
     """Seconds a message set aside waits in the retry queue before it comes back."""
     own_user: str | None = None
-    """This process's broker user: the `user_id` of its retry copies (see Envelope.sender)."""
+    """This process's broker user: the `user_id` of all it publishes (see Envelope.sender)."""
+    user_prefix: str | None = None
+    """How the services' broker users are named (shared/broker/senders.py); None: `<hub>-`."""
+    seal_key: bytes | None = None
+    """The key of this consumer's dead-letter seals (shared/broker/seal.py); None: none made,
+    and no replay accepted from another user than this process's own."""
     outage_backoff_cap: float = 5.0
     busy_poll: float = 0.5
 

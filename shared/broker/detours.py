@@ -87,10 +87,17 @@ class Detours:
         await message.nack(requeue=True)
 
     async def dead_letter(
-        self, message: AbstractIncomingMessage, envelope: Envelope, reason: str, error: str
+        self,
+        message: AbstractIncomingMessage,
+        envelope: Envelope,
+        reason: str,
+        error: str,
+        *,
+        sender: str | None = None,
     ) -> bool:
-        """Copy the message to its dead-letter queue with the reason, then ack the original;
-        False when the copy could not be published and the original was requeued instead."""
+        """Copy the message to its dead-letter queue with the reason and its sealed sender, then
+        ack the original; False when the copy could not be published and the original was
+        requeued instead."""
         copy = dead_letter_copy(
             message,
             envelope,
@@ -99,8 +106,10 @@ class Detours:
             queue=self._queue,
             deliveries=delivery_count(message),
             max_body=self._policy.max_message_bytes,
+            sender=sender,
+            seal_key=self._policy.seal_key,
         )
-        if not await self._publish(copy, self._names.dead_letters, "dead-letter"):
+        if not await self._publish(copy, self._names.dlq(self._queue), "dead-letter"):
             await self.requeue(message)
             return False
         self._stats.dead_lettered += 1
@@ -134,6 +143,7 @@ class Detours:
                 envelope,
                 "retries-exhausted",
                 f"failed after {delivery.retries} delayed retries; last error {error}",
+                sender=delivery.user_id,
             )
             return
         copy = retry_copy(

@@ -6,10 +6,11 @@ the client library cannot encode again (bytes, again) or be large enough that ou
 its own headers no longer fits in a frame — the broker then closes the whole connection. So:
 
 - `Envelope.of` reads the properties a handler relies on as text or None, never raising;
-- `carried_headers` keeps of the sender's headers only what can be sent again and fits a
-  budget, and never a header of ours (`x-orderflow-…`): a dead letter's reason or source queue
-  is what this consumer says, not what the sender wrote;
-- `dead_letter_copy` and `retry_copy` build the copies from those parts only.
+- `carried_headers` keeps of the sender's headers only the few a copy needs (trace context,
+  `CARRIED`), each within a size cap, and never a header of ours (`x-orderflow-…`): a dead
+  letter's reason, source queue or sender is what this consumer says, not what the sender wrote;
+- `dead_letter_copy` and `retry_copy` build the copies from those parts only; a dead letter is
+  sealed (shared/broker/seal.py) so that a replay of it is accepted as what it was.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 from pamqp import encode
 
+from shared.broker.seal import Sealed
 from shared.broker.wire import UNDECODABLE_HEADERS
 from shared.domain.redaction import redact_body
 from shared.domain.text import cut, is_safe, printable
@@ -37,7 +39,10 @@ DELIVERIES = "x-orderflow-deliveries"
 RETRIES = "x-orderflow-retries"
 """Delayed retries a message has had (set on the copy put in the retry queue)."""
 SENDER = "x-orderflow-sender"
-"""The original message's broker-checked `user_id`, carried through the retry queue."""
+"""The original message's broker-checked `user_id`, carried through the retry queue and on a
+dead letter (there sealed with it)."""
+SEAL = "x-orderflow-seal"
+"""A dead letter's seal (shared/broker/seal.py): what makes a replay of it acceptable."""
 TRUNCATED = "x-orderflow-truncated"
 """Set on a dead letter whose body was cut to the size limit: the original size in bytes."""
 HEADERS_DROPPED = "x-orderflow-headers-dropped"
@@ -49,8 +54,14 @@ and the sender-selected routing headers, with which the broker would deliver our
 queues they name as well (a dead letter published to the direct dead-letter exchange with
 `CC: <hub>.agent.payment` lands in the payment agent's DLQ too, and a replay of it would
 reach the payment agent)."""
+CARRIED = frozenset({"traceparent", "tracestate"})
+"""The sender's headers a copy carries (W3C trace context); no other, so no header a sender
+chose can pass for something this system says, or grow a copy past a frame."""
+HEADER_VALUE_LIMIT = 512
+"""Characters of one carried header's value; a longer one is dropped."""
 HEADER_BUDGET = 8 * 1024
-"""Bytes of the sender's headers a copy carries: with ours it stays far below a frame."""
+"""Bytes of the sender's headers a copy carries at most: with ours it stays far below a
+frame."""
 ERROR_LIMIT = 1000
 """Characters of the error text a dead letter carries."""
 
@@ -136,6 +147,23 @@ class Envelope:
             return _text(self.headers.get(SENDER))
         return self.user_id
 
+    def sealed_sender(self, queue: str, body: bytes, key: bytes | None) -> str | None:
+        """The sender a replayed dead letter's seal vouches for, or None when it has no seal
+        that checks: made by this queue's consumer, over exactly this message."""
+        sender = _text(self.headers.get(SENDER))
+        if sender is None or self.message_id is None:
+            return None
+        sealed = Sealed(
+            queue=queue,
+            sender=sender,
+            message_id=self.message_id,
+            message_type=self.type,
+            correlation_id=self.correlation_id,
+            reply_to=self.reply_to,
+            body=body,
+        )
+        return sender if sealed.checks(key, self.headers.get(SEAL)) else None
+
 
 def _encodable(name: str, value: Any) -> int | None:
     """The encoded size of one header, or None when the client library cannot send it."""
@@ -146,21 +174,21 @@ def _encodable(name: str, value: Any) -> int | None:
 
 
 def carried_headers(headers: dict[str, Any]) -> dict[str, Any]:
-    """The sender's headers a copy may carry: encodable, not ours, within the budget."""
+    """The sender's headers a copy may carry: the allowed ones (`CARRIED`), text within the
+    value cap, encodable, within the budget; the names of the rest in `HEADERS_DROPPED`."""
     kept: dict[str, Any] = {}
     dropped: list[str] = []
     size = 0
     for name, value in headers.items():
         if not isinstance(name, str) or name.startswith(OURS) or name in BROKERS:
             continue
-        encoded = _encodable(name, value)
-        if encoded is None:
+        allowed = name in CARRIED and isinstance(value, str) and len(value) <= HEADER_VALUE_LIMIT
+        encoded = _encodable(name, value) if allowed else None
+        if encoded is None or size + encoded > HEADER_BUDGET:
             dropped.append(printable(cut(name, 60)))
             continue
         size += encoded
         kept[name] = value
-    if size > HEADER_BUDGET:
-        return {HEADERS_DROPPED: f"all ({size} bytes over the {HEADER_BUDGET}-byte budget)"}
     if dropped:
         kept[HEADERS_DROPPED] = cut(", ".join(dropped), 500)
     return kept
@@ -186,8 +214,11 @@ def dead_letter_copy(
     queue: str,
     deliveries: int,
     max_body: int,
+    sender: str | None = None,
+    seal_key: bytes | None = None,
 ) -> aio_pika.Message:
-    """What goes to the DLQ: the body redacted (and cut to `max_body`), our headers saying why."""
+    """What goes to the DLQ: the body redacted (and cut to `max_body`), our headers saying why,
+    and who sent it, sealed with `seal_key` (when the message has an id to seal)."""
     body = message.body
     headers = carried_headers(envelope.headers)
     if len(body) > max_body:
@@ -206,6 +237,18 @@ def dead_letter_copy(
         headers[RETRIES] = retries
     if redacted:
         headers[REDACTED] = True
+    if sender is not None:
+        headers[SENDER] = sender
+        if seal_key is not None and envelope.message_id is not None:
+            headers[SEAL] = Sealed(
+                queue=queue,
+                sender=sender,
+                message_id=envelope.message_id,
+                message_type=envelope.type,
+                correlation_id=envelope.correlation_id,
+                reply_to=envelope.reply_to,
+                body=body,
+            ).seal(seal_key)
     return aio_pika.Message(body, headers=headers, **_properties(envelope))
 
 

@@ -1,4 +1,5 @@
-"""A process's private reply queue: exclusive, gone with its process (and so are late replies)."""
+"""A process's private queues (a scheduler's replies, an application's statuses), binding an
+application's status queues for it, and matching replies to requests."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from aio_pika.abc import (
     AbstractChannel,
@@ -14,13 +16,20 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from shared.broker.envelope import shown
+from shared.broker.senders import Senders
 from shared.broker.topology import Names
-from shared.domain.messages import Contract, decode
-from shared.errors import ContractViolation
+from shared.domain.messages import Contract, StepAction, StepReply, decode
+from shared.errors import ContractViolation, one_line
+from shared.metrics import REPLIES_DROPPED
 
 log = logging.getLogger(__name__)
 
 Listener = Callable[[Contract, AbstractIncomingMessage], None]
+
+STATUS_QUEUE_EXPIRES_MS = 15 * 60 * 1000
+"""A status queue nobody has consumed from for this long is deleted by the broker."""
+BIND_TIMEOUT_S = 2.0
 
 
 class PrivateQueue:
@@ -52,12 +61,23 @@ class PrivateQueue:
     async def start(self) -> None:
         self._channel = await self._connection.channel()
         await self._channel.set_qos(prefetch_count=self._prefetch)
-        self._queue = await self._channel.declare_queue(
-            self.name, exclusive=True, auto_delete=True, durable=False
-        )
         feeding = Names.exchange_feeding(self.name)
-        if feeding is not None:
-            await self._queue.bind(feeding, routing_key=self.name)
+        if feeding is not None and feeding.endswith(".status"):
+            # An application's status queue: submission binds it (StatusBinder), so it may
+            # not be exclusive to this connection; it goes when its last consumer does, or
+            # after STATUS_QUEUE_EXPIRES_MS unused (a client that died).
+            self._queue = await self._channel.declare_queue(
+                self.name,
+                durable=True,
+                auto_delete=True,
+                arguments={"x-expires": STATUS_QUEUE_EXPIRES_MS},
+            )
+        else:
+            self._queue = await self._channel.declare_queue(
+                self.name, exclusive=True, auto_delete=True, durable=False
+            )
+            if feeding is not None:
+                await self._queue.bind(feeding, routing_key=self.name)
         self._tag = await self._queue.consume(self._on_message, no_ack=True)
 
     async def stop(self) -> None:
@@ -80,25 +100,133 @@ class PrivateQueue:
             log.exception("reply listener failed")
 
 
+@dataclass(frozen=True)
+class Expected:
+    """What the reply to one step request must be: from that step's agent, about that step,
+    action, attempt (fencing token) and idempotency key."""
+
+    sender_role: str
+    order_id: str
+    step: str
+    action: StepAction
+    fencing_token: str
+    idempotency_key: str
+
+    def mismatch(self, reply: Contract) -> str | None:
+        """What of the reply does not answer the request, or None."""
+        if not isinstance(reply, StepReply):
+            return "not-a-reply"
+        for name in ("order_id", "step", "action", "fencing_token", "idempotency_key"):
+            if getattr(reply, name) != getattr(self, name):
+                return "mismatch"
+        return None
+
+
+class StatusBinder:
+    """Binds an application's status queue to `<hub>.status` on its behalf: an application
+    reads no exchange (shared/broker/access.py). Called by submission for the `reply_to` of each
+    order it takes, once it is sure the queue is the sending application's own; a queue is bound
+    again at most every `every_s` (the broker drops a binding with its queue, and a client may
+    declare its queue anew). Never raises: an order is recorded whether or not its statuses can
+    be delivered."""
+
+    def __init__(
+        self,
+        connection: AbstractRobustConnection,
+        names: Names,
+        *,
+        every_s: float = 60.0,
+        max_known: int = 10_000,
+    ) -> None:
+        self._connection = connection
+        self._names = names
+        self._every_s = every_s
+        self._max_known = max_known
+        self._bound: dict[str, float] = {}
+        self._channel: AbstractChannel | None = None
+        self._lock = asyncio.Lock()
+
+    async def bind(self, queue: str) -> bool:
+        loop = asyncio.get_running_loop()
+        at = self._bound.get(queue)
+        if at is not None and loop.time() - at < self._every_s:
+            return True
+        async with self._lock:  # a bind that fails closes its channel: one at a time
+            try:
+                async with asyncio.timeout(BIND_TIMEOUT_S):
+                    if self._channel is None or self._channel.is_closed:
+                        self._channel = await self._connection.channel()
+                    underlay = await self._channel.get_underlay_channel()
+                    await underlay.queue_bind(queue, self._names.status, routing_key=queue)
+            except Exception as exc:  # gone, another's exclusive queue, or the broker away
+                log.warning(
+                    "could not bind a status queue; the order's statuses may not arrive",
+                    extra={"reply_to": shown(queue), "error": one_line(exc, 300)},
+                )
+                return False
+        if len(self._bound) >= self._max_known:
+            self._bound.clear()
+        self._bound[queue] = loop.time()
+        return True
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            with contextlib.suppress(Exception):
+                await self._channel.close()
+
+
 class ReplyRouter:
-    """Matches replies to the requests waiting for them, by correlation id."""
+    """Matches replies to the requests waiting for them: by correlation id (random per request,
+    so not guessed), then by sender (the broker-checked user of the step's agent) and content
+    (the request's step, action, fencing token and idempotency key). A reply that fails any of
+    these is dropped and counted (`orderflow_replies_dropped_total`), and the request goes on
+    waiting for its own reply, or its deadline."""
 
-    def __init__(self) -> None:
-        self._waiting: dict[str, asyncio.Future[Contract]] = {}
+    def __init__(self, senders: Senders | None = None) -> None:
+        self._waiting: dict[str, tuple[Expected | None, asyncio.Future[Contract]]] = {}
+        self._senders = senders
 
-    def expect(self, correlation_id: str) -> asyncio.Future[Contract]:
+    def expect(
+        self, correlation_id: str, expected: Expected | None = None
+    ) -> asyncio.Future[Contract]:
         future: asyncio.Future[Contract] = asyncio.get_running_loop().create_future()
-        self._waiting[correlation_id] = future
+        self._waiting[correlation_id] = (expected, future)
         return future
 
     def forget(self, correlation_id: str) -> None:
         self._waiting.pop(correlation_id, None)
 
     def deliver(self, contract: Contract, message: AbstractIncomingMessage) -> None:
-        future = self._waiting.get(message.correlation_id or "")
-        if future is None or future.done():
+        waiting = self._waiting.get(message.correlation_id or "")
+        if waiting is None or waiting[1].done():
+            REPLIES_DROPPED.labels("unknown").inc()
             log.info(
-                "late or unknown reply ignored", extra={"correlation_id": message.correlation_id}
+                "late or unknown reply ignored",
+                extra={"correlation_id": shown(message.correlation_id)},
             )
             return
+        expected, future = waiting
+        if expected is not None:
+            why = self._refusal(expected, contract, message)
+            if why is not None:
+                reason, error = why
+                REPLIES_DROPPED.labels(reason).inc()
+                log.warning(
+                    "reply dropped: it does not answer its request",
+                    extra={"reason": reason, "error": error, "order_id": expected.order_id},
+                )
+                return
         future.set_result(contract)
+
+    def _refusal(
+        self, expected: Expected, contract: Contract, message: AbstractIncomingMessage
+    ) -> tuple[str, str] | None:
+        user = message.user_id if isinstance(message.user_id, str) else None
+        if self._senders is not None:
+            unauthorised = self._senders.refusal(user, {expected.sender_role})
+            if unauthorised is not None:
+                return "unauthorised", unauthorised
+        mismatch = expected.mismatch(contract)
+        if mismatch is not None:
+            return mismatch, f"a {contract.message_type.value} that does not match its request"
+        return None

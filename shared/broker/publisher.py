@@ -10,6 +10,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractExchange
 
+from shared.broker.connection import login_user
 from shared.domain.messages import Contract
 from shared.errors import PublishError, PublishRejected, PublishUnroutable
 
@@ -47,8 +48,10 @@ class Publisher:
         timeout: float,
         duplicate_rate: float = 0.0,
         rng: random.Random | None = None,
+        user_id: str | None = None,
     ) -> None:
         self._channel = channel
+        self._user_id = user_id
         self._timeout = timeout
         self._exchanges: dict[str, AbstractExchange] = {}
         self._duplicate_rate = duplicate_rate
@@ -63,9 +66,17 @@ class Publisher:
         duplicate_rate: float = 0.0,
         seed: int | None = None,
     ) -> Publisher:
-        """`duplicate_rate` is fault injection: that share of messages is published twice."""
+        """`duplicate_rate` is fault injection: that share of messages is published twice.
+        Every message goes out with the connection's user as its `user_id`, which the broker
+        checks, so receivers know who sent it (shared/broker/senders.py)."""
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        return cls(channel, timeout=timeout, duplicate_rate=duplicate_rate, rng=random.Random(seed))
+        return cls(
+            channel,
+            timeout=timeout,
+            duplicate_rate=duplicate_rate,
+            rng=random.Random(seed),
+            user_id=login_user(str(getattr(connection, "url", ""))),
+        )
 
     async def close(self) -> None:
         await self._channel.close()
@@ -104,6 +115,8 @@ class Publisher:
     ) -> None:
         """Publish and wait for the confirm; raise a `PublishError` unless the broker took it."""
         target = f"{exchange or '(default)'}/{routing_key}"
+        if message.user_id is None:
+            message.user_id = self._user_id
         try:
             ex = await self._exchange(exchange)
             await ex.publish(message, routing_key, mandatory=True, timeout=self._timeout)

@@ -60,7 +60,9 @@ class Names:
 
     @property
     def dead_letters(self) -> str:
-        """Direct exchange for dead-lettered messages (routing key = source queue name)."""
+        """Direct exchange the broker dead-letters an input queue's messages to on its own (its
+        delivery limit; routing key = source queue name). Nobody may publish to it: a consumer
+        dead-letters through its own queue's exchange (`dlq`)."""
         return f"{self.hub}.dlx"
 
     @property
@@ -77,7 +79,17 @@ class Names:
 
     @staticmethod
     def dlq(queue: str) -> str:
+        """The dead-letter queue of an input queue, and the fanout exchange bound only to it,
+        which only that queue's consumer may publish to: so what a DLQ holds was put there by
+        its own consumer or by the broker, never by another process."""
         return f"{queue}.dlq"
+
+    @staticmethod
+    def replay(queue: str) -> str:
+        """The fanout exchange bound only to `queue`, which the operator publishes replays to
+        (it reaches no other queue, and its consumer accepts only sealed dead letters from it:
+        shared/broker/seal.py)."""
+        return f"{queue}.replay"
 
     @staticmethod
     def retry(queue: str) -> str:
@@ -108,15 +120,16 @@ class Names:
         """`reply_to` if statuses may be sent to it, else None. Statuses travel on
         `<hub>.status` with the queue's name as routing key, so only a status queue of this hub
         qualifies (anything else would be refused by the broker's topic permissions, closing the
-        publisher's channel); and when the publisher's broker user is known (`user_id`), only
-        that application's own status queues (no application may address another's)."""
-        if reply_to is None:
+        publisher's channel); and only a status queue of the sending application, as its
+        broker-checked `user_id` names it (no application may address another's, and a message
+        without `user_id` none)."""
+        if reply_to is None or user_id is None:
             return None
         prefix = f"{self.hub}.status."
         app, dot, tag = reply_to.removeprefix(prefix).partition(".")
         if not reply_to.startswith(prefix) or not dot or not STATUS_TAG.fullmatch(tag):
             return None
-        if not APP_NAME.fullmatch(app) or (user_id is not None and app != user_id):
+        if not APP_NAME.fullmatch(app) or app != user_id:
             return None
         return reply_to
 
@@ -141,7 +154,11 @@ class Names:
             self.submit,
             self.replies,
             self.status,
-            *(self.retry(q) for q in self.input_queues(agents)),
+            *(
+                exchange
+                for q in self.input_queues(agents)
+                for exchange in (self.retry(q), self.dlq(q), self.replay(q))
+            ),
         ]
 
     def durable_queues(self, agents: tuple[str, ...] = AGENTS) -> list[str]:
@@ -230,6 +247,10 @@ async def declare_topology(
     for queue_name in names.input_queues(agents):
         dlq = await _declare_queue(channel, names.dlq(queue_name), durable_queue_arguments(policy))
         await dlq.bind(dead, routing_key=queue_name)
+        own_dead = await channel.declare_exchange(
+            names.dlq(queue_name), aio_pika.ExchangeType.FANOUT, durable=True
+        )
+        await dlq.bind(own_dead)
         queue = await _declare_queue(
             channel, queue_name, input_queue_arguments(names, queue_name, policy)
         )
@@ -241,6 +262,10 @@ async def declare_topology(
             channel, names.retry(queue_name), retry_queue_arguments(names, queue_name)
         )
         await retry.bind(retry_exchange)
+        replay = await channel.declare_exchange(
+            names.replay(queue_name), aio_pika.ExchangeType.FANOUT, durable=True
+        )
+        await queue.bind(replay)
         if queue_name == names.orders:
             await queue.bind(submit)
     kept = await _declare_queue(channel, names.alerts, durable_queue_arguments(policy))

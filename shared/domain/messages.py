@@ -19,11 +19,12 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    field_validator,
 )
 
 from shared.domain import jsonsafe
 from shared.domain.journal import Alert
-from shared.domain.models import ErrorText, OrderData, OrderId
+from shared.domain.models import AppOrderId, ErrorText, OrderData, OrderId
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.text import cut, printable, refuse_unsafe
 from shared.domain.timing import in_range
@@ -41,7 +42,7 @@ SCHEMA_VERSION = 1
 QueueName = Annotated[
     str, StringConstraints(min_length=1, max_length=255), AfterValidator(refuse_unsafe)
 ]
-Token = Annotated[str, StringConstraints(pattern=r"^[\x21-\x7e]{1,140}$")]
+Token = Annotated[str, StringConstraints(pattern=r"^[\x21-\x7e]{1,200}$")]
 """A fencing token or an idempotency key: printable ASCII (`<order_id>:<attempt>`)."""
 Timestamp = Annotated[AwareDatetime, AfterValidator(in_range)]
 """A time on the wire: with its offset (a naive time cannot be compared with the clock), and
@@ -75,6 +76,16 @@ class SubmitOrder(Contract):
     order: OrderData
     reply_to: QueueName | None = None
 
+    @field_validator("order")
+    @classmethod
+    def _own_id(cls, order: OrderData) -> OrderData:
+        if "/" in order.order_id:
+            raise ValueError(
+                "an order id is the application's own, without '/' (where applications are "
+                "told apart, the system prefixes it with the application's name)"
+            )
+        return order
+
 
 class StepAction(StrEnum):
     DO = "do"
@@ -89,7 +100,7 @@ class StepRequest(Contract):
     step: StepName
     action: StepAction
     operation: Annotated[str, StringConstraints(pattern=r"^[a-z]+\.[a-z_]+$")]
-    fencing_token: Annotated[Token, StringConstraints(max_length=100)]
+    fencing_token: Annotated[Token, StringConstraints(max_length=120)]
     idempotency_key: Token
     complete_by: Timestamp
     attempts_allowed: int = Field(ge=1, le=1000)
@@ -109,7 +120,7 @@ class StepReply(Contract):
     order_id: OrderId
     step: StepName
     action: StepAction
-    fencing_token: Annotated[Token, StringConstraints(max_length=100)]
+    fencing_token: Annotated[Token, StringConstraints(max_length=120)]
     idempotency_key: Token
     outcome: StepOutcome
     attempts_used: int = Field(ge=0, le=1000)
@@ -130,7 +141,7 @@ class OrderStatusUpdate(Contract):
     """A status report to the submitting application's private reply queue."""
 
     message_type: ClassVar[MessageType] = MessageType.ORDER_STATUS
-    order_id: OrderId
+    order_id: AppOrderId
     status: OrderStatus
     process_state: ProcessState
     at: Timestamp

@@ -25,7 +25,25 @@ RECORD_SCHEMA_VERSION = 1
 """Version of the order and state record layout written by this build."""
 
 # An order id must never contain ':' because the attempt-specific instance id is `<order_id>:<n>`.
-OrderId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+APP_ORDER_ID = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+AppOrderId = Annotated[str, StringConstraints(pattern=rf"^{APP_ORDER_ID}$")]
+"""An order's id as its application gave it (and is told it in status messages)."""
+OrderId = Annotated[str, StringConstraints(pattern=rf"^([a-z][a-z0-9_-]{{0,39}}/)?{APP_ORDER_ID}$")]
+"""An order's id in the system: where applications are told apart by their broker users, the
+application's own id prefixed with its name (`shop/o-1`), so that each application's ids are
+its own and no other can take one first (services/submission); else the application's id."""
+
+
+def scoped(app: str, order_id: str) -> str:
+    """The system's id of an application's order."""
+    return f"{app}/{order_id}"
+
+
+def unscoped(order_id: str) -> str:
+    """The application's own id of an order (what its status messages carry)."""
+    return order_id.rpartition("/")[2]
+
+
 STORED: dict[str, Any] = {STORED_KEY: True}
 """The validation context of a record read back from a store: what it holds was accepted when
 it was written, under the rules of its day, and is read as it is (and shown escaped)."""

@@ -22,11 +22,11 @@ import aiormq
 import pytest
 
 from shared.bootstrap import Runtime
-from shared.broker.consumer import REASON, SOURCE_QUEUE, Delivery
+from shared.broker.consumer import ERROR, REASON, SOURCE_QUEUE, Delivery
 from shared.broker.envelope import HEADERS_DROPPED, RETRIES, SENDER
 from shared.config import load_settings
 from shared.errors import ConfigurationError
-from tests.conftest import POSTGRES_URL, RABBITMQ_URL
+from tests.conftest import POSTGRES_URL, RABBITMQ_URL, RABBITMQ_USER
 from tests.support.broker_harness import Broker, reply, send
 from tests.support.waiting import eventually
 from tests.support.wire_bytes import HUGE_TIMESTAMP, Raw, raw_bytes_on_the_wire
@@ -42,7 +42,7 @@ async def _publish_raw(b: Broker, queue: str, body: bytes, **properties: Any) ->
     """Publish below aio-pika, which turns a bytes message id into the text of its repr."""
     channel = await b.connection.channel()
     underlay = await channel.get_underlay_channel()
-    props = aiormq.spec.Basic.Properties(message_type="step.reply")
+    props = aiormq.spec.Basic.Properties(message_type="step.reply", user_id=RABBITMQ_USER)
     for name, value in properties.items():
         object.__setattr__(props, name, value)  # past pamqp's own type checks
     with raw_bytes_on_the_wire():
@@ -118,13 +118,15 @@ async def test_a_header_the_client_cannot_send_again_is_left_out_of_the_dead_let
         queue,
         b"{not json",
         message_id="bad-header",
-        headers={"binary": Raw(b"\xff\x00"), "kept": "yes"},
+        headers={"binary": Raw(b"\xff\x00"), "traceparent": "00-ab-cd-01", "other": "x"},
     )
     await _good_one_after(broker, queue, seen)
     (dead,) = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
     assert dead.headers[REASON] == "malformed"
-    assert dead.headers["kept"] == "yes" and "binary" not in dead.headers
-    assert dead.headers[HEADERS_DROPPED] == "binary"
+    # Only the allowed headers (trace context) are carried; the rest are named.
+    assert dead.headers["traceparent"] == "00-ab-cd-01"
+    assert "binary" not in dead.headers and "other" not in dead.headers
+    assert dead.headers[HEADERS_DROPPED] == "binary, other"
 
 
 async def test_headers_too_large_to_copy_are_dropped_and_the_connection_stays_up(
@@ -133,6 +135,7 @@ async def test_headers_too_large_to_copy_are_dropped_and_the_connection_stays_up
     queue = broker.names.agent("payment")
     seen = await _consume_recording(broker, queue)
     big = {f"h{i}": "x" * 1000 for i in range(100)}  # ~100 KB: fits a frame, not with ours
+    big["traceparent"] = "x" * 10_000  # an allowed header, past its cap
     await _publish(
         broker,
         queue,
@@ -141,7 +144,8 @@ async def test_headers_too_large_to_copy_are_dropped_and_the_connection_stays_up
     await _good_one_after(broker, queue, seen)
     (dead,) = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
     assert dead.headers[REASON] == "malformed"
-    assert str(dead.headers[HEADERS_DROPPED]).startswith("all")
+    assert "traceparent" not in dead.headers and "h1" not in dead.headers
+    assert len(str(dead.headers[HEADERS_DROPPED])) <= 501  # the names, cut
     assert not broker.connection.is_closed
 
 
@@ -165,21 +169,23 @@ async def test_forged_orderflow_headers_are_never_taken_for_ours(broker: Broker)
 
 
 async def test_a_sender_claimed_in_a_header_is_not_believed(broker: Broker) -> None:
+    """Without a broker-checked `user_id` a message has no sender, whatever its headers say:
+    it is refused, and its dead letter names no sender."""
     queue = broker.names.agent("shipping")
     seen = await _consume_recording(broker, queue)
-    message = aio_pika.Message(
+    await _publish_raw(
+        broker,
+        queue,
         reply().to_json(),
         message_id="claims-a-sender",
-        type="step.reply",
         headers={SENDER: "another-app", RETRIES: 1},
+        user_id=None,
     )
-    await _publish(broker, queue, message)
-
-    async def handled() -> bool:
-        return bool(seen)
-
-    await eventually(handled, what="the message handled")
-    assert seen[0].user_id is None  # no broker-checked user_id: the header proves nothing
+    await _good_one_after(broker, queue, seen)
+    (dead,) = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
+    assert dead.headers[REASON] == "unauthorised"
+    assert "no user_id" in str(dead.headers[ERROR])
+    assert SENDER not in dead.headers and all(d.message_id != "claims-a-sender" for d in seen)
 
 
 async def test_the_sender_is_kept_across_a_delayed_retry(broker: Broker) -> None:
@@ -197,7 +203,7 @@ async def test_the_sender_is_kept_across_a_delayed_retry(broker: Broker) -> None
         broker,
         queue,
         aio_pika.Message(
-            reply().to_json(), message_id=message_id, type="step.reply", user_id="guest"
+            reply().to_json(), message_id=message_id, type="step.reply", user_id=RABBITMQ_USER
         ),
     )
 
@@ -318,7 +324,9 @@ async def test_a_routing_key_that_is_not_utf8_reaches_the_consumer(broker: Broke
     seen = await _consume_recording(broker, queue)
     channel = await broker.connection.channel()
     underlay = await channel.get_underlay_channel()
-    props = aiormq.spec.Basic.Properties(message_id="rk", message_type="step.reply")
+    props = aiormq.spec.Basic.Properties(
+        message_id="rk", message_type="step.reply", user_id=RABBITMQ_USER
+    )
     with raw_bytes_on_the_wire():
         await underlay.basic_publish(
             reply().to_json(),

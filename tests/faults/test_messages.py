@@ -16,7 +16,7 @@ from shared.domain.journal import AlertKind, HistoryEventType
 from shared.domain.messages import StepAction, StepOutcome, StepReply, SubmitOrder
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.timing import utcnow
-from tests.conftest import RABBITMQ_URL
+from tests.conftest import RABBITMQ_URL, RABBITMQ_USER
 from tests.faults.conftest import FaultRun, alerts_for, everywhere
 from tests.support.factories import order_data
 from tests.support.topology import Topology
@@ -186,7 +186,11 @@ async def test_poison_input_is_dead_lettered_and_every_process_keeps_running(
         channel = await connection.channel()
         for queue, message_id, body, type_, _ in poison:
             message = aio_pika.Message(
-                body, message_id=message_id, type=type_, content_type="application/json"
+                body,
+                message_id=message_id,
+                type=type_,
+                content_type="application/json",
+                user_id=RABBITMQ_USER,  # a broken process, not a stranger: decoding refuses it
             )
             await channel.default_exchange.publish(message, routing_key=queue)
         run.struck()

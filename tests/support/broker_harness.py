@@ -17,7 +17,7 @@ from shared.broker.publisher import Publisher
 from shared.broker.topology import Names, QueuePolicy, declare_topology, delete_topology
 from shared.domain.messages import StepAction, StepOutcome, StepReply
 from shared.store.postgres import PostgresStore
-from tests.conftest import POSTGRES_URL, RABBITMQ_URL, service_missing
+from tests.conftest import POSTGRES_URL, RABBITMQ_URL, RABBITMQ_USER, service_missing
 
 ORDERS_MAX = 3
 LIMIT = 3
@@ -44,7 +44,7 @@ class Broker:
             "handler_timeout": 5.0,
             "delayed_retries": LIMIT,
             "retry_delay": 0.2,
-            "own_user": "guest",
+            "own_user": RABBITMQ_USER,
         }
         consumer = Consumer(
             channel=channel,

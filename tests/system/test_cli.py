@@ -13,7 +13,7 @@ import pytest
 
 from shared.broker.connection import connect
 from shared.broker.topology import Names, delete_topology
-from tests.conftest import POSTGRES_URL, RABBITMQ_URL, service_missing
+from tests.conftest import POSTGRES_URL, RABBITMQ_URL, RABBITMQ_USER, service_missing
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -97,7 +97,9 @@ async def test_init_twice_succeeds_and_changes_nothing_the_second_time(servers: 
     channel = await amqp.channel()
     import aio_pika
 
-    await channel.default_exchange.publish(aio_pika.Message(b"{}", message_id="m"), f"{hub}.orders")
+    await channel.default_exchange.publish(
+        aio_pika.Message(b"{}", message_id="m", user_id=RABBITMQ_USER), f"{hub}.orders"
+    )
 
     second = orderflow("init", hub=hub)
     assert second.returncode == 0, second.stderr

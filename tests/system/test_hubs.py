@@ -31,7 +31,7 @@ from shared.domain.journal import HistoryEventType
 from shared.domain.models import OrderData, OrderLine
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
-from tests.conftest import RABBITMQ_URL
+from tests.conftest import RABBITMQ_URL, RABBITMQ_USER
 from tests.support.factories import order_data
 from tests.support.topology import Topology, all_orders, running_topology
 from tests.support.waiting import eventually
@@ -110,7 +110,9 @@ async def leaders(a: Topology, b: Topology) -> tuple[str, str] | None:
 async def publish_poison(
     channel: aio_pika.abc.AbstractChannel, queue: str, message_id: str
 ) -> None:
-    poison = aio_pika.Message(b"{not json", message_id=message_id, type="order.submit")
+    poison = aio_pika.Message(
+        b"{not json", message_id=message_id, type="order.submit", user_id=RABBITMQ_USER
+    )
     await channel.default_exchange.publish(poison, routing_key=queue)
 
 

@@ -20,7 +20,7 @@ from shared.broker.connection import connect
 from shared.domain.journal import Alert, AlertKind, ComponentStatus
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
-from tests.conftest import RABBITMQ_URL
+from tests.conftest import RABBITMQ_URL, RABBITMQ_USER
 from tests.support.topology import Topology, free_port, running_topology
 from tests.support.waiting import eventually
 
@@ -177,7 +177,9 @@ async def test_every_process_serves_metrics_with_real_values(topo: Topology) -> 
     connection = await connect(RABBITMQ_URL, timeout=5, name="metrics-test")
     try:
         channel = await connection.channel()
-        poison = aio_pika.Message(b"{not json", message_id="poison-1", type="order.submit")
+        poison = aio_pika.Message(
+            b"{not json", message_id="poison-1", type="order.submit", user_id=RABBITMQ_USER
+        )
         await channel.default_exchange.publish(poison, routing_key=orders)
     finally:
         await connection.close()

@@ -24,7 +24,7 @@ from shared.domain.models import ErrorInfo, StateRecord
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.timing import utcnow
 from shared.domain.updates import Changes, Expect
-from tests.conftest import POSTGRES_URL, RABBITMQ_URL
+from tests.conftest import POSTGRES_URL, RABBITMQ_URL, RABBITMQ_USER
 from tests.support.factories import order_data
 from tests.support.topology import Topology, running_topology
 from tests.support.waiting import eventually
@@ -285,7 +285,9 @@ async def test_dead_letters_are_listed_shown_replayed_once_and_purged(topo: Topo
         channel = await connection.channel()
         body = SubmitOrder(order=order_data("o-replayed")).to_json()
         await _dead_letter(channel, names, body)
-        poison = aio_pika.Message(b"{not json", message_id="p-1", type="order.submit")
+        poison = aio_pika.Message(
+            b"{not json", message_id="p-1", type="order.submit", user_id=RABBITMQ_USER
+        )
         await channel.default_exchange.publish(poison, routing_key=names.orders)
 
         async def both() -> list[dict[str, Any]] | None:

@@ -1,0 +1,72 @@
+"""The seal a consumer puts on its dead letters, so that a replay is accepted as what it was.
+
+A dead letter is replayed by the operator, so it comes back under the operator's broker user,
+not its original sender's. The seal says who that sender was: an HMAC-SHA256, under a key only
+the processes of the receiving kind hold, over the queue, the sender and every part of the
+message a replay sends again (message id, type, correlation id, reply-to, body). A replay whose
+seal checks is handled as a message of its original sender; anything else the operator's user
+publishes is refused (`unauthorised`): the operator may replay, not command.
+
+The key is `ORDERFLOW_SEAL_KEY`, or else derived from the password in the process's broker URL
+(each kind of process has its own user and password, so its own key, and the operator knows
+none of them). A dead letter sealed before a password change no longer checks, unless the key
+is set explicitly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+from shared.config import Settings
+
+DERIVATION = b"orderflow dead-letter seal v1"
+
+
+def seal_key(settings: Settings) -> bytes | None:
+    """This process's key (None: neither a key nor a password to derive one from)."""
+    if settings.seal_key is not None:
+        secret = settings.seal_key.get_secret_value().encode()
+        return hmac.new(DERIVATION, secret, hashlib.sha256).digest()
+    password = urlsplit(settings.rabbitmq_url).password
+    if not password:
+        return None
+    return hmac.new(DERIVATION, unquote(password).encode(), hashlib.sha256).digest()
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """What a seal covers: the queue, the original sender, and what a replay sends again."""
+
+    queue: str
+    sender: str
+    message_id: str
+    message_type: str | None
+    correlation_id: str | None
+    reply_to: str | None
+    body: bytes
+
+    def seal(self, key: bytes) -> str:
+        """The seal (hex) under `key`."""
+        mac = hmac.new(key, digestmod=hashlib.sha256)
+        parts = (
+            self.queue,
+            self.sender,
+            self.message_id,
+            self.message_type,
+            self.correlation_id,
+            self.reply_to,
+        )
+        for part in parts:
+            data = b"\x00" if part is None else b"\x01" + part.encode("utf-8", "surrogatepass")
+            mac.update(len(data).to_bytes(4, "big") + data)
+        mac.update(hashlib.sha256(self.body).digest())
+        return mac.hexdigest()
+
+    def checks(self, key: bytes | None, value: object) -> bool:
+        """Whether `value` is this seal under `key` (no key: nothing checks)."""
+        if key is None or not isinstance(value, str):
+            return False
+        return hmac.compare_digest(self.seal(key), value)
