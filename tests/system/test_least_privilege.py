@@ -11,14 +11,18 @@ afterwards, also on failure.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import shutil
 import subprocess
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import aio_pika
@@ -28,11 +32,28 @@ import pytest
 
 from services.deploy.rabbitmq import definitions, password_variable, render
 from shared.broker.access import SERVICE_ROLES
+from shared.broker.consumer import REASON
+from shared.broker.envelope import SEAL, SENDER
+from shared.broker.private import Expected, PrivateQueue, ReplyRouter
+from shared.broker.publisher import Publisher
+from shared.broker.senders import Senders
 from shared.broker.topology import Names, QueuePolicy, declare_topology
 from shared.config import load_settings
+from shared.domain.messages import (
+    OrderStatus,
+    OrderStatusUpdate,
+    StepAction,
+    StepOutcome,
+    StepReply,
+    StepRequest,
+    SubmitOrder,
+)
 from shared.domain.states import ProcessState
+from shared.domain.timing import utcnow
+from shared.metrics import REGISTRY
 from shared.store.postgres import PostgresStore
 from tests.conftest import POSTGRES_URL, service_missing
+from tests.support.factories import order_data
 from tests.support.topology import Topology, free_port, running_topology
 from tests.support.waiting import eventually
 
@@ -195,16 +216,22 @@ async def test_each_user_may_do_what_its_service_does_and_nothing_more(broker: B
         assert "direct" in await refused(lambda: publish(app, n.exchange, n.agent("payment")))
         await refused(lambda: publish(app, "", n.orders))
         await refused(lambda: consume(app, n.orders))
-        # ... and follows its orders on its own status queues, never another application's.
-        own = await (await app.channel()).declare_queue(n.status_queue(app_a), exclusive=True)
-        await own.bind(n.status, routing_key=own.name)
+        # ... and follows its orders on its own status queues, never another application's:
+        # it declares and reads them, and binds nothing (submission binds them for it).
+        own = await (await app.channel()).declare_queue(
+            n.status_queue(app_a), durable=True, auto_delete=True
+        )
+        await refused(lambda: own.bind(n.status, routing_key=own.name))
         other = n.status_queue(app_b)
         await refused(lambda: declare(app, other))
-        assert "topic" in await refused(lambda: own.bind(n.status, routing_key=other))
         b_queue = await (await conns[app_b].channel()).declare_queue(
             f"{n.status_prefix(app_b)}kept", auto_delete=True
         )
         assert b_queue.name in await refused(lambda: consume(app, b_queue.name))
+        # No exchange-to-exchange loop (status messages into the orders queue): an application
+        # may read no exchange, so it can bind none as a source.
+        await refused(lambda: bind_exchanges(app, destination=n.submit, source=n.status))
+        await refused(lambda: bind_exchanges(app, destination=n.submit, source=n.replies))
 
         # The core services: each its own input, nothing declared, nothing of the others'.
         await consume(conns["submission"], n.orders)
@@ -220,15 +247,50 @@ async def test_each_user_may_do_what_its_service_does_and_nothing_more(broker: B
         await refused(lambda: declare(conns["scheduler"], n.status_queue(app_a)))
         await refused(lambda: publish(conns["scheduler"], "", n.orders))
 
-        # The operator reads and replays dead letters, and takes no live message.
+        # The operator reads and replays dead letters, and takes no live message; it reaches
+        # an input queue only through that queue's replay exchange, never the direct one.
         channel = await conns["operator"].channel()
         await (await channel.get_queue(n.dlq(n.orders), ensure=True)).get(fail=False)
-        await publish(conns["operator"], n.exchange, n.orders)
+        await publish(conns["operator"], n.replay(n.orders), "")
+        await publish(conns["operator"], n.replay(n.agent("payment")), "")
+        assert "direct" in await refused(lambda: publish(conns["operator"], n.exchange, n.orders))
         await refused(lambda: consume(conns["operator"], n.orders))
         await refused(lambda: declare(conns["operator"], f"{n.hub}.mine"))
+
+        # Dead letters are the system's own: each DLQ is written by its own consumer only.
+        await publish(agent, n.dlq(n.agent("inventory")), "")
+        for role in ("agent-inventory", "submission", app_a, "scheduler", "operator"):
+            await refused(lambda r=role: publish(conns[r], n.dead_letters, n.agent("payment")))
+            await refused(lambda r=role: publish(conns[r], n.dlq(n.agent("payment")), ""))
+        await refused(lambda: publish(agent, n.dlq(n.orders), ""))
+        await refused(lambda: publish(agent, n.replay(n.agent("payment")), ""))
+        await refused(lambda: publish(app, n.replay(n.orders), ""))
     finally:
         for connection in conns.values():
             await connection.close()
+
+
+async def bind_exchanges(
+    connection: aio_pika.abc.AbstractConnection, *, destination: str, source: str
+) -> object:
+    channel = await connection.channel()
+    target = await channel.get_exchange(destination, ensure=False)
+    return await target.bind(source, routing_key="#")
+
+
+async def test_the_broker_checks_every_user_id(broker: Broker) -> None:
+    """A message's `user_id` is what its receivers trust: the broker refuses one that is not
+    the publishing connection's user, so no process can claim to be another."""
+    n = Names(broker.hub)
+    agent = await broker.connect("agent-inventory")
+    try:
+        channel = await agent.channel(publisher_confirms=True)
+        replies = await channel.get_exchange(n.replies, ensure=False)
+        forged = aio_pika.Message(b"{}", message_id="m", user_id=broker.user("agent-payment"))
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed, match="user_id"):
+            await replies.publish(forged, f"{n.hub}.reply.scheduler-x.1", timeout=5)
+    finally:
+        await agent.close()
 
 
 def _no_secrets(topo: Topology, passwords: dict[str, str], extra: str = "") -> None:
@@ -357,3 +419,319 @@ async def test_the_postgres_init_script_makes_an_owner_of_its_database_and_nothi
         await superuser.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         await superuser.execute(f'DROP ROLE IF EXISTS "{role}"')
         await superuser.close()
+
+
+def _dropped(reason: str) -> float:
+    return REGISTRY.get_sample_value("orderflow_replies_dropped_total", {"reason": reason}) or 0.0
+
+
+async def test_no_agent_can_answer_for_another_and_no_reply_for_another_request_counts(
+    broker: Broker,
+) -> None:
+    """The inventory agent's user delivered a "charge ok" into a scheduler's reply queue, and
+    the scheduler took it (matched on a guessable correlation id alone). Now: a random
+    correlation id per request, and even with it (the worst case: the attacker saw it) a reply
+    from the wrong agent, or about another attempt, is dropped and counted; the true one is
+    taken."""
+    n = Names(broker.hub)
+    scheduler = await broker.connect("scheduler")
+    inventory, payment = (
+        await broker.connect("agent-inventory"),
+        await broker.connect("agent-payment"),
+    )
+    senders = Senders.of(n.hub, None, broker.user("scheduler"), "scheduler")
+    assert senders.strict
+    router = ReplyRouter(senders)
+    replies = PrivateQueue(scheduler, n.reply_queue("scheduler-t"), router.deliver, max_bytes=65536)
+    await replies.start()
+    try:
+        correlation_id = "0f" * 16
+        expected = Expected(
+            sender_role="agent-payment",
+            order_id="o-1",
+            step="payment",
+            action=StepAction.DO,
+            fencing_token="o-1:1",
+            idempotency_key="o-1:payment",
+        )
+        waiting = router.expect(correlation_id, expected)
+        ok = StepReply(
+            order_id="o-1",
+            step="payment",
+            action=StepAction.DO,
+            fencing_token="o-1:1",
+            idempotency_key="o-1:payment",
+            outcome=StepOutcome.OK,
+            attempts_used=1,
+            result={"charge_id": "ch_forged"},
+        )
+        before = {r: _dropped(r) for r in ("unauthorised", "mismatch", "unknown")}
+
+        async def reply_as(connection: aio_pika.abc.AbstractConnection, reply: StepReply) -> None:
+            publisher = await Publisher.open(connection, timeout=5)
+            try:
+                await publisher.publish(
+                    reply,
+                    exchange=n.replies,
+                    routing_key=replies.name,
+                    message_id=uuid.uuid4().hex,
+                    correlation_id=correlation_id,
+                )
+            finally:
+                await publisher.close()
+
+        await reply_as(inventory, ok)  # another agent's forgery
+        await reply_as(payment, ok.model_copy(update={"fencing_token": "o-1:0"}))  # stale
+        await reply_as(payment, ok.model_copy(update={"step": "shipping"}))  # another step
+
+        async def counted() -> bool:
+            return (
+                _dropped("unauthorised") >= before["unauthorised"] + 1
+                and _dropped("mismatch") >= before["mismatch"] + 2
+            )
+
+        await eventually(counted, what="the forged and stale replies dropped")
+        assert not waiting.done()
+        await reply_as(payment, ok)
+        assert await asyncio.wait_for(waiting, timeout=10) == ok
+    finally:
+        await replies.stop()
+        for connection in (scheduler, inventory, payment):
+            await connection.close()
+
+
+def _serve_each_under_its_own_user(topo: Topology, broker: Broker) -> None:
+    topo.serve("remote", "remote", ORDERFLOW_RABBITMQ_URL=f"amqp://nobody@{AMQP_HOST}/none")
+    for label, args, role in [
+        ("submission", ["submission"], "submission"),
+        ("scheduler-1", ["scheduler"], "scheduler"),
+        ("supervisor-1", ["supervisor"], "supervisor"),
+        *((name, ["agent", name], f"agent-{name}") for name in ("inventory", "payment")),
+        ("shipping", ["agent", "shipping"], "agent-shipping"),
+    ]:
+        topo.serve(label, *args, ORDERFLOW_RABBITMQ_URL=broker.url(role))
+
+
+async def _dead_letters(connection: aio_pika.abc.AbstractConnection, queue: str) -> list[Any]:
+    """The messages of `queue`'s DLQ, taken off it (the operator's read)."""
+    channel = await connection.channel()
+    dlq = await channel.get_queue(Names.dlq(queue), ensure=True)
+    got = []
+    while (message := await dlq.get(no_ack=True, fail=False)) is not None:
+        got.append(message)
+    await channel.close()
+    return got
+
+
+@dataclass
+class Attack:
+    """What the attacks of one run share: the system, and connections as each user."""
+
+    topo: Topology
+    broker: Broker
+    conns: dict[str, aio_pika.abc.AbstractConnection]
+    pubs: dict[str, Publisher]
+
+    @property
+    def names(self) -> Names:
+        return Names(self.broker.hub)
+
+    async def submit(self, app: str, order: Any, reply_to: str | None = None) -> None:
+        n = self.names
+        await self.pubs[app].publish(
+            SubmitOrder(order=order, reply_to=reply_to),
+            exchange=n.submit,
+            routing_key=n.orders,
+            message_id=f"order:{order.order_id}:{order.fingerprint()[:16]}",
+        )
+
+
+async def _tenants_are_apart(attack: Attack) -> None:
+    topo, broker, conns, n = attack.topo, attack.broker, attack.conns, attack.names
+    app_a, app_b = broker.apps
+    submit = attack.submit
+    # B's status queue, for its own orders (submission binds it when B names it).
+    b_statuses = await (await conns[app_b].channel()).declare_queue(
+        n.status_queue(app_b), durable=True, auto_delete=True
+    )
+    # 1. Order ids are each application's own: A takes "o-same" first, and B's
+    # "o-same" is B's order, not a conflict. B follows its order; A names B's status
+    # queue for its own order, and B hears nothing of it.
+    await submit(app_a, order_data("o-same", customer_id="c-a"), reply_to=b_statuses.name)
+    await submit(app_b, order_data("o-same", customer_id="c-b"), reply_to=b_statuses.name)
+    await topo.wait_settled(2, timeout=90)
+    for app, customer in ((app_a, "c-a"), (app_b, "c-b")):
+        record = await topo.store.get_order(f"{app}/o-same")
+        assert record is not None and record.data.customer_id == customer
+        state = await topo.store.get_state(f"{app}/o-same")
+        assert state is not None and state.process_state is ProcessState.PROCESSED
+    a_state = await topo.store.get_state(f"{app_a}/o-same")
+    assert a_state is not None and a_state.reply_to is None  # B's queue refused for A
+    statuses: list[OrderStatusUpdate] = []
+    while (m := await b_statuses.get(no_ack=True, fail=False)) is not None:
+        statuses.append(OrderStatusUpdate.model_validate_json(m.body))
+        assert m.user_id in {broker.user(r) for r in ("submission", "scheduler")}
+    assert {s.status for s in statuses} >= {OrderStatus.RECEIVED, OrderStatus.COMPLETED}
+    assert {s.order_id for s in statuses} == {"o-same"}  # B's own id, B's order only
+    assert len(statuses) == 3  # Received, Processing, Completed: none of A's
+
+
+async def _only_the_allowed_may_send(attack: Attack) -> None:
+    topo, broker, conns, pubs, n = (
+        attack.topo,
+        attack.broker,
+        attack.conns,
+        attack.pubs,
+        attack.names,
+    )
+    app_a = broker.apps[0]
+    # 2. Who may send to the orders queue: applications only, with a user_id.
+    await pubs["scheduler"].publish(  # a scheduler's user, through the direct exchange
+        SubmitOrder(order=order_data("o-by-scheduler")),
+        exchange=n.exchange,
+        routing_key=n.orders,
+        message_id="order:o-by-scheduler",
+    )
+    channel = await conns[app_a].channel()
+    submit_exchange = await channel.get_exchange(n.submit, ensure=False)
+    await submit_exchange.publish(  # no user_id: below our publisher
+        aio_pika.Message(
+            SubmitOrder(order=order_data("o-anonymous")).to_json(),
+            message_id="order:o-anonymous",
+            type="order.submit",
+        ),
+        routing_key=n.orders,
+    )
+    # 3. The operator may replay, not command: a step request of its own making, sent
+    # through the payment queue's replay exchange, and a forged seal on an order.
+    forged = aio_pika.Message(
+        StepRequest(
+            order_id=f"{app_a}/o-same",
+            step="payment",
+            action=StepAction.UNDO,
+            operation="payment.refund",
+            fencing_token=f"{app_a}/o-same:1",
+            idempotency_key=f"{app_a}/o-same:payment:undo",
+            complete_by=utcnow() + timedelta(minutes=5),
+            attempts_allowed=1,
+            reply_to=n.reply_queue("x"),
+        ).to_json(),
+        message_id="forged-refund",
+        type="step.request",
+        headers={SENDER: broker.user("scheduler"), SEAL: "00" * 32},
+    )
+    await pubs["operator"].publish_raw(
+        forged, exchange=n.replay(n.agent("payment")), routing_key=""
+    )
+    await pubs["operator"].publish_raw(
+        aio_pika.Message(
+            SubmitOrder(order=order_data("o-by-operator")).to_json(),
+            message_id="order:o-by-operator",
+            type="order.submit",
+            headers={SENDER: app_a},
+        ),
+        exchange=n.replay(n.orders),
+        routing_key="",
+    )
+
+    async def refused_all() -> dict[str, Any] | None:
+        got = await _dead_letters(conns["operator"], n.orders)
+        got += await _dead_letters(conns["operator"], n.agent("payment"))
+        seen.update({str(m.message_id): m for m in got})
+        wanted = {"order:o-by-scheduler", "order:o-anonymous", "forged-refund"}
+        return seen if wanted | {"order:o-by-operator"} <= set(seen) else None
+
+    seen: dict[str, Any] = {}
+    await eventually(refused_all, timeout=30, what="every forgery dead-lettered")
+    for message_id in (
+        "order:o-by-scheduler",
+        "order:o-anonymous",
+        "forged-refund",
+        "order:o-by-operator",
+    ):
+        dead = seen[message_id]
+        assert dead.headers[REASON] == "unauthorised", (message_id, dead.headers)
+        assert SEAL not in dead.headers or dead.headers.get(SENDER) != app_a
+    for order_id in ("o-by-scheduler", "o-anonymous", "o-by-operator"):
+        for owner in ("", f"{app_a}/", f"{broker.user('scheduler')}/"):
+            assert await topo.store.get_order(owner + order_id) is None
+    undos = await topo.store.read_compensation(f"{app_a}/o-same")
+    # The completed steps' undos are noted as ever; the forged refund ran none of them.
+    assert undos and all(u.done_at is None and u.error is None for u in undos)
+
+
+async def _only_sealed_replays_are_taken(attack: Attack) -> None:
+    topo, broker, conns, pubs, n = (
+        attack.topo,
+        attack.broker,
+        attack.conns,
+        attack.pubs,
+        attack.names,
+    )
+    app_a = broker.apps[0]
+    submit = attack.submit
+    # 4. A replay of what the system dead-lettered is accepted as its sender's: A
+    # resubmits "o-same" changed (a conflict, sealed with A as its sender); the
+    # operator's replay comes back a conflict again, not unauthorised; a replay whose
+    # body the operator changed does not.
+    await submit(app_a, order_data("o-same", customer_id="c-changed"))
+
+    async def conflict() -> Any:
+        got = await _dead_letters(conns["operator"], n.orders)
+        return next((m for m in got if m.headers[REASON] == "conflict"), None)
+
+    dead = await eventually(conflict, timeout=30, what="the conflict dead-lettered")
+    assert dead.headers[SENDER] == app_a and SEAL in dead.headers
+    operator = {"ORDERFLOW_RABBITMQ_URL": broker.url("operator")}
+    for tampered in (False, True):
+        copy = aio_pika.Message(
+            dead.body.replace(b"c-changed", b"c-evil") if tampered else dead.body,
+            message_id=dead.message_id,
+            type=dead.type,
+            headers={k: dead.headers[k] for k in (SENDER, SEAL)},
+            correlation_id=dead.correlation_id,
+            reply_to=dead.reply_to,
+        )
+        await pubs["operator"].publish_raw(copy, exchange=n.replay(n.orders), routing_key="")
+        again = await eventually(
+            lambda: _dead_letters(conns["operator"], n.orders),
+            timeout=30,
+            what="the replay dead-lettered again",
+        )
+        assert [m.headers[REASON] for m in again] == ["unauthorised" if tampered else "conflict"]
+    shown = topo.cli("dlq", "list", **operator)
+    assert shown.returncode == 0, shown.stderr
+    state = await topo.store.get_order(f"{app_a}/o-same")
+    assert state is not None and state.data.customer_id == "c-a"  # nothing overwritten
+
+
+async def test_every_forgery_planting_and_cross_application_read_is_refused(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """The attacks of the security review, each as the user that tried it, against the real
+    processes each under its own user: each refused, nothing changed, and the audit clean."""
+    app_a, app_b = broker.apps
+    async with running_topology(
+        broker.hub, tmp_path, ORDERFLOW_RABBITMQ_URL=broker.url("admin")
+    ) as topo:
+        _serve_each_under_its_own_user(topo, broker)
+        await topo.wait_remote()
+        conns = {r: await broker.connect(r) for r in (app_a, app_b, "scheduler", "operator")}
+        try:
+            pubs = {r: await Publisher.open(c, timeout=5) for r, c in conns.items()}
+
+            attack = Attack(topo, broker, conns, pubs)
+            await _tenants_are_apart(attack)
+            await _only_the_allowed_may_send(attack)
+            await _only_sealed_replays_are_taken(attack)
+            # One poison alert per reason and queue in the window, not one per message.
+            alerts = [a for a in await topo.store.list_alerts() if "unauthorised" in a.message]
+            assert 1 <= len(alerts) <= 2, [a.message for a in alerts]
+            for publisher in pubs.values():
+                await publisher.close()
+        finally:
+            for connection in conns.values():
+                await connection.close()
+        audit = await topo.audit()
+        assert audit["ok"], audit
+        _no_secrets(topo, broker.passwords)
