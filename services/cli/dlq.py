@@ -30,9 +30,11 @@ from services.cli.explain import add_columns, human_age, plain_console
 from services.cli.orders import BadInput
 from services.cli.render import plain, shorten_tokens, shown
 from shared.bootstrap import open_broker
+from shared.broker.connection import login_user
 from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
 from shared.broker.envelope import SEAL, SENDER, carried_headers
 from shared.broker.publisher import Publisher
+from shared.broker.senders import Senders
 from shared.broker.topology import Names
 from shared.config import Settings
 from shared.domain.timing import utcnow
@@ -235,6 +237,13 @@ def replay_cmd(
     sources = source_queues(names, queue)
     wanted = set(message_ids)
 
+    # Under the operator's own user, a consumer takes only sealed dead letters (the broker's
+    # own, and those from before seals, are refused): say so here, and leave them in place.
+    senders = Senders.of(
+        settings.hub, settings.broker_user_prefix, login_user(settings.rabbitmq_url), "operator"
+    )
+    unsealed: list[dict[str, Any]] = []
+
     async def replay() -> list[dict[str, Any]]:
         done: list[dict[str, Any]] = []
         async with _broker(settings) as connection:
@@ -244,17 +253,21 @@ def replay_cmd(
                     channel = await connection.channel()
                     try:
                         for m in await _fetch(channel, source):
-                            if replay_all or m.message_id in wanted:
-                                # Back to the queue whose DLQ holds it, through its replay
-                                # exchange (the operator's only way into an input queue),
-                                # never to the one a header names.
-                                await publisher.publish_raw(
-                                    _replayable(m, by),
-                                    exchange=names.replay(source),
-                                    routing_key=source,
-                                )
-                                await m.ack()  # only once the broker confirmed the copy
-                                done.append({"message_id": m.message_id, "queue": source})
+                            if not (replay_all or m.message_id in wanted):
+                                continue
+                            if senders.strict and SEAL not in (m.headers or {}):
+                                unsealed.append({"message_id": m.message_id, "queue": source})
+                                continue
+                            # Back to the queue whose DLQ holds it, through its replay
+                            # exchange (the operator's only way into an input queue), never
+                            # to the one a header names.
+                            await publisher.publish_raw(
+                                _replayable(m, by),
+                                exchange=names.replay(source),
+                                routing_key=source,
+                            )
+                            await m.ack()  # only once the broker confirmed the copy
+                            done.append({"message_id": m.message_id, "queue": source})
                     finally:
                         await channel.close()
             finally:
@@ -262,17 +275,37 @@ def replay_cmd(
         return done
 
     done = asyncio.run(replay())
-    missing = sorted(wanted - {str(d["message_id"]) for d in done})
+    kept = {str(u["message_id"]) for u in unsealed}
+    missing = sorted(wanted - {str(d["message_id"]) for d in done} - kept)
+    _report_replay(done, unsealed, missing, as_json=as_json)
+    if missing or unsealed:
+        raise SystemExit(1)
+
+
+def _report_replay(
+    done: list[dict[str, Any]],
+    unsealed: list[dict[str, Any]],
+    missing: list[str],
+    *,
+    as_json: bool,
+) -> None:
     if as_json:
-        click.echo(json.dumps({"replayed": done, "not_found": missing}))
+        click.echo(json.dumps({"replayed": done, "not_found": missing, "unsealed": unsealed}))
     else:
         for d in done:
             click.echo(plain(f"{d['message_id']}: replayed to {d['queue']}"))
+        for u in unsealed:
+            click.echo(
+                plain(
+                    f"{u['message_id']}: not replayed, left in {u['queue']}.dlq: it has no seal "
+                    "(the broker dead-lettered it, or an older release did), and its consumer "
+                    "takes no unsealed message from the operator; resubmit it from its sender"
+                ),
+                err=True,
+            )
         for message_id in missing:
             click.echo(plain(f"{message_id}: not found in a dead-letter queue"), err=True)
         click.echo(f"{len(done)} replayed")
-    if missing:
-        raise SystemExit(1)
 
 
 def _replayable(message: AbstractIncomingMessage, by: str) -> aio_pika.Message:

@@ -12,6 +12,7 @@ afterwards, also on failure.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import shutil
@@ -670,37 +671,46 @@ async def _only_sealed_replays_are_taken(attack: Attack) -> None:
     )
     app_a = broker.apps[0]
     submit = attack.submit
-    # 4. A replay of what the system dead-lettered is accepted as its sender's: A
-    # resubmits "o-same" changed (a conflict, sealed with A as its sender); the
-    # operator's replay comes back a conflict again, not unauthorised; a replay whose
-    # body the operator changed does not.
+    # 4. A replay of what the system dead-lettered is accepted as its sender's: A resubmits
+    # "o-same" changed (a conflict, sealed with A as its sender); `dlq replay` as the operator
+    # brings it back a conflict again, not unauthorised; a replay whose body the operator
+    # changed is refused; and a dead letter without a seal is not replayed at all.
     await submit(app_a, order_data("o-same", customer_id="c-changed"))
-
-    async def conflict() -> Any:
-        got = await _dead_letters(conns["operator"], n.orders)
-        return next((m for m in got if m.headers[REASON] == "conflict"), None)
-
-    dead = await eventually(conflict, timeout=30, what="the conflict dead-lettered")
-    assert dead.headers[SENDER] == app_a and SEAL in dead.headers
     operator = {"ORDERFLOW_RABBITMQ_URL": broker.url("operator")}
-    for tampered in (False, True):
-        copy = aio_pika.Message(
-            dead.body.replace(b"c-changed", b"c-evil") if tampered else dead.body,
-            message_id=dead.message_id,
-            type=dead.type,
-            headers={k: dead.headers[k] for k in (SENDER, SEAL)},
-            correlation_id=dead.correlation_id,
-            reply_to=dead.reply_to,
-        )
-        await pubs["operator"].publish_raw(copy, exchange=n.replay(n.orders), routing_key="")
-        again = await eventually(
-            lambda: _dead_letters(conns["operator"], n.orders),
-            timeout=30,
-            what="the replay dead-lettered again",
-        )
-        assert [m.headers[REASON] for m in again] == ["unauthorised" if tampered else "conflict"]
-    shown = topo.cli("dlq", "list", **operator)
-    assert shown.returncode == 0, shown.stderr
+
+    async def listed() -> list[dict[str, Any]]:
+        answer = topo.cli("dlq", "list", "--queue", "orders", "--json", **operator)
+        assert answer.returncode == 0, answer.stderr
+        return list(json.loads(answer.stdout)["messages"])
+
+    async def conflict() -> bool:
+        return [m["reason"] for m in await listed()] == ["conflict"]
+
+    await eventually(conflict, timeout=30, what="the conflict dead-lettered")
+    replayed = topo.cli("dlq", "replay", "--all", "--queue", "orders", **operator)
+    assert replayed.returncode == 0 and "1 replayed" in replayed.stdout, replayed.stderr
+    dead = (await eventually(lambda: _dead_letters(conns["operator"], n.orders), timeout=30))[0]
+    assert dead.headers[REASON] == "conflict", dead.headers  # taken as A's, refused as before
+    assert dead.headers[SENDER] == app_a and SEAL in dead.headers
+    tampered = aio_pika.Message(
+        dead.body.replace(b"c-changed", b"c-evil"),
+        message_id=dead.message_id,
+        type=dead.type,
+        headers={k: dead.headers[k] for k in (SENDER, SEAL)},
+        correlation_id=dead.correlation_id,
+        reply_to=dead.reply_to,
+    )
+    await pubs["operator"].publish_raw(tampered, exchange=n.replay(n.orders), routing_key="")
+    again = await eventually(lambda: _dead_letters(conns["operator"], n.orders), timeout=30)
+    assert [m.headers[REASON] for m in again] == ["unauthorised"]
+
+    channel = await conns[app_a].channel()
+    anonymous = aio_pika.Message(b"{}", message_id="anonymous", type="order.submit")
+    await (await channel.get_exchange(n.submit, ensure=False)).publish(anonymous, n.orders)
+    await eventually(listed, timeout=30, what="the anonymous message dead-lettered")
+    kept = topo.cli("dlq", "replay", "anonymous", **operator)
+    assert kept.returncode == 1 and "no seal" in kept.stderr, kept.stdout + kept.stderr
+    assert [m["message_id"] for m in await listed()] == ["anonymous"]  # left where it was
     state = await topo.store.get_order(f"{app_a}/o-same")
     assert state is not None and state.data.customer_id == "c-a"  # nothing overwritten
 
