@@ -23,6 +23,7 @@ from shared.broker.delivery import (
 from shared.broker.envelope import Envelope, dead_letter_copy, retry_copy, shown
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
+from shared.domain.redaction import redact_text
 from shared.domain.text import cut, printable
 from shared.errors import PublishError, one_line
 from shared.metrics import DEAD_LETTERS, MESSAGES
@@ -117,7 +118,8 @@ class Detours:
         self.count("dead_lettered")
         DEAD_LETTERS.labels(self._queue, reason).inc()
         log.warning(
-            "message dead-lettered", extra={"reason": reason, "error": cut(printable(error), 300)}
+            "message dead-lettered",
+            extra={"reason": reason, "error": cut(printable(redact_text(error)), 300)},
         )
         await message.ack()
         if self._on_poison is not None:

@@ -24,7 +24,7 @@ from pamqp import encode
 
 from shared.broker.seal import Sealed
 from shared.broker.wire import UNDECODABLE_HEADERS
-from shared.domain.redaction import redact_body
+from shared.domain.redaction import redact_body, redact_headers, redact_text
 from shared.domain.text import cut, is_safe, printable
 from shared.domain.timing import utcnow
 
@@ -62,6 +62,8 @@ HEADER_VALUE_LIMIT = 512
 HEADER_BUDGET = 8 * 1024
 """Bytes of the sender's headers a copy carries at most: with ours it stays far below a
 frame."""
+CUT_MARGIN = 256
+"""Bytes past the size limit a dead letter's body is masked with before its cut."""
 ERROR_LIMIT = 1000
 """Characters of the error text a dead letter carries."""
 
@@ -219,12 +221,18 @@ def dead_letter_copy(
 ) -> aio_pika.Message:
     """What goes to the DLQ: the body redacted (and cut to `max_body`), our headers saying why,
     and who sent it, sealed with `seal_key` (when the message has an id to seal)."""
+    # The sender's headers masked before they are carried (so the budget counts what is sent
+    # and a dropped header's name is masked too); the body cut with room for a card number
+    # that straddles the cut, masked, then cut to size (no digits of one left in clear).
+    sender_headers, headers_masked = redact_headers(envelope.headers)
+    headers = carried_headers(sender_headers)
     body = message.body
-    headers = carried_headers(envelope.headers)
     if len(body) > max_body:
         headers[TRUNCATED] = len(body)
-        body = body[:max_body]
+        body = body[: max_body + CUT_MARGIN]
     body, redacted = redact_body(body)
+    body = body[:max_body]
+    error = redact_text(error)
     headers |= {
         REASON: reason,
         ERROR: cut(printable(error), ERROR_LIMIT),
@@ -235,7 +243,7 @@ def dead_letter_copy(
     retries = envelope.headers.get(RETRIES)  # ours, if it came back from the retry queue
     if type(retries) is int:  # anything else a sender wrote is not worth keeping
         headers[RETRIES] = retries
-    if redacted:
+    if redacted or headers_masked:
         headers[REDACTED] = True
     if sender is not None:
         headers[SENDER] = sender
@@ -263,7 +271,7 @@ def retry_copy(
     sender: str | None,
 ) -> aio_pika.Message:
     """What is set aside in the retry queue: the message as it came, back after `delay_s`."""
-    headers = carried_headers(envelope.headers) | {
+    headers = carried_headers(redact_headers(envelope.headers)[0]) | {
         RETRIES: retries,
         ERROR: cut(printable(error), ERROR_LIMIT),
     }
