@@ -57,7 +57,10 @@ def test_an_application_takes_statuses_from_the_reporting_processes_only() -> No
     for role, user in USERS.items():
         assert (shop.refusal(user, STATUS_SENDERS) is None) == (role in STATUS_SENDERS)
     assert shop.refusal("other-shop", STATUS_SENDERS) is not None
-    assert shop.refusal("shop", STATUS_SENDERS) is not None  # not even from itself
+    assert shop.refusal("shop", STATUS_SENDERS) is None  # itself: no forgery (nor in development)
+    guest = Senders.of("h", None, "guest", APP)  # one user for every process
+    assert guest.refusal("guest", STATUS_SENDERS) is None
+    assert guest.refusal("intruder", STATUS_SENDERS) is not None
 
 
 @given(own=st.sampled_from(["guest", "h-scheduler-2", "ops"]), sender=st.text(max_size=20))
