@@ -21,6 +21,7 @@ from services.cli.dlq import dead_letters
 from services.cli.explain import add_columns, human_age, parse_duration, plain_console
 from services.cli.orders import BadInput
 from services.cli.render import plain, shown
+from services.remote.admin import admin_token
 from services.remote.client import RemoteClient
 from services.supervisor.service import LEASE
 from shared.bootstrap import open_broker
@@ -270,7 +271,7 @@ def alerts_list(ctx: click.Context, since: str | None, limit: int, as_json: bool
 
 
 async def _audit(settings: Settings, grace: float) -> dict[str, Any]:
-    client = RemoteClient.open(settings.remote_url)
+    client = RemoteClient.open(settings.remote_url, admin_token=admin_token())
     try:
         effects = await client.ledger(account=settings.hub)  # this hub's effects only
     finally:

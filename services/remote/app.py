@@ -5,7 +5,8 @@
 - 422 `{"outcome": "declined", ...}`: a permanent business failure (same answer on every repeat)
 - 409 `{"outcome": "stale-fencing-token"}`: the attempt was superseded
 - 503 `{"error": "transient"|"outage"}`: try again later; no effect was made
-`GET /ledger?account=&order_id=&after=&limit=`, `GET|PUT /admin/faults`, `GET /health`.
+`GET /ledger?account=&order_id=&after=&limit=`, `GET|PUT /admin/faults`, `GET /admin/stats` (these
+need the operator's bearer token: services/remote/admin.py), `GET /health`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from services.remote.admin import admin_guard, admin_token
 from services.remote.client import ACCOUNT_HEADER
 from services.remote.ledger import Effect, Ledger, StaleFencingToken
 from shared.config import Settings
@@ -103,15 +105,21 @@ def declined(order_id: str, rate: float) -> bool:
 
 
 class RemoteService:
-    def __init__(self, ledger: Ledger, faults: Faults, rng: random.Random) -> None:
+    def __init__(
+        self, ledger: Ledger, faults: Faults, rng: random.Random, *, admin_token: str | None
+    ) -> None:
         self.ledger = ledger
         self.faults = faults
         self.rng = rng
+        self.admin_token = admin_token
+        """The bearer token of `/admin/...` and `/ledger`; None: they refuse every request."""
         self.calls: Counter[str] = Counter()
         """Calls answered, by status code: what a fault run or a breaker test counts."""
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024)
+        app = web.Application(
+            client_max_size=64 * 1024, middlewares=[admin_guard(self.admin_token)]
+        )
         app.add_routes(
             [
                 web.post("/{service}/{action}", self.call),
@@ -242,13 +250,19 @@ async def serve_remote(settings: Settings, stop: asyncio.Event) -> None:
     url = urlsplit(settings.remote_url)
     ledger = Ledger(settings.remote_ledger_path)
     service = RemoteService(
-        ledger, Faults.from_settings(settings), random.Random(settings.remote_seed)
+        ledger,
+        Faults.from_settings(settings),
+        random.Random(settings.remote_seed),
+        admin_token=admin_token(),
     )
     runner = web.AppRunner(service.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, url.hostname or "127.0.0.1", url.port or 80)
     await site.start()
-    log.info("remote service listening", extra={"url": settings.remote_url})
+    log.info(
+        "remote service listening",
+        extra={"url": settings.remote_url, "operator_endpoints": bool(service.admin_token)},
+    )
     try:
         # Only the process's own metrics (the calls are in the ledger and `GET /admin/faults`).
         metrics = await serve_metrics(settings.metrics_port)

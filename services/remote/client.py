@@ -39,16 +39,29 @@ def path_of(operation: str) -> str:
 class RemoteClient:
     """One pooled HTTP session; every call carries its own timeout."""
 
-    def __init__(self, base_url: str, session: aiohttp.ClientSession) -> None:
+    def __init__(
+        self, base_url: str, session: aiohttp.ClientSession, *, admin_token: str | None = None
+    ) -> None:
         self._base = base_url.rstrip("/")
         self._session = session
+        # Sent only to the operator endpoints (`/admin/...`, `/ledger`), never with a call.
+        self._admin = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
 
     @classmethod
-    def open(cls, base_url: str, *, pool: int = 100, account: str = "") -> RemoteClient:
-        """A client calling as `account` (the deployment's task hub; see ACCOUNT_HEADER)."""
+    def open(
+        cls,
+        base_url: str,
+        *,
+        pool: int = 100,
+        account: str = "",
+        admin_token: str | None = None,
+    ) -> RemoteClient:
+        """A client calling as `account` (the deployment's task hub; see ACCOUNT_HEADER); with
+        `admin_token`, it may also read the ledger and the fault knobs (services/remote/admin)."""
         connector = aiohttp.TCPConnector(limit=pool, keepalive_timeout=30)
         headers = {ACCOUNT_HEADER: account} if account else None
-        return cls(base_url, aiohttp.ClientSession(connector=connector, headers=headers))
+        session = aiohttp.ClientSession(connector=connector, headers=headers)
+        return cls(base_url, session, admin_token=admin_token)
 
     async def close(self) -> None:
         await self._session.close()
@@ -107,9 +120,13 @@ class RemoteClient:
 
     async def set_faults(self, **changes: Any) -> dict[str, Any]:
         async with self._session.put(
-            self._base + "/admin/faults", json=changes, timeout=aiohttp.ClientTimeout(total=10)
+            self._base + "/admin/faults",
+            json=changes,
+            headers=self._admin,
+            timeout=aiohttp.ClientTimeout(total=10),
         ) as response:
             data: dict[str, Any] = await response.json()
+            _refused(response.status, "/admin/faults", data)
             if response.status != 200:
                 raise RemoteRejected(str(data.get("error")))
             return data
@@ -117,13 +134,27 @@ class RemoteClient:
     async def _get(self, path: str, **params: str) -> dict[str, Any]:
         try:
             async with self._session.get(
-                self._base + path, params=params, timeout=aiohttp.ClientTimeout(total=30)
+                self._base + path,
+                params=params,
+                headers=self._admin,
+                timeout=aiohttp.ClientTimeout(total=30),
             ) as response:
+                if response.status in (401, 403):
+                    _refused(response.status, path, await response.json())
                 response.raise_for_status()
                 data: dict[str, Any] = await response.json()
                 return data
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise RemoteTransient(f"remote service at {self._base}: {one_line(exc)}") from exc
+
+
+def _refused(status: int, path: str, data: dict[str, Any]) -> None:
+    """An operator endpoint refused this client: no token, or not the one configured."""
+    if status in (401, 403):
+        raise RemoteRejected(
+            f"the remote service refused {path} (HTTP {status}: {data.get('error', '')}); "
+            "set ORDERFLOW_REMOTE_ADMIN_TOKEN to the remote service's token"
+        )
 
 
 def _interpret(operation: str, status: int, text: str) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from tests.conftest import RABBITMQ_URL, service_missing
 from tests.support.topology import free_port
 from tests.support.waiting import eventually
 
+ADMIN_TOKEN = "contract-test-admin-token"
+
 
 class Remote:
     def __init__(self, path: Path) -> None:
@@ -39,7 +41,9 @@ class Remote:
         self._runner: web.AppRunner | None = None
 
     async def start(self, **faults: object) -> None:
-        self.service = RemoteService(Ledger(str(self.path)), Faults(**faults), random.Random(3))
+        self.service = RemoteService(
+            Ledger(str(self.path)), Faults(**faults), random.Random(3), admin_token=ADMIN_TOKEN
+        )
         self._runner = web.AppRunner(self.service.app())
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
@@ -60,7 +64,7 @@ async def remote(tmp_path: Path) -> AsyncIterator[Remote]:
 
 @pytest.fixture
 async def client(remote: Remote) -> AsyncIterator[RemoteClient]:
-    c = RemoteClient.open(remote.url)
+    c = RemoteClient.open(remote.url, admin_token=ADMIN_TOKEN)
     yield c
     await c.close()
 
@@ -92,8 +96,8 @@ async def test_a_repeated_key_returns_the_first_outcome_even_after_a_restart(
 
 async def test_accounts_never_share_keys_fences_or_undos(remote: Remote) -> None:
     # Two deployments (hubs) calling one remote service, with the same order id and key.
-    a = RemoteClient.open(remote.url, account="hub_a")
-    b = RemoteClient.open(remote.url, account="hub_b")
+    a = RemoteClient.open(remote.url, account="hub_a", admin_token=ADMIN_TOKEN)
+    b = RemoteClient.open(remote.url, account="hub_b", admin_token=ADMIN_TOKEN)
     try:
         first = await call(a, "payment.charge", "o-9", "o-9:3")
         other = await call(b, "payment.charge", "o-9", "o-9:1")  # A's attempt 3 fences not B

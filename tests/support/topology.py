@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -40,6 +41,11 @@ FAST = {
 }
 
 
+REMOTE_ADMIN_TOKEN = secrets.token_hex(16)
+"""The remote service's operator token (its /admin and /ledger need it; `audit` sends it): one per
+test run, so that a topology using another's remote service (test_hubs) holds the right one."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -61,6 +67,7 @@ class Topology:
                 "ORDERFLOW_REMOTE_URL": self.remote_url,
                 "ORDERFLOW_REMOTE_LEDGER_PATH": str(workdir / "ledger.sqlite3"),
                 "ORDERFLOW_REMOTE_SEED": "7",
+                "ORDERFLOW_REMOTE_ADMIN_TOKEN": REMOTE_ADMIN_TOKEN,
             }
             | env
         )
@@ -185,7 +192,9 @@ async def running_topology(hub: str, workdir: Path, **env: str) -> AsyncIterator
         POSTGRES_URL, hub, pool_size=5, timeout=5, command_timeout=10
     )
     # Forged calls and replays in tests act as the hub, as its agents do.
-    topo.remote = RemoteClient.open(topo.remote_url, account=hub)
+    topo.remote = RemoteClient.open(
+        topo.remote_url, account=hub, admin_token=topo.env["ORDERFLOW_REMOTE_ADMIN_TOKEN"]
+    )
     try:
         yield topo
     finally:
