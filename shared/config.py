@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import random
 from collections.abc import Mapping
 from datetime import timedelta
@@ -38,6 +39,11 @@ class Settings(BaseSettings):
         use_attribute_docstrings=True,
         # `ORDERFLOW_X=` (as an uncommented .env.example line passes it) means the default.
         env_ignore_empty=True,
+        # Compose secrets: the file `orderflow_rabbitmq_url` in this directory is
+        # ORDERFLOW_RABBITMQ_URL (an environment variable still wins). Read only where
+        # ORDERFLOW_SECRETS_DIR names one (the compose deployment: /run/secrets), so that nothing
+        # warns of a missing directory elsewhere.
+        secrets_dir=os.environ.get("ORDERFLOW_SECRETS_DIR") or None,
     )
 
     # -- where things are

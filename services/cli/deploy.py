@@ -6,15 +6,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from services.deploy.envfile import compose_settings, env_example
 from services.deploy.files import generated_files
 from services.deploy.mongodb import init_script
-from services.deploy.rabbitmq import DEFAULT_APPS, definitions, render
+from services.deploy.rabbitmq import DEFAULT_APPS, BrokerLimits, definitions, render
 from shared.broker.topology import APP_NAME
 from shared.config import Settings
 
@@ -38,6 +41,20 @@ def deploy() -> None:
     """Generate deployment files (RabbitMQ definitions, MongoDB init, .env.example)."""
 
 
+def _limit_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """One `--<limit> N` option per field of BrokerLimits, defaulting to the generator's."""
+    for field in reversed(dataclasses.fields(BrokerLimits)):
+        command = click.option(
+            f"--{field.name.replace('_', '-')}",
+            field.name,
+            type=click.IntRange(min=1),
+            default=field.default,
+            show_default=True,
+            help=f"Limit: {field.name.replace('_', ' ')}.",
+        )(command)
+    return command
+
+
 @deploy.command("rabbitmq-definitions")
 @click.option("--hub", help="Task hub [default: ORDERFLOW_HUB].")
 @click.option("--vhost", help="RabbitMQ virtual host [default: the hub].")
@@ -49,18 +66,31 @@ def deploy() -> None:
     help="A submitting application (repeatable) [default: shop].",
 )
 @click.option("--user-prefix", help="Prefix of the services' user names [default: '<hub>-'].")
+@_limit_options
 @click.pass_context
 def rabbitmq_definitions(
     ctx: click.Context,
+    /,
     hub: str | None,
     vhost: str | None,
     apps: tuple[str, ...],
     user_prefix: str | None,
+    **limits: int,
 ) -> None:
     """Vhost, users and least-privilege permissions, with password placeholders
-    (infra/rabbitmq/render-definitions.sh fills in hashes from the environment)."""
+    (infra/rabbitmq/render-definitions.sh fills in hashes from the environment), and the
+    vhost's and each user's connection, channel and queue limits."""
     the_hub = _hub(ctx, hub)
-    document = definitions(the_hub, vhost or the_hub, apps=apps, user_prefix=user_prefix)
+    try:
+        document = definitions(
+            the_hub,
+            vhost or the_hub,
+            apps=apps,
+            user_prefix=user_prefix,
+            limits=BrokerLimits(**limits),
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     click.echo(render(document), nl=False)
 
 

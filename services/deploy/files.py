@@ -5,6 +5,7 @@ from __future__ import annotations
 from services.deploy.envfile import compose_settings, env_example
 from services.deploy.mongodb import init_script
 from services.deploy.rabbitmq import DEFAULT_APPS, definitions, render
+from services.deploy.secretfiles import secrets_script
 
 COMPOSE_HUB = "orderflow"
 """The task hub (and RabbitMQ vhost, and MongoDB database) of the compose deployment."""
@@ -19,4 +20,5 @@ def generated_files() -> dict[str, str]:
             definitions(COMPOSE_HUB, COMPOSE_HUB, apps=DEFAULT_APPS)
         ),
         "infra/mongodb/init-orderflow.js": init_script(COMPOSE_HUB),
+        "infra/secrets.sh": secrets_script(DEFAULT_APPS),
     }

@@ -2,7 +2,8 @@
 
 The official mongo image runs it once, as root, on an empty data directory. It creates the
 application's user, with `readWrite` on the hub's database and nothing else (not even on other
-hubs' databases), its password read from the container's environment, and the indexes. The index
+hubs' databases), its password read from the file `MONGO_APP_PASSWORD_FILE` names (the compose
+secret) or else from `MONGO_APP_PASSWORD`, and the indexes. The index
 list is not written by hand: `MongoStore.init` runs against a recorder here, so the script makes
 exactly the indexes the adapter makes (`orderflow init` makes them again, idempotently).
 """
@@ -18,6 +19,7 @@ from shared.store.mongo import MongoStore
 
 APP_USER = "orderflow"
 PASSWORD_VARIABLE = "MONGO_APP_PASSWORD"
+PASSWORD_FILE_VARIABLE = f"{PASSWORD_VARIABLE}_FILE"
 
 
 @dataclass(frozen=True)
@@ -62,9 +64,16 @@ def init_script(hub: str) -> str:
         f"{hub}`: do not edit (`orderflow deploy write`).",
         "// Run once by the mongo image on an empty data directory, as root.",
         f"const hub = {json.dumps(hub)};",
-        f"const password = process.env.{PASSWORD_VARIABLE};",
+        "// The compose secret's file (like the image's own *_FILE variables), or the variable.",
+        f"const passwordFile = process.env.{PASSWORD_FILE_VARIABLE};",
+        f"if (passwordFile && process.env.{PASSWORD_VARIABLE}) {{",
+        f'  throw new Error("both {PASSWORD_VARIABLE} and {PASSWORD_FILE_VARIABLE} are set");',
+        "}",
+        "const password = passwordFile",
+        '  ? require("fs").readFileSync(passwordFile, "utf8").replace(/\\n+$/, "")',
+        f"  : process.env.{PASSWORD_VARIABLE};",
         "if (!password) {",
-        f'  throw new Error("{PASSWORD_VARIABLE} is not set (see .env.example)");',
+        f'  throw new Error("{PASSWORD_VARIABLE} is not set (see infra/secrets.sh)");',
         "}",
         "const app = db.getSiblingDB(hub);",
         "// The application's user: read and write the hub's database, nothing else.",

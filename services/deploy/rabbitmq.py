@@ -6,6 +6,11 @@ environment variable that holds its password (`@HASH:RABBITMQ_SCHEDULER_PASSWORD
 `infra/rabbitmq/render-definitions.sh` replaces each with RabbitMQ's salted SHA-256 hash of that
 variable's value when the broker container starts, and `password_hash` below does the same in
 Python (tests).
+
+Limits (`BrokerLimits`) bound what a compromised or runaway client can take: the virtual host's
+connections and queues, and each user's connections and channels (RabbitMQ 3.10 and 4.x import
+both from a definitions file: vhost limits as the runtime parameter `vhost-limits`, user limits
+as a user's `limits`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from shared.broker.access import SERVICE_ROLES, Grant, app_grant, grant
@@ -26,11 +32,60 @@ DEFAULT_APPS = ("shop",)
 """The compose deployment's one submitting application: the shop's web front end."""
 
 
+@dataclass(frozen=True)
+class BrokerLimits:
+    """The generator's limits (`orderflow deploy rabbitmq-definitions --vhost-max-connections
+    N ...`). The defaults leave room to scale: every orderflow process holds one connection
+    (a few channels each: publisher, consumers, reply queue, probe), `orderflow submit` one."""
+
+    vhost_max_connections: int = 512
+    """Connections to the virtual host, every user together."""
+    vhost_max_queues: int = 1024
+    """Queues in the virtual host: the hub's durable ones (under 20), one private reply queue
+    per scheduler process and the applications' status queues."""
+    service_max_connections: int = 32
+    """Connections of one service user (`<hub>-scheduler` serves every scheduler replica)."""
+    service_max_channels: int = 256
+    """Channels of one service user, over all its connections."""
+    app_max_connections: int = 16
+    """Connections of one submitting application's user."""
+    app_max_channels: int = 64
+    """Channels of one submitting application's user, over all its connections."""
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, not {value!r}")
+
+
 def password_variable(role: str, *, app: bool = False) -> str:
     """The environment variable holding the password of a role's user
-    (`RABBITMQ_SCHEDULER_PASSWORD`, `RABBITMQ_APP_SHOP_PASSWORD` for the application shop)."""
+    (`RABBITMQ_SCHEDULER_PASSWORD`, `RABBITMQ_APP_SHOP_PASSWORD` for the application shop).
+
+    Both `-` and `_` become `_`, so two applications whose names differ only there (`shop-eu`,
+    `shop_eu`) would share one: `definitions` refuses such a pair (see `_distinct`)."""
     key = re.sub(r"[^A-Za-z0-9]", "_", role).upper()
     return f"RABBITMQ_{'APP_' if app else ''}{key}_PASSWORD"
+
+
+def _distinct(users: list[dict[str, Any]]) -> None:
+    """Refuse a document where two users share a name or a password variable: one password
+    would then open two users' permissions (the applications `shop-eu` and `shop_eu`), or an
+    application would take a service's user (an application named `orderflow-admin`)."""
+    by_name: set[str] = set()
+    by_variable: dict[str, str] = {}
+    for user in users:
+        name = str(user["name"])
+        variable = PLACEHOLDER.sub(r"\1", str(user["password_hash"]))
+        if name in by_name:
+            raise ValueError(f"two users would be named {name!r}: rename the application")
+        if variable in by_variable:
+            raise ValueError(
+                f"{by_variable[variable]!r} and {name!r} would share the password variable "
+                f"{variable} ('-' and '_' both become '_'): rename one of the applications"
+            )
+        by_name.add(name)
+        by_variable[variable] = name
 
 
 def password_hash(password: str, salt: bytes | None = None) -> str:
@@ -51,10 +106,12 @@ def definitions(
     *,
     apps: tuple[str, ...] = DEFAULT_APPS,
     user_prefix: str | None = None,
+    limits: BrokerLimits | None = None,
 ) -> dict[str, Any]:
     """The definitions document (`rabbitmqctl import_definitions`, or `load_definitions` at
     boot) with password placeholders. An application's user is named after the application:
     `orderflow submit` takes its user name as the application name."""
+    limits = BrokerLimits() if limits is None else limits
     names = Names(hub)
     users: list[dict[str, Any]] = []
     permissions: list[dict[str, str]] = []
@@ -67,6 +124,12 @@ def definitions(
                 "password_hash": f"@HASH:{password_variable(role, app=app)}@",
                 "hashing_algorithm": HASHING,
                 "tags": tags,
+                "limits": {
+                    "max-connections": (
+                        limits.app_max_connections if app else limits.service_max_connections
+                    ),
+                    "max-channels": limits.app_max_channels if app else limits.service_max_channels,
+                },
             }
         )
         permissions.append(
@@ -95,12 +158,22 @@ def definitions(
         add(user, role, grant(names, role), app=False, tags=tags)
     for app in apps:
         add(app, app, app_grant(names, app), app=True, tags=[])
+    _distinct(users)
+    vhost_limits = {
+        "vhost": vhost,
+        "component": "vhost-limits",
+        "name": "limits",
+        "value": {
+            "max-connections": limits.vhost_max_connections,
+            "max-queues": limits.vhost_max_queues,
+        },
+    }
     return {
         "users": users,
         "vhosts": [{"name": vhost}],
         "permissions": permissions,
         "topic_permissions": topic_permissions,
-        "parameters": [],
+        "parameters": [vhost_limits],
         "policies": [],
         "queues": [],
         "exchanges": [],

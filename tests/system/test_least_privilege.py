@@ -372,6 +372,9 @@ async def test_the_postgres_init_script_makes_an_owner_of_its_database_and_nothi
         "POSTGRES_APP_USER": role,
         "POSTGRES_APP_DB": database,
         "POSTGRES_APP_PASSWORD": password,
+        # The shared server's other databases stay open to PUBLIC (test_postgres_role.py shows
+        # the revocation on a private server).
+        "POSTGRES_KEEP_PUBLIC_CONNECT": "1",
     }
     superuser = await asyncpg.connect(POSTGRES_URL)
     try:

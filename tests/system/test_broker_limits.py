@@ -1,0 +1,172 @@
+"""The generated definitions' limits, on the real RabbitMQ: imported into a vhost of this test's
+own (through `infra/rabbitmq/render-definitions.sh` and `rabbitmqctl import_definitions`, as the
+compose deployment loads them), they are the broker's: read back with `rabbitmqctl`, and a user
+past its connection or channel limit, or the vhost past its queue limit, is refused. The vhost and
+the users are deleted afterwards, also on failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import secrets
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aio_pika
+import aiormq
+import pytest
+
+from services.deploy.rabbitmq import BrokerLimits, definitions, password_variable, render
+from shared.broker.access import SERVICE_ROLES
+from tests.conftest import service_missing
+from tests.support.waiting import eventually
+from tests.system.test_least_privilege import AMQP_HOST, _import, rabbitmqctl
+
+pytestmark = [pytest.mark.rabbitmq]
+
+LIMITS = BrokerLimits(
+    vhost_max_connections=20,
+    vhost_max_queues=3,
+    service_max_connections=4,
+    service_max_channels=8,
+    app_max_connections=2,
+    app_max_channels=3,
+)
+
+
+@dataclass
+class Scratch:
+    hub: str
+    app: str
+    passwords: dict[str, str]
+
+    def url(self, user: str, variable: str) -> str:
+        return f"amqp://{user}:{self.passwords[variable]}@{AMQP_HOST}/{self.hub}"
+
+    def app_url(self) -> str:
+        return self.url(self.app, password_variable(self.app, app=True))
+
+    def admin_url(self) -> str:
+        return self.url(f"{self.hub}-admin", password_variable("admin"))
+
+
+@pytest.fixture
+async def scratch(hub: str) -> AsyncIterator[Scratch]:
+    if shutil.which("rabbitmqctl") is None:
+        service_missing("rabbitmqctl (to import definitions)", "not on PATH")
+    probe = subprocess.run(["rabbitmqctl", "-q", "status"], capture_output=True, timeout=60)
+    if probe.returncode != 0:
+        service_missing("rabbitmqctl (to import definitions)", probe.stderr.decode()[-300:])
+    app = f"{hub}-shop"
+    passwords = {password_variable(role): secrets.token_hex(16) for role in SERVICE_ROLES}
+    passwords[password_variable(app, app=True)] = secrets.token_hex(16)
+    text = render(definitions(hub, hub, apps=(app,), limits=LIMITS))
+    found = Scratch(hub, app, passwords)
+    try:
+        _import(text, passwords)
+
+        async def imported() -> bool:
+            try:
+                connection = await aio_pika.connect(found.app_url(), timeout=5)
+            except Exception:
+                return False
+            await connection.close()
+            return True
+
+        # The import is asynchronous.
+        await eventually(imported, timeout=30, interval=0.2, what="the imported application user")
+        yield found
+    finally:
+        rabbitmqctl("delete_vhost", hub, check=False)
+        for user in [f"{hub}-{role}" for role in SERVICE_ROLES] + [app]:
+            rabbitmqctl("delete_user", user, check=False)
+
+
+def _limits(*args: str) -> dict[str, int]:
+    """`rabbitmqctl -q list_vhost_limits -p V` / `list_user_limits --user U`: one JSON object."""
+    listed = rabbitmqctl("-q", *args).stdout.strip().splitlines()
+    return {str(k): int(v) for k, v in json.loads(listed[-1]).items()}
+
+
+def _connections_of(user: str) -> int:
+    listed = rabbitmqctl("-q", "list_connections", "user").stdout.split()
+    return listed.count(user)
+
+
+async def test_the_broker_holds_the_generated_limits(scratch: Scratch) -> None:
+    assert _limits("list_vhost_limits", "-p", scratch.hub) == {
+        "max-connections": 20,
+        "max-queues": 3,
+    }
+    assert _limits("list_user_limits", "--user", scratch.app) == {
+        "max-connections": 2,
+        "max-channels": 3,
+    }
+    assert _limits("list_user_limits", "--user", f"{scratch.hub}-scheduler") == {
+        "max-connections": 4,
+        "max-channels": 8,
+    }
+
+
+async def test_a_user_past_its_connection_limit_is_refused(scratch: Scratch) -> None:
+    held = []
+    try:
+        for _ in range(LIMITS.app_max_connections):
+            held.append(await aio_pika.connect(scratch.app_url(), timeout=5))
+        # The broker answers the third connection's open with a close (NOT_ALLOWED, "user
+        # connection limit is reached"), which aiormq reports as an unexpected frame.
+        with pytest.raises(aiormq.exceptions.AMQPError, match=r"Connection\.Close"):
+            async with asyncio.timeout(10):
+                await aiormq.connect(scratch.app_url())
+        assert _connections_of(scratch.app) == LIMITS.app_max_connections
+        # Another user is not held back by this one's limit.
+        other = await aio_pika.connect(scratch.admin_url(), timeout=5)
+        await other.close()
+        # A connection given back makes room again: it was the limit, not the credentials.
+        await held.pop().close()
+
+        async def room_again() -> bool:
+            try:
+                async with asyncio.timeout(10):
+                    held.append(await aio_pika.connect(scratch.app_url(), timeout=5))
+            except aiormq.exceptions.AMQPError:
+                return False
+            return True
+
+        await eventually(room_again, timeout=10, interval=0.2, what="a freed connection slot")
+    finally:
+        for connection in held:
+            await connection.close()
+
+
+async def test_a_user_past_its_channel_limit_is_refused(scratch: Scratch) -> None:
+    connection = await aio_pika.connect(scratch.app_url(), timeout=5)
+    try:
+        for _ in range(LIMITS.app_max_channels):
+            await connection.channel()
+        limit = re.escape(f"user limit of ({LIMITS.app_max_channels})")
+        with pytest.raises(aiormq.exceptions.ConnectionNotAllowed, match=limit):
+            await connection.channel()
+    finally:
+        with contextlib.suppress(Exception):
+            await connection.close()
+
+
+async def test_the_vhost_past_its_queue_limit_refuses_a_declaration(scratch: Scratch) -> None:
+    connection = await aio_pika.connect(scratch.admin_url(), timeout=5)
+    try:
+        channel = await connection.channel()
+        names = [f"{scratch.hub}.orders", f"{scratch.hub}.orders.dlq", f"{scratch.hub}.alerts"]
+        for name in names[: LIMITS.vhost_max_queues]:
+            await channel.declare_queue(name, durable=True)
+        channel = await connection.channel()
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed) as refused:
+            await channel.declare_queue(f"{scratch.hub}.agent.payment", durable=True)
+        assert "max_queues" in str(refused.value).lower() or "limit" in str(refused.value).lower()
+    finally:
+        await connection.close()
