@@ -31,7 +31,7 @@ from shared.domain.messages import StepAction, StepOutcome, StepReply, SubmitOrd
 from shared.domain.states import ProcessState
 from shared.store.postgres import PostgresStore
 from shared.telemetry import JsonFormatter
-from tests.conftest import POSTGRES_URL, RABBITMQ_URL, service_missing
+from tests.conftest import POSTGRES_URL, RABBITMQ_URL, RABBITMQ_USER, service_missing
 from tests.support.factories import order_data
 from tests.support.topology import Topology, running_topology
 from tests.support.waiting import eventually
@@ -344,6 +344,7 @@ async def test_a_shared_inbox_round_trip_names_no_single_delivery(
             dedupe_window=timedelta(hours=1),
             claim_ttl=timedelta(seconds=5),
             handler_timeout=5.0,
+            own_user=RABBITMQ_USER,  # the messages below come from this test's own user
         ),
         holder="log-test",
     )
