@@ -37,6 +37,7 @@ from shared.broker.publisher import Publisher
 from shared.broker.senders import Senders
 from shared.broker.topology import Names
 from shared.config import Settings
+from shared.domain.redaction import redact_body
 from shared.domain.timing import utcnow
 
 REPLAYED_AT = "x-orderflow-replayed-at"
@@ -74,8 +75,38 @@ def _header_value(value: Any) -> Any:
     return plain(repr(value))
 
 
+def broker_made(message: AbstractIncomingMessage) -> dict[str, Any] | None:
+    """The broker's own record of dead-lettering this message (its `x-death` header), when the
+    broker put it in the DLQ itself (its delivery limit, a message's TTL), not our consumer: the
+    message is then as its sender wrote it, and its `x-orderflow-…` headers are the sender's."""
+    deaths = (message.headers or {}).get("x-death")
+    if not isinstance(deaths, list):
+        return None
+    first = deaths[0] if deaths and isinstance(deaths[0], dict) else {}
+    at = first.get("time")
+    shown = {k: _header_value(v) for k, v in first.items()}
+    return shown | {"time": at if isinstance(at, datetime) else None}
+
+
 def describe(source: str, message: AbstractIncomingMessage, now: datetime) -> dict[str, Any]:
     headers = {k: _header_value(v) for k, v in (message.headers or {}).items()}
+    death = broker_made(message)
+    if death is not None:
+        # None of our headers on it are ours: what the broker says instead.
+        at = death.get("time")
+        return {
+            "queue": source,
+            "message_id": message.message_id,
+            "type": message.type,
+            "reason": f"broker-{death.get('reason')}",
+            "error": "dead-lettered by the broker itself, as its sender wrote it "
+            "(its x-orderflow headers, if any, are the sender's)",
+            "dead_lettered_at": at.isoformat() if at is not None else None,
+            "age": human_age(at, now),
+            "deliveries": death.get("count"),
+            "source_queue": source,
+            "bytes": len(message.body),
+        }
     at = headers.get(DEAD_LETTERED_AT)
     try:
         when = datetime.fromisoformat(str(at)) if at else None
@@ -207,6 +238,7 @@ def _body(body: bytes) -> str:
     """The body as text: pretty JSON (every control escaped by `json.dumps`; payment tokens
     shortened, as `orders show` does), or else decoded with replacement characters. Not
     escaped yet: JSON output must keep it as it is; the human view escapes it."""
+    body = redact_body(body)[0]  # a message the broker dead-lettered itself is not redacted yet
     try:
         text = json.dumps(shorten_tokens(json.loads(body)), indent=2)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -255,7 +287,8 @@ def replay_cmd(
                         for m in await _fetch(channel, source):
                             if not (replay_all or m.message_id in wanted):
                                 continue
-                            if senders.strict and SEAL not in (m.headers or {}):
+                            ours = SEAL in (m.headers or {}) and broker_made(m) is None
+                            if senders.strict and not ours:
                                 unsealed.append({"message_id": m.message_id, "queue": source})
                                 continue
                             # Back to the queue whose DLQ holds it, through its replay
@@ -298,8 +331,9 @@ def _report_replay(
             click.echo(
                 plain(
                     f"{u['message_id']}: not replayed, left in {u['queue']}.dlq: it has no seal "
-                    "(the broker dead-lettered it, or an older release did), and its consumer "
-                    "takes no unsealed message from the operator; resubmit it from its sender"
+                    "of its consumer's (the broker dead-lettered it, or an older release did), "
+                    "and its consumer takes no unsealed message from the operator; resubmit it "
+                    "from its sender"
                 ),
                 err=True,
             )

@@ -23,6 +23,8 @@ SET_BY_COMPOSE = {
     "remote_url": "the remote service's address",
     "metrics_port": "9100 in every container",
     "remote_ledger_path": "the remote service's volume",
+    "seal_key": "never every container's: the operator and the shop must not hold it (unset, "
+    "each kind's key derives from its own broker password)",
 }
 """Settings docker-compose.yml sets itself, per service: not passed from `.env`."""
 

@@ -57,15 +57,23 @@ class Resources:
 
     exact: tuple[str, ...] = ()
     prefixes: tuple[str, ...] = ()
+    shapes: tuple[str, ...] = ()
+    """Regexes (unanchored parts) for names of a fixed shape: a binding key that must name one
+    queue, never match many (`#`, `*`)."""
 
     def regex(self) -> str:
         """An anchored regex matching exactly these names (RabbitMQ searches unanchored)."""
         parts = [re.escape(n) for n in sorted(set(self.exact))]
         parts += [re.escape(p) + ".+" for p in sorted(set(self.prefixes))]
+        parts += sorted(set(self.shapes))
         return f"^({'|'.join(parts)})$" if parts else NOTHING
 
     def __or__(self, other: Resources) -> Resources:
-        return Resources(self.exact + other.exact, self.prefixes + other.prefixes)
+        return Resources(
+            self.exact + other.exact,
+            self.prefixes + other.prefixes,
+            self.shapes + other.shapes,
+        )
 
 
 @dataclass(frozen=True)
@@ -93,16 +101,27 @@ def grant(names: Names, role: str) -> Grant:
     """What the service `role` (one of `SERVICE_ROLES`) may do in the hub `names`."""
     reply = Resources(prefixes=(f"{names.hub}.reply.",))
     status_keys = Resources(prefixes=(f"{names.hub}.status.",))
+    # Binding keys: exactly one reply or status queue's name, no wildcard (a `#` would route
+    # every scheduler's replies, or every application's statuses, into one queue).
+    one_reply = Resources(
+        shapes=(re.escape(f"{names.hub}.reply.") + r"[A-Za-z0-9_-]+\.[0-9a-f]{12}",)
+    )
+    one_status = Resources(
+        shapes=(re.escape(f"{names.hub}.status.") + r"[a-z][a-z0-9_-]{0,39}\.[A-Za-z0-9_-]{1,64}",)
+    )
     if role == "admin":
         everything = _one(*names.exchanges(), *names.durable_queues())
         return Grant(configure=everything, write=everything, read=everything)
     if role == "submission":
         orders = names.orders
+        # configure and write on status queues: to check one is a status queue (declaring it
+        # with a status queue's arguments) and bind it (StatusBinder).
         return Grant(
+            configure=status_keys,
             write=_one(names.dlq(orders), names.retry(orders), names.alerts, names.status)
             | status_keys,
             read=_one(orders, names.status),
-            topics=(TopicGrant(names.status, write=status_keys, read=status_keys),),
+            topics=(TopicGrant(names.status, write=status_keys, read=one_status),),
         )
     if role == "scheduler":
         return Grant(
@@ -110,7 +129,7 @@ def grant(names: Names, role: str) -> Grant:
             write=_one(names.exchange, names.alerts, names.status) | reply,
             read=_one(names.replies) | reply,
             topics=(
-                TopicGrant(names.replies, read=reply),
+                TopicGrant(names.replies, read=one_reply),
                 TopicGrant(names.status, write=status_keys),
             ),
         )

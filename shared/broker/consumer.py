@@ -107,6 +107,15 @@ __all__ = [
 ]
 
 
+def inbox_key(delivery: Delivery) -> str:
+    """What the inbox dedupes a message by: its id within its sender's (each sender names its
+    own messages, so no sender can take another's id first and have its messages dropped as
+    duplicates; a replay and a delayed retry keep the original sender, so the key)."""
+    if delivery.user_id is None:
+        return delivery.message_id
+    return f"{delivery.user_id}/{delivery.message_id}"
+
+
 class Consumer:
     """Consumes one input queue of the hub with one handler."""
 
@@ -138,6 +147,7 @@ class Consumer:
             names.hub, policy.user_prefix, policy.own_user, queue_role(names, queue)
         )
         self._allowed = queue_senders(names, queue)
+        self._own_user = policy.own_user
         self._detours = Detours(
             queue=queue,
             names=names,
@@ -346,6 +356,13 @@ class Consumer:
         letter's seal does (whoever replays it: only this queue's consumer could make it)."""
         sender = envelope.sender(self._policy.own_user)
         if SEAL in envelope.headers:
+            replayer = self._senders.role_of(envelope.user_id)
+            publisher = envelope.user_id
+            if self._senders.strict and replayer != "operator" and publisher != self._own_user:
+                return sender, (
+                    f"a sealed dead letter sent by user {publisher!r} ({replayer}): only the "
+                    "operator replays dead letters"
+                )
             sealed = envelope.sealed_sender(self._queue_name, message.body, self._policy.seal_key)
             if sealed is None:
                 return sender, (
@@ -365,7 +382,7 @@ class Consumer:
     ) -> None:
         """Handle the message unless the inbox has its id already (or another consumer does)."""
         try:
-            outcome = await self._claim(delivery.message_id, holder)
+            outcome = await self._claim(inbox_key(delivery), holder)
         except PermanentError as exc:  # the store refuses this message id
             await self._detours.dead_letter(
                 message, envelope, reason_of(exc), one_line(exc, 1000), sender=delivery.user_id
@@ -419,18 +436,18 @@ class Consumer:
                 message, envelope, reason_of(exc), text, sender=delivery.user_id
             )
             if holder:
-                await self._release(delivery.message_id, holder)
+                await self._release(inbox_key(delivery), holder)
             return
         except Exception as exc:
             if is_outage(exc):
                 raise  # held and retried by the caller; the claim stays ours (re-entrant)
             if holder:
-                await self._release(delivery.message_id, holder)
+                await self._release(inbox_key(delivery), holder)
             await self._detours.set_aside(message, envelope, delivery, exc)
             return
         # Done: from here on nothing may run the handler again, whatever fails.
         if holder:
-            await self._mark_done(delivery.message_id, holder)
+            await self._mark_done(inbox_key(delivery), holder)
         self.stats.handled += 1
         self._detours.count("handled")
         await message.ack()

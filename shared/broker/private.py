@@ -8,6 +8,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aio_pika.abc import (
     AbstractChannel,
@@ -29,6 +30,12 @@ Listener = Callable[[Contract, AbstractIncomingMessage], None]
 
 STATUS_QUEUE_EXPIRES_MS = 15 * 60 * 1000
 """A status queue nobody has consumed from for this long is deleted by the broker."""
+STATUS_QUEUE: dict[str, Any] = {
+    "durable": True,
+    "auto_delete": True,
+    "arguments": {"x-expires": STATUS_QUEUE_EXPIRES_MS},
+}
+"""How an application's status queue is declared, and the only way submission binds one."""
 BIND_TIMEOUT_S = 2.0
 
 
@@ -66,12 +73,7 @@ class PrivateQueue:
             # An application's status queue: submission binds it (StatusBinder), so it may
             # not be exclusive to this connection; it goes when its last consumer does, or
             # after STATUS_QUEUE_EXPIRES_MS unused (a client that died).
-            self._queue = await self._channel.declare_queue(
-                self.name,
-                durable=True,
-                auto_delete=True,
-                arguments={"x-expires": STATUS_QUEUE_EXPIRES_MS},
-            )
+            self._queue = await self._channel.declare_queue(self.name, **STATUS_QUEUE)
         else:
             self._queue = await self._channel.declare_queue(
                 self.name, exclusive=True, auto_delete=True, durable=False
@@ -143,6 +145,7 @@ class StatusBinder:
         self._every_s = every_s
         self._max_known = max_known
         self._bound: dict[str, float] = {}
+        self._failed: dict[str, float] = {}
         self._channel: AbstractChannel | None = None
         self._lock = asyncio.Lock()
 
@@ -151,18 +154,30 @@ class StatusBinder:
         at = self._bound.get(queue)
         if at is not None and loop.time() - at < self._every_s:
             return True
+        failed = self._failed.get(queue)
+        if failed is not None and loop.time() - failed < self._every_s:
+            return False  # tried lately: a client naming queues that are not there costs once
         async with self._lock:  # a bind that fails closes its channel: one at a time
             try:
                 async with asyncio.timeout(BIND_TIMEOUT_S):
                     if self._channel is None or self._channel.is_closed:
                         self._channel = await self._connection.channel()
                     underlay = await self._channel.get_underlay_channel()
+                    # It must exist (no queue is made for a name a client merely gives) and
+                    # be what a status queue is: declaring it with a status queue's
+                    # arguments fails unless it has exactly those, so none that dead-letters
+                    # our messages somewhere (into the orders queue, say) is ever bound.
+                    await underlay.queue_declare(queue, passive=True)
+                    await underlay.queue_declare(queue, **STATUS_QUEUE)
                     await underlay.queue_bind(queue, self._names.status, routing_key=queue)
             except Exception as exc:  # gone, another's exclusive queue, or the broker away
                 log.warning(
                     "could not bind a status queue; the order's statuses may not arrive",
                     extra={"reply_to": shown(queue), "error": one_line(exc, 300)},
                 )
+                if len(self._failed) >= self._max_known:
+                    self._failed.clear()
+                self._failed[queue] = loop.time()
                 return False
         if len(self._bound) >= self._max_known:
             self._bound.clear()

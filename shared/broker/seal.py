@@ -7,10 +7,13 @@ message a replay sends again (message id, type, correlation id, reply-to, body).
 seal checks is handled as a message of its original sender; anything else the operator's user
 publishes is refused (`unauthorised`): the operator may replay, not command.
 
-The key is `ORDERFLOW_SEAL_KEY`, or else derived from the password in the process's broker URL
-(each kind of process has its own user and password, so its own key, and the operator knows
-none of them). A dead letter sealed before a password change no longer checks, unless the key
-is set explicitly.
+The key is derived from `ORDERFLOW_SEAL_KEY`, or else from the password in the process's broker
+URL (each kind of process has its own user and password, so its own key, and the operator knows
+none of them), and from the process's broker user. A dead letter sealed before a password change
+no longer checks, unless the key is set explicitly. The key must never be given to the operator
+or an application: with it, they could seal what they like (compose does not pass it on). And a
+seal is taken only from the operator's user (a replay) or the consumer's own, never from one
+that could only have copied it (consumer.py).
 """
 
 from __future__ import annotations
@@ -20,20 +23,25 @@ import hmac
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
+from shared.broker.connection import login_user
 from shared.config import Settings
 
 DERIVATION = b"orderflow dead-letter seal v1"
 
 
 def seal_key(settings: Settings) -> bytes | None:
-    """This process's key (None: neither a key nor a password to derive one from)."""
+    """This process's key (None: neither a key nor a password to derive one from). Bound to
+    the process's own broker user, so that no two kinds share a key by sharing a secret."""
+    user = login_user(settings.rabbitmq_url) or ""
     if settings.seal_key is not None:
-        secret = settings.seal_key.get_secret_value().encode()
-        return hmac.new(DERIVATION, secret, hashlib.sha256).digest()
-    password = urlsplit(settings.rabbitmq_url).password
-    if not password:
-        return None
-    return hmac.new(DERIVATION, unquote(password).encode(), hashlib.sha256).digest()
+        secret = settings.seal_key.get_secret_value()
+    else:
+        password = urlsplit(settings.rabbitmq_url).password
+        if not password:
+            return None
+        secret = unquote(password)
+    material = secret.encode() + b"\x00" + user.encode()
+    return hmac.new(DERIVATION, material, hashlib.sha256).digest()
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,9 @@ from services.deploy.rabbitmq import definitions, password_variable, render
 from shared.broker.access import SERVICE_ROLES
 from shared.broker.consumer import REASON
 from shared.broker.envelope import SEAL, SENDER
-from shared.broker.private import Expected, PrivateQueue, ReplyRouter
+from shared.broker.private import STATUS_QUEUE, Expected, PrivateQueue, ReplyRouter
 from shared.broker.publisher import Publisher
+from shared.broker.seal import Sealed, seal_key
 from shared.broker.senders import Senders
 from shared.broker.topology import Names, QueuePolicy, declare_topology
 from shared.config import load_settings
@@ -556,7 +557,7 @@ async def _tenants_are_apart(attack: Attack) -> None:
     submit = attack.submit
     # B's status queue, for its own orders (submission binds it when B names it).
     b_statuses = await (await conns[app_b].channel()).declare_queue(
-        n.status_queue(app_b), durable=True, auto_delete=True
+        n.status_queue(app_b), **STATUS_QUEUE
     )
     # 1. Order ids are each application's own: A takes "o-same" first, and B's
     # "o-same" is B's order, not a conflict. B follows its order; A names B's status
@@ -718,6 +719,87 @@ async def _only_sealed_replays_are_taken(attack: Attack) -> None:
     assert state is not None and state.data.customer_id == "c-a"  # nothing overwritten
 
 
+async def _what_a_review_found_next_is_closed(attack: Attack) -> None:
+    """A second review's attacks: a status queue that dead-letters into the orders queue, a
+    shop holding a seal key, and one shop taking another's message ids first."""
+    topo, broker, conns, pubs, n = (
+        attack.topo,
+        attack.broker,
+        attack.conns,
+        attack.pubs,
+        attack.names,
+    )
+    app_a, app_b = broker.apps
+    # 5. A's status queue dead-letters every message at once into `submit`: submission
+    # checks what the queue is before it binds it, so no status ever reaches it, nor loops.
+    looping = await (await conns[app_a].channel()).declare_queue(
+        n.status_queue(app_a),
+        durable=True,
+        auto_delete=True,
+        arguments={"x-dead-letter-exchange": n.submit, "x-message-ttl": 0},
+    )
+    await attack.submit(app_a, order_data("o-loop"), reply_to=looping.name)
+    # 6. B takes the message id A's next order will have: A's order is not a duplicate.
+    mine = order_data("o-mine")
+    taken = f"order:{mine.order_id}:{mine.fingerprint()[:16]}"
+    await pubs[app_b].publish(
+        SubmitOrder(order=order_data("o-decoy")),
+        exchange=n.submit,
+        routing_key=n.orders,
+        message_id=taken,
+    )
+    await attack.submit(app_a, mine)
+    # 7. A shop that got hold of submission's seal key seals a message as B's: only the
+    # operator's replays are taken with a seal.
+    key = seal_key(load_settings(rabbitmq_url=broker.url("submission")))
+    assert key is not None
+    body = SubmitOrder(order=order_data("o-as-b")).to_json()
+    forged_seal = Sealed(
+        queue=n.orders,
+        sender=app_b,
+        message_id="order:o-as-b",
+        message_type="order.submit",
+        correlation_id=None,
+        reply_to=None,
+        body=body,
+    ).seal(key)
+    await pubs[app_a].publish_raw(
+        aio_pika.Message(
+            body,
+            message_id="order:o-as-b",
+            type="order.submit",
+            headers={SENDER: app_b, SEAL: forged_seal},
+        ),
+        exchange=n.submit,
+        routing_key=n.orders,
+    )
+
+    async def settled() -> bool:
+        states = [
+            await topo.store.get_state(f"{app}/{o}")
+            for app, o in ((app_a, "o-loop"), (app_a, "o-mine"), (app_b, "o-decoy"))
+        ]
+        return all(s is not None and s.process_state is ProcessState.PROCESSED for s in states)
+
+    await eventually(settled, timeout=60, what="the orders behind the attacks Processed")
+
+    taken: list[Any] = []
+
+    async def forgery() -> Any:
+        taken.extend(await _dead_letters(conns["operator"], n.orders))
+        return next((m for m in taken if m.message_id == "order:o-as-b"), None)
+
+    dead = await eventually(forgery, timeout=30, what="the sealed forgery dead-lettered")
+    assert dead.headers[REASON] == "unauthorised"
+    assert "only the operator replays" in str(dead.headers["x-orderflow-error"])
+    assert await topo.store.get_order(f"{app_b}/o-as-b") is None
+    underlay = await (await conns[app_a].channel()).get_underlay_channel()
+    declared = await underlay.queue_declare(looping.name, passive=True)
+    assert declared.message_count == 0  # never bound: no status went in, none looped out
+    assert "could not bind a status queue" in topo.logs("submission")
+    assert not [m for m in taken if m.type == "order.status"]  # no status looped in
+
+
 async def test_every_forgery_planting_and_cross_application_read_is_refused(
     broker: Broker, tmp_path: Path
 ) -> None:
@@ -737,6 +819,7 @@ async def test_every_forgery_planting_and_cross_application_read_is_refused(
             await _tenants_are_apart(attack)
             await _only_the_allowed_may_send(attack)
             await _only_sealed_replays_are_taken(attack)
+            await _what_a_review_found_next_is_closed(attack)
             # One poison alert per reason and queue in the window, not one per message.
             alerts = [a for a in await topo.store.list_alerts() if "unauthorised" in a.message]
             assert 1 <= len(alerts) <= 2, [a.message for a in alerts]

@@ -294,7 +294,7 @@ USES: dict[str, tuple[set[str], set[str], set[str]]] = {
     # Submission dead-letters into its own DLQ, and binds an application's status queue to
     # `status` for it (write on the queue, read on the exchange).
     "submission": (
-        set(),
+        {OWN_STATUS_Q, OTHER_STATUS_Q},
         {N.dlq(N.orders), N.retry(N.orders), N.alerts, N.status, OWN_STATUS_Q, OTHER_STATUS_Q},
         {N.orders, N.status},
     ),
@@ -322,13 +322,14 @@ USES: dict[str, tuple[set[str], set[str], set[str]]] = {
 KEYS = [REPLY_Q, OWN_STATUS_Q, OTHER_STATUS_Q, N.orders, "#", f"{H}.status.#", f"{H}.reply.#"]
 # (user, exchange) -> routing keys it may publish with, and bind with.
 TOPIC_USES: dict[tuple[str, str], tuple[set[str], set[str]]] = {
+    # Submission binds exactly one status queue per key: never a wildcard key.
     ("submission", N.status): (
         {OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"},
-        {OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"},
+        {OWN_STATUS_Q, OTHER_STATUS_Q},
     ),
     ("scheduler", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
     ("supervisor", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
-    ("scheduler", N.replies): (set(), {REPLY_Q, f"{H}.reply.#"}),
+    ("scheduler", N.replies): (set(), {REPLY_Q}),
     **{(f"agent-{a}", N.replies): ({REPLY_Q, f"{H}.reply.#"}, set()) for a in AGENTS},
 }
 

@@ -289,3 +289,28 @@ def test_dead_letter_headers_a_sender_wrote_as_bytes_are_listed_and_replayed_as_
     json.dumps(row)  # a bytes value made the listing fail with a TypeError
     replay = dlq._replayable(message, "alice")  # type: ignore[arg-type]
     assert "x-note" not in replay.headers and replay.headers["traceparent"].startswith("00-")
+
+
+def test_a_dead_letter_the_broker_made_itself_is_described_by_the_broker_not_its_headers() -> None:
+    """A message that expired in the orders queue reaches its DLQ as its sender wrote it: the
+    sender's `x-orderflow-…` headers are not taken for ours, and its card data is masked."""
+    from types import SimpleNamespace
+
+    from services.cli import dlq
+
+    at = utcnow()
+    message = SimpleNamespace(
+        headers={
+            "x-orderflow-reason": "operator-approved",
+            "x-orderflow-error": "nothing wrong",
+            "x-orderflow-source-queue": "h.agent.payment",
+            "x-death": [{"reason": "expired", "queue": "h.orders", "time": at, "count": 1}],
+        },
+        message_id="m",
+        type="order.submit",
+        body=b'{"card": "4111 1111 1111 1111"}',
+    )
+    row = dlq.describe("h.orders", message, utcnow())  # type: ignore[arg-type]
+    assert row["reason"] == "broker-expired" and row["source_queue"] == "h.orders"
+    assert "nothing wrong" not in str(row) and row["dead_lettered_at"] == at.isoformat()
+    assert "4111 1111" not in dlq._body(message.body)

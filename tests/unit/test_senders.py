@@ -171,3 +171,23 @@ def test_a_reply_about_anything_else_than_its_request_does_not_match(
 ) -> None:
     assert REQUEST.mismatch(REPLY) is None
     assert REQUEST.mismatch(REPLY.model_copy(update=change)) == "mismatch"
+
+
+def test_two_kinds_sharing_a_password_or_a_set_key_still_have_their_own_keys() -> None:
+    a = seal_key(load_settings(rabbitmq_url="amqp://h-agent-payment:same@host/"))
+    b = seal_key(load_settings(rabbitmq_url="amqp://h-agent-shipping:same@host/"))
+    c = seal_key(load_settings(rabbitmq_url="amqp://h-submission:x@host/", seal_key="one"))
+    d = seal_key(load_settings(rabbitmq_url="amqp://h-scheduler:y@host/", seal_key="one"))
+    assert len({a, b, c, d}) == 4
+
+
+def test_the_inbox_dedupes_a_message_id_within_its_sender_only() -> None:
+    from shared.broker.consumer import Delivery, inbox_key
+    from shared.domain.messages import SubmitOrder
+    from tests.support.factories import order_data
+
+    def delivery(user: str | None) -> Delivery:
+        return Delivery(SubmitOrder(order=order_data("o-1")), "m-1", None, None, {}, 1, user)
+
+    assert inbox_key(delivery("shop-a")) != inbox_key(delivery("shop-b"))
+    assert inbox_key(delivery("shop-a")) == inbox_key(delivery("shop-a"))
