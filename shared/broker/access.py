@@ -12,7 +12,7 @@ tests compare it with a table of uses, a system test runs every process under it
 | kind          | consumes               | publishes to                          | declares      |
 |---------------|------------------------|---------------------------------------|---------------|
 | admin (init)  | -                      | -                                     | the topology  |
-| submission    | orders                 | orders.dlq, orders.retry, alerts,     | -             |
+| submission    | orders                 | orders.dlq, orders.retry, alerts,     | (see below)   |
 |               |                        | status                                |               |
 | scheduler     | its reply queue        | direct (requests), alerts, status     | reply queue   |
 | supervisor    | -                      | alerts, status                        | -             |
@@ -22,7 +22,8 @@ tests compare it with a table of uses, a system test runs every process under it
 | application A | its status queues      | submit                                | status queues |
 
 A scheduler binds its reply queue to `replies`. An application does not bind its status queues:
-submission binds the one an order names (once it is sure the queue is the application's), so an
+submission binds the one an order names (once it is sure the queue is the application's, and a
+status queue: it declares it with a status queue's arguments, which needs configure), so an
 application reads no exchange at all, and cannot bind one (`status`, say) into another
 (`submit`) to loop our messages back into the orders queue. The broker's own dead-lettering (its
 delivery limit) goes through `dlx`, to which nobody may publish.
