@@ -23,7 +23,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shared.broker.access import SERVICE_ROLES, Grant, app_grant, grant
+from shared.broker.access import Grant, app_grant, grant
+from shared.broker.senders import role_users
 from shared.broker.topology import Names
 
 HASHING = "rabbit_password_hashing_sha256"
@@ -95,9 +96,9 @@ def password_hash(password: str, salt: bytes | None = None) -> str:
 
 
 def user_names(hub: str, user_prefix: str | None = None) -> dict[str, str]:
-    """Role -> RabbitMQ user name (`<hub>-scheduler` unless another prefix is given)."""
-    prefix = f"{hub}-" if user_prefix is None else user_prefix
-    return {role: f"{prefix}{role}" for role in SERVICE_ROLES}
+    """Role -> RabbitMQ user name (`<hub>-scheduler` unless another prefix is given): the
+    naming every receiver tells its senders apart by (shared/broker/senders.py)."""
+    return role_users(hub, user_prefix)
 
 
 def definitions(
