@@ -358,7 +358,7 @@ class Consumer:
         if SEAL in envelope.headers:
             replayer = self._senders.role_of(envelope.user_id)
             publisher = envelope.user_id
-            if self._senders.strict and replayer != "operator" and publisher != self._own_user:
+            if replayer != "operator" and publisher != self._own_user:
                 return sender, (
                     f"a sealed dead letter sent by user {publisher!r} ({replayer}): only the "
                     "operator replays dead letters"
