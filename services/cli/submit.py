@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from services.cli.render import plain
 from shared.bootstrap import open_broker
 from shared.broker.connection import login_user
+from shared.broker.envelope import user_of
 from shared.broker.private import PrivateQueue
 from shared.broker.publisher import Publisher
 from shared.broker.senders import APP, STATUS_SENDERS, Senders
@@ -235,7 +236,7 @@ async def submit_orders(
     def on_status(contract: Contract, message: AbstractIncomingMessage) -> None:
         if not isinstance(contract, OrderStatusUpdate):
             return
-        sender = message.user_id if isinstance(message.user_id, str) else None
+        sender = user_of(message)
         refused = senders.refusal(sender, STATUS_SENDERS)
         if refused is not None:  # only our processes report an order's status
             echo(plain(f"a status message dropped: {refused}"))

@@ -147,7 +147,6 @@ class Consumer:
             names.hub, policy.user_prefix, policy.own_user, queue_role(names, queue)
         )
         self._allowed = queue_senders(names, queue)
-        self._own_user = policy.own_user
         self._detours = Detours(
             queue=queue,
             names=names,
@@ -358,7 +357,7 @@ class Consumer:
         if SEAL in envelope.headers:
             replayer = self._senders.role_of(envelope.user_id)
             publisher = envelope.user_id
-            if replayer != "operator" and publisher != self._own_user:
+            if replayer != "operator" and publisher != self._policy.own_user:
                 return sender, (
                     f"a sealed dead letter sent by user {publisher!r} ({replayer}): only the "
                     "operator replays dead letters"

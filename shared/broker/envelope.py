@@ -82,6 +82,11 @@ def _text(value: object) -> str | None:
     return value
 
 
+def user_of(message: AbstractIncomingMessage) -> str | None:
+    """A message's broker-checked sender (`user_id`) as text, or None."""
+    return _text(message.user_id)
+
+
 @dataclass(frozen=True)
 class Envelope:
     """The properties of a received message, each text or None."""
@@ -111,7 +116,7 @@ class Envelope:
             correlation_id=_text(message.correlation_id),
             reply_to=_text(message.reply_to),
             content_type=_text(message.content_type),
-            user_id=_text(message.user_id),
+            user_id=user_of(message),
             headers=headers,
             raw_message_id=message.message_id,
             undecodable=undecodable,
@@ -153,9 +158,16 @@ class Envelope:
         """The sender a replayed dead letter's seal vouches for, or None when it has no seal
         that checks: made by this queue's consumer, over exactly this message."""
         sender = _text(self.headers.get(SENDER))
+        sealed = self.sealed(queue, sender, body)
+        if sender is None or sealed is None:
+            return None
+        return sender if sealed.checks(key, self.headers.get(SEAL)) else None
+
+    def sealed(self, queue: str, sender: str | None, body: bytes) -> Sealed | None:
+        """What a seal of this message covers (None: no sender or no id to seal)."""
         if sender is None or self.message_id is None:
             return None
-        sealed = Sealed(
+        return Sealed(
             queue=queue,
             sender=sender,
             message_id=self.message_id,
@@ -164,7 +176,6 @@ class Envelope:
             reply_to=self.reply_to,
             body=body,
         )
-        return sender if sealed.checks(key, self.headers.get(SEAL)) else None
 
 
 def _encodable(name: str, value: Any) -> int | None:
@@ -247,16 +258,9 @@ def dead_letter_copy(
         headers[REDACTED] = True
     if sender is not None:
         headers[SENDER] = sender
-        if seal_key is not None and envelope.message_id is not None:
-            headers[SEAL] = Sealed(
-                queue=queue,
-                sender=sender,
-                message_id=envelope.message_id,
-                message_type=envelope.type,
-                correlation_id=envelope.correlation_id,
-                reply_to=envelope.reply_to,
-                body=body,
-            ).seal(seal_key)
+    sealed = envelope.sealed(queue, sender, body)
+    if sealed is not None and seal_key is not None:
+        headers[SEAL] = sealed.seal(seal_key)
     return aio_pika.Message(body, headers=headers, **_properties(envelope))
 
 

@@ -17,7 +17,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from shared.broker.envelope import shown
+from shared.broker.envelope import shown, user_of
 from shared.broker.senders import Senders
 from shared.broker.topology import Names
 from shared.domain.messages import Contract, StepAction, StepReply, decode
@@ -236,7 +236,7 @@ class ReplyRouter:
     def _refusal(
         self, expected: Expected, contract: Contract, message: AbstractIncomingMessage
     ) -> tuple[str, str] | None:
-        user = message.user_id if isinstance(message.user_id, str) else None
+        user = user_of(message)
         if self._senders is not None:
             unauthorised = self._senders.refusal(user, {expected.sender_role})
             if unauthorised is not None:

@@ -47,6 +47,19 @@ def consumer(queue: str, own: str) -> Consumer:
     )
 
 
+def message_from(publisher: str | None, headers: dict[str, Any]) -> Any:
+    return SimpleNamespace(
+        body=BODY,
+        headers=headers,
+        message_id="m-1",
+        type="step.request",
+        correlation_id=None,
+        reply_to=None,
+        content_type="application/json",
+        user_id=publisher,
+    )
+
+
 @st.composite
 def messages(draw: st.DrawFn, queue: str) -> tuple[Any, str | None, str | None, str]:
     """(message, publisher, claimed sender, seal kind)."""
@@ -70,17 +83,7 @@ def messages(draw: st.DrawFn, queue: str) -> tuple[Any, str | None, str | None, 
             body=BODY,
         ).seal(KEY)
         headers[SEAL] = good if seal in ("valid", "other-queue") else "00" * 32
-    message = SimpleNamespace(
-        body=BODY,
-        headers=headers,
-        message_id="m-1",
-        type="step.request",
-        correlation_id=None,
-        reply_to=None,
-        content_type="application/json",
-        user_id=publisher,
-    )
-    return message, publisher, claimed, seal
+    return message_from(publisher, headers), publisher, claimed, seal
 
 
 @settings(max_examples=600)
@@ -116,16 +119,7 @@ def test_the_search_reaches_acceptance_by_every_path() -> None:
     c = consumer(queue, "h-agent-payment")
 
     def accepted(publisher: str, headers: dict[str, Any]) -> str | None:
-        message = SimpleNamespace(
-            body=BODY,
-            headers=headers,
-            message_id="m-1",
-            type="step.request",
-            correlation_id=None,
-            reply_to=None,
-            content_type=None,
-            user_id=publisher,
-        )
+        message = message_from(publisher, headers)
         sender, refusal = c._authorise(message, Envelope.of(message))  # type: ignore[arg-type]
         return sender if refusal is None else None
 
@@ -143,15 +137,6 @@ def test_a_seal_without_a_user_id_is_not_taken_under_one_user_for_all() -> None:
     queue = N.agent("payment")
     c = consumer(queue, "guest")
     seal = Sealed(queue, "guest", "m-1", "step.request", None, None, BODY).seal(KEY)
-    message = SimpleNamespace(
-        body=BODY,
-        headers={SENDER: "guest", SEAL: seal},
-        message_id="m-1",
-        type="step.request",
-        correlation_id=None,
-        reply_to=None,
-        content_type=None,
-        user_id=None,
-    )
+    message = message_from(None, {SENDER: "guest", SEAL: seal})
     _, refusal = c._authorise(message, Envelope.of(message))  # type: ignore[arg-type]
     assert refusal is not None and "only the operator replays" in refusal
