@@ -142,6 +142,17 @@ class Settings(BaseSettings):
     retry_delay_s: float = Field(default=10.0, gt=0, le=24 * 3600)
     """How long a message set aside waits in the retry queue before it comes back (the
     messages behind it go on meanwhile)."""
+    outage_patience_s: float = Field(default=300.0, gt=0, le=24 * 3600)
+    """How long a message is held, retried in place, while a server it needs (the store, the
+    broker) is unavailable; past it the message goes back to its queue, to the end, without
+    counting as a delivery (an outage is never a message's fault, however long). The same for
+    a scheduler's step request the broker refuses: the order is held, its deadline kept ahead,
+    for as long as the outage lasts (this says when the wait is logged as an error)."""
+    clock_skew_s: float = Field(default=2.0, ge=0, le=3600)
+    """How far apart the clocks of two hosts may be. Wherever one process judges a time another
+    set (a step's deadline, a lease, an inbox claim), it allows this much before it acts: a
+    supervisor ahead by less never recovers a live attempt, an agent behind by less never takes
+    a request past its deadline for one still running."""
 
     # -- the agents
     agent_attempts_per_request: int = Field(default=3, ge=1, le=100)
