@@ -17,7 +17,12 @@ from shared.broker.delivery import INTAKE_HEALTHY
 from shared.broker.publisher import Publisher
 from shared.broker.seal import seal_key
 from shared.broker.senders import Senders
-from shared.broker.topology import Names, QueuePolicy, declare_topology
+from shared.broker.topology import (
+    Names,
+    QueuePolicy,
+    declare_topology,
+    retire_unbounded_alerts_queue,
+)
 from shared.config import Settings
 from shared.errors import ConfigurationError
 from shared.heartbeat import Check, Heartbeat, StatusData
@@ -45,6 +50,7 @@ def queue_policy(settings: Settings, connection: AbstractRobustConnection) -> Qu
         quorum=True,
         delivery_limit=settings.redelivery_limit,
         orders_max_length=settings.orders_queue_max_length,
+        alerts_max_length=settings.alerts_queue_max_length,
     )
 
 
@@ -58,6 +64,8 @@ def consumer_policy(settings: Settings) -> ConsumerPolicy:
         handler_timeout=settings.handler_timeout_s,
         delayed_retries=settings.delayed_retries,
         retry_delay=settings.retry_delay_s,
+        outage_patience=settings.outage_patience_s,
+        clock_skew=timedelta(seconds=settings.clock_skew_s),
         own_user=login_user(settings.rabbitmq_url),
         user_prefix=settings.broker_user_prefix,
         seal_key=seal_key(settings),
@@ -223,6 +231,8 @@ class InitReport:
     broker_version: str
     quorum: bool
     queues: list[str]
+    retired_alerts: int = 0
+    """Notifications in the unbounded alerts queue of an older release, deleted with it."""
 
 
 async def initialise(settings: Settings) -> InitReport:
@@ -238,13 +248,15 @@ async def initialise(settings: Settings) -> InitReport:
         policy = queue_policy(settings, connection)
         channel = await connection.channel()
         await declare_topology(channel, names, policy)
+        retired = await retire_unbounded_alerts_queue(channel, names)
         queues = [q for base in names.input_queues() for q in (base, names.dlq(base))]
         return InitReport(
             store_kind=store.kind,
             hub=settings.hub,
             broker_version=server_version(connection),
             quorum=policy.quorum,
-            queues=[*queues, names.alerts],
+            queues=[*queues, names.alert_feed],
+            retired_alerts=retired,
         )
     finally:
         await connection.close()

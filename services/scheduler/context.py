@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from shared.batching import GroupCommit
+from shared.broker.delivery import is_outage
 from shared.broker.private import Expected, ReplyRouter
 from shared.broker.publisher import Publisher
 from shared.broker.senders import agent_role
@@ -42,9 +43,6 @@ _RNG = random.Random()
 
 ORDER_READ_BATCH = 100
 """Order records one read fetches at most."""
-
-OUTAGE_PATIENCE_S = 300.0
-"""How long an attempt holds its order while the broker refuses its request."""
 
 
 @dataclass
@@ -113,8 +111,7 @@ class AttemptContext:
         self, agent: str, message_id: str, *, renew: Renew, **fields: Any
     ) -> StepReply | None:
         """Send a step request and race its reply against its deadline; None if the deadline
-        won (the supervisor recovers the step) or the broker refused the request for longer
-        than the outage patience."""
+        won (the supervisor recovers the step) or the request cannot be routed."""
         labels = (str(fields["step"]), str(fields["action"]))
         started = asyncio.get_running_loop().time()
         reply = await self._ask(agent, message_id, renew, fields)
@@ -164,12 +161,17 @@ class AttemptContext:
         renew: Renew,
         fields: dict[str, Any],
     ) -> StepRequest | None:
-        """Publish the request. While the broker is away (a restart), hold the order: keep its
-        deadline ahead with fenced writes and publish again (same message id, so an agent that
-        got an unconfirmed copy handles it once). A broker outage is not the order's fault, so
-        it costs no retry budget and no recovery."""
+        """Publish the request. While the broker is away (a restart, however long), hold the
+        order: keep its deadline ahead with fenced writes and publish again (same message id,
+        so an agent that got an unconfirmed copy handles it once). A broker outage is not the
+        order's fault, so it costs no retry budget and no recovery: were the attempt to give
+        up, every recovery after it would meet the same outage, and the order would be parked
+        at the failure threshold. Past the outage patience the wait is logged as an error
+        (once); a request the broker cannot route (its queue is missing: no outage) is given
+        up then, for the supervisor to recover."""
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + OUTAGE_PATIENCE_S
+        patience = loop.time() + self.settings.outage_patience_s
+        told = False
         delay = 0.2
         while True:
             request = StepRequest(reply_to=self.reply_queue, **fields)
@@ -184,13 +186,22 @@ class AttemptContext:
                 return request
             except PublishError as exc:
                 context = {"order_id": request.order_id, "step": request.step, "error": str(exc)}
-                if loop.time() >= give_up:
+                past = loop.time() >= patience
+                if past and not is_outage(exc):
                     log.error(
                         "could not send a step request; the supervisor will recover it",
                         extra=context,
                     )
                     return None
-                log.warning("could not send a step request; holding the order", extra=context)
+                if past and not told:
+                    told = True
+                    log.error(
+                        "the broker has refused a step request for longer than the outage "
+                        "patience; still holding the order",
+                        extra=context,
+                    )
+                elif not past:
+                    log.warning("could not send a step request; holding the order", extra=context)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
             fields["complete_by"] = await renew()

@@ -13,11 +13,11 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
 from datetime import timedelta
 from typing import Any
 
 from services.supervisor.gauges import LeaderGauges
+from services.supervisor.retention import Retention
 from shared.bootstrap import Runtime
 from shared.domain.compensation import recover_compensation
 from shared.domain.journal import AlertKind, HistoryEventType, Severity
@@ -27,14 +27,12 @@ from shared.domain.timing import utcnow
 from shared.domain.updates import recover
 from shared.errors import ServiceUnavailable
 from shared.metrics import RECOVERIES, SUPERVISOR_LEADER
-from shared.store.port import Purged, ScanCursor
+from shared.store.port import ScanCursor
 from shared.telemetry import log_fields
 
 log = logging.getLogger(__name__)
 
 LEASE = "supervisor"
-RETENTION_BATCH = 1000
-RETENTION_BATCHES_PER_ROUND = 5
 EXPIRY_MARGIN_S = 0.02
 """A standby's next try comes this long after the lease it saw expires (clocks are
 milliseconds)."""
@@ -45,6 +43,7 @@ class Supervisor:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self._s = runtime.settings
+        self._skew = timedelta(seconds=runtime.settings.clock_skew_s)
         self.name = runtime.name
         self.leader = False
         self.recoveries = 0
@@ -54,14 +53,14 @@ class Supervisor:
         self._wait = self._s.supervisor_interval_s
         """Until the next round: the interval, or less for a standby whose leader's lease
         expires sooner, so a dead leader is replaced as its lease runs out."""
-        self._next_retention = 0.0
-        """When (monotonic) the leader next deletes expired journals; at once on taking over."""
+        self._retention = Retention(runtime.store, runtime.settings)
+        """What the leader deletes once it expired (services/supervisor/retention.py)."""
         self._gauges = LeaderGauges(runtime.store, runtime.connection, runtime.names)
         SUPERVISOR_LEADER.set(0)
 
     def status(self) -> dict[str, Any]:
         """This supervisor's part of its heartbeat."""
-        return {"leader": self.leader}
+        return {"leader": self.leader, "retention": self._retention.counts.as_dict()}
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("supervisor ready")
@@ -72,7 +71,7 @@ class Supervisor:
                         await self._sweep(stop)
                         await self._report_stuck()
                         await self._gauges.refresh()
-                        await self._expire_journal()
+                        await self._retention.run_due()
                 except ServiceUnavailable as exc:
                     log.warning("a server is unavailable; retrying", extra={"error": str(exc)})
                 except Exception:
@@ -94,10 +93,14 @@ class Supervisor:
             held = await store.lease_renew(LEASE, holder=self.name, now=now, expires_at=expires)
             if not held:
                 held = await store.lease_acquire(
-                    LEASE, holder=self.name, now=now, expires_at=expires
+                    LEASE, holder=self.name, now=now - self._skew, expires_at=expires
                 )
         else:
-            held = await store.lease_acquire(LEASE, holder=self.name, now=now, expires_at=expires)
+            # Whether the leader's lease ran out is judged by its clock, set by another host's:
+            # allow for the skew, or a standby ahead of the leader would take it from a live one.
+            held = await store.lease_acquire(
+                LEASE, holder=self.name, now=now - self._skew, expires_at=expires
+            )
         if not held:
             await self._wait_for_expiry()
         if held != self.leader:
@@ -119,8 +122,13 @@ class Supervisor:
     async def _sweep(self, stop: asyncio.Event) -> None:
         cursor: ScanCursor | None = None
         while not stop.is_set():
+            # A deadline is set by a scheduler's clock: only one past it by more than the
+            # tolerated skew is surely expired (a supervisor ahead never recovers a live step).
             page = await self._rt.store.scan_expired(
-                now=utcnow(), states=RECOVERABLE, limit=self._s.supervisor_scan_limit, after=cursor
+                now=utcnow() - self._skew,
+                states=RECOVERABLE,
+                limit=self._s.supervisor_scan_limit,
+                after=cursor,
             )
             for record in page.records:
                 await self._recover(record)
@@ -176,32 +184,6 @@ class Supervisor:
             error_kind="recovery-limit",
         )
         await self._report.failed(seen, after.process_state, message)
-
-    async def _expire_journal(self) -> None:
-        """Retention: delete the history and compensation records of orders finished longer
-        than `retention_s` ago, a bounded amount per round so recoveries never wait long."""
-        if time.monotonic() < self._next_retention:
-            return
-        cutoff = utcnow() - timedelta(seconds=self._s.retention_s)
-        total = Purged(0, 0, 0)
-        for _ in range(RETENTION_BATCHES_PER_ROUND):
-            purged = await self._rt.store.purge_finished(
-                finished_before=cutoff, limit=RETENTION_BATCH
-            )
-            total += purged
-            if purged.orders < RETENTION_BATCH:
-                # Done until the next interval; a full last batch means come back next round.
-                self._next_retention = time.monotonic() + self._s.retention_interval_s
-                break
-        if total.orders:
-            log.info(
-                "expired the journal of finished orders",
-                extra={
-                    "orders": total.orders,
-                    "history": total.history,
-                    "compensation": total.compensation,
-                },
-            )
 
     async def _report_stuck(self) -> None:
         cutoff = utcnow() - timedelta(seconds=self._s.stuck_pending_s)

@@ -276,10 +276,8 @@ class Consumer:
                 # that died). The redelivery limit, checked before any handling, bounds the
                 # requeues; the consumer stays up.
                 log.exception("unexpected failure handling a message; requeueing it")
-                self.stats.requeued += 1
-                self._detours.count("requeued")
                 with contextlib.suppress(Exception):
-                    await message.nack(requeue=True)
+                    await self._detours.requeue(message, counted=True)
             finally:
                 if task is not None:
                     self._inflight.discard(task)
@@ -289,7 +287,8 @@ class Consumer:
     ) -> None:
         """A store or broker outage is not the message's fault: keep it (unacked, so it is not
         counted as a redelivery) and retry with backoff and jitter until the server is back,
-        within the patience; past it, requeue."""
+        within the patience; past it, return it to its queue without counting a delivery (so
+        no outage, however long, can dead-letter it)."""
         holder = f"{self._holder}:{uuid.uuid4().hex[:8]}"  # this delivery's inbox claims
         try:
             await held(
@@ -300,7 +299,10 @@ class Consumer:
         except (ServiceUnavailable, PublishError) as exc:
             if not is_outage(exc):
                 raise
-            await self._detours.requeue(message)
+            sender, _ = self._authorise(message, envelope)
+            await self._detours.return_held(
+                message, envelope, sender, f"{type(exc).__name__}: {one_line(exc, 900)}"
+            )
 
     async def _process(
         self, message: AbstractIncomingMessage, envelope: Envelope, holder: str
@@ -316,7 +318,7 @@ class Consumer:
                 message, envelope, "unauthorised", unauthorised, sender=sender
             )
             return
-        deliveries = delivery_count(message)
+        deliveries = delivery_count(message, envelope.deliveries_before(self._policy.own_user))
         try:
             contract = decode(envelope.type, message.body, max_bytes=self._policy.max_message_bytes)
         except ContractViolation as exc:
@@ -470,7 +472,10 @@ class Consumer:
     async def _claim_batch(self, claims: Sequence[InboxClaim]) -> list[InboxOutcome]:
         assert self._store is not None
         return await self._for_the_batch(
-            self._store.inbox_claim_many(self._queue_name, claims, now=utcnow())
+            # Expiry judged allowing for the clock of the consumer that set it.
+            self._store.inbox_claim_many(
+                self._queue_name, claims, now=utcnow() - self._policy.clock_skew
+            )
         )
 
     async def _complete(self, message_id: str, holder: str) -> None:

@@ -78,7 +78,9 @@ class ConsumerPolicy:
     claim_ttl: timedelta
     handler_timeout: float
     outage_patience: float = 300.0
-    """How long a message is held, retrying, while a server it needs is unavailable."""
+    """How long a message is held, retrying, while a server it needs is unavailable; then it
+    goes back to its queue (through its retry queue, after `retry_delay`) without counting as a
+    delivery."""
     delayed_retries: int = 3
     """Times a message whose handler failed unexpectedly is set aside and tried again."""
     retry_delay: float = 10.0
@@ -90,6 +92,9 @@ class ConsumerPolicy:
     seal_key: bytes | None = None
     """The key of this consumer's dead-letter seals (shared/broker/seal.py); None: none made,
     and no replay accepted from another user than this process's own."""
+    clock_skew: timedelta = timedelta(0)
+    """How far another consumer's clock may be from ours: its claim on a message id is taken
+    over only once it expired by more than this."""
     outage_backoff_cap: float = 5.0
     busy_poll: float = 0.5
 
@@ -111,12 +116,15 @@ def order_fields(contract: Contract) -> dict[str, str | None]:
     return {}
 
 
-def delivery_count(message: AbstractIncomingMessage) -> int:
-    """Deliveries so far, this one included (quorum queues count returns in a header)."""
+def delivery_count(message: AbstractIncomingMessage, before: int = 0) -> int:
+    """Deliveries so far that count towards the redelivery limit, this one included: quorum
+    queues count failed returns in a header (from RabbitMQ 4.3 only `basic.reject` counts, not
+    `basic.nack`); `before` is what earlier copies of the message had counted (a message held
+    through an outage goes back to its queue as a copy that carries the count, not adds to it)."""
     returned = (message.headers or {}).get("x-delivery-count")
     if isinstance(returned, int) and not isinstance(returned, bool) and returned >= 0:
-        return returned + 1
-    return 2 if message.redelivered else 1
+        return before + returned + 1
+    return before + (2 if message.redelivered else 1)
 
 
 INTAKE_HEALTHY = frozenset({"consuming", "paused"})

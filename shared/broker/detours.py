@@ -40,6 +40,8 @@ class Stats:
     dead_lettered: int = 0
     requeued: int = 0
     set_aside: int = 0
+    held_returns: int = 0
+    """Messages held through an outage past the patience and returned to their queue."""
     reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -82,10 +84,50 @@ class Detours:
     def count(self, outcome: str) -> None:
         MESSAGES.labels(self._queue, outcome).inc()
 
-    async def requeue(self, message: AbstractIncomingMessage) -> None:
+    async def requeue(self, message: AbstractIncomingMessage, *, counted: bool = False) -> None:
+        """Back to the head of its queue. `counted`: the delivery failed and counts towards the
+        redelivery limits (ours and the quorum queue's), so `basic.reject`; else `basic.nack`,
+        which from RabbitMQ 4.3 on does not count (before it, both count)."""
         self._stats.requeued += 1
         self.count("requeued")
-        await message.nack(requeue=True)
+        if counted:
+            await message.reject(requeue=True)
+        else:
+            await message.nack(requeue=True)
+
+    async def return_held(
+        self, message: AbstractIncomingMessage, envelope: Envelope, sender: str | None, error: str
+    ) -> None:
+        """A message held through an outage past the patience goes back to its queue without
+        counting a delivery, however long the outage lasts: a copy that carries the deliveries
+        counted so far waits `retry_delay` in the retry queue (its retries unchanged), then the
+        original is acked. While the broker takes no copy either, it is requeued."""
+        own = self._policy.own_user
+        copy = retry_copy(
+            message,
+            envelope,
+            retries=envelope.retries(self._policy.delayed_retries),
+            delay_s=self._policy.retry_delay,
+            error=error,
+            own_user=own,
+            sender=sender,
+            deliveries=delivery_count(message, envelope.deliveries_before(own)) - 1,
+        )
+        try:
+            await self._publisher.publish_raw(
+                copy, exchange=self._names.retry(self._queue), routing_key=self._queue
+            )
+        except PublishError:
+            await self.requeue(message)
+            return
+        log.warning(
+            "a server is still unavailable; message returned to its queue, its deliveries "
+            "not counted",
+            extra={"delay_s": self._policy.retry_delay, "error": cut(printable(error), 300)},
+        )
+        self._stats.held_returns += 1
+        self.count("held_return")
+        await message.ack()
 
     async def dead_letter(
         self,
@@ -105,7 +147,7 @@ class Detours:
             reason=reason,
             error=error,
             queue=self._queue,
-            deliveries=delivery_count(message),
+            deliveries=delivery_count(message, envelope.deliveries_before(self._policy.own_user)),
             max_body=self._policy.max_message_bytes,
             sender=sender,
             seal_key=self._policy.seal_key,

@@ -146,11 +146,25 @@ class Envelope:
             return 0
         return min(max(value, 0), limit)
 
+    def ours(self, own_user: str | None) -> bool:
+        """Whether this is a copy this consumer's process made (set aside or held through an
+        outage): it carries our own `user_id`, which only we can set (the broker checks it),
+        and our retry header."""
+        return own_user is not None and self.user_id == own_user and RETRIES in self.headers
+
+    def deliveries_before(self, own_user: str | None) -> int:
+        """Deliveries earlier copies of the message counted, from our header on a copy of ours
+        held through an outage (0 on anything else: a sender cannot lower its own count)."""
+        value = self.headers.get(DELIVERIES)
+        if not self.ours(own_user) or isinstance(value, bool) or not isinstance(value, int):
+            return 0
+        return max(value, 0)
+
     def sender(self, own_user: str | None) -> str | None:
         """Who published the message, as the broker checked it. A copy that came back from the
         retry queue carries our own `user_id` (which only we can set: the broker checks it) and
         the original sender in a header; anything else is its own `user_id` or unknown."""
-        if own_user is not None and self.user_id == own_user and RETRIES in self.headers:
+        if self.ours(own_user):
             return _text(self.headers.get(SENDER))
         return self.user_id
 
@@ -273,14 +287,19 @@ def retry_copy(
     error: str,
     own_user: str | None,
     sender: str | None,
+    deliveries: int | None = None,
 ) -> aio_pika.Message:
-    """What is set aside in the retry queue: the message as it came, back after `delay_s`."""
+    """What is set aside in the retry queue: the message as it came, back after `delay_s`;
+    `deliveries`, when given, the deliveries it has counted so far (a message held through an
+    outage keeps its count; one set aside after a failure starts again, its retries bounded)."""
     headers = carried_headers(redact_headers(envelope.headers)[0]) | {
         RETRIES: retries,
         ERROR: cut(printable(error), ERROR_LIMIT),
     }
     if sender is not None:
         headers[SENDER] = sender
+    if deliveries is not None:
+        headers[DELIVERIES] = deliveries
     return aio_pika.Message(
         message.body,
         headers=headers,
