@@ -1,5 +1,5 @@
 """Who may use the remote stand-in's operator endpoints: `/admin/...` (the fault knobs, an outage
-switch) and `/ledger` (every effect, of every account).
+switch), `/ledger` (every effect, of every account) and `/attempts` (every call it was asked).
 
 They answer only a request carrying `Authorization: Bearer <token>` with the token configured
 as `ORDERFLOW_REMOTE_ADMIN_TOKEN` (in the compose deployment, the secret file
@@ -47,8 +47,8 @@ def admin_token() -> str | None:
 
 
 def is_guarded(path: str) -> bool:
-    """The routes behind the token: every `/admin/...`, and `/ledger`."""
-    return path == "/ledger" or path.startswith("/admin/") or path == "/admin"
+    """The routes behind the token: every `/admin/...`, `/ledger` and `/attempts`."""
+    return path in ("/ledger", "/attempts", "/admin") or path.startswith("/admin/")
 
 
 def authorised(header: str | None, token: str) -> bool:

@@ -4,9 +4,25 @@
 - 200 `{"outcome": "applied"|"noop", "result", "seq", "replayed"}`
 - 422 `{"outcome": "declined", ...}`: a permanent business failure (same answer on every repeat)
 - 409 `{"outcome": "stale-fencing-token"}`: the attempt was superseded
+- 410 `{"outcome": "undone"}`: an undo of this operation is recorded for the order, so the call
+  may no longer make its effect (it arrived, or woke from a hang, after its undo)
+- 400 `{"outcome": "rejected"}`: refused (the `reject_operations` knob); no effect, and not the
+  key's outcome: the same call may pass once the knob is cleared
 - 503 `{"error": "transient"|"outage"}`: try again later; no effect was made
-`GET /ledger?account=&order_id=&after=&limit=`, `GET|PUT /admin/faults`, `GET /admin/stats` (these
-need the operator's bearer token: services/remote/admin.py), `GET /health`.
+`GET /ledger?account=&order_id=&after=&limit=`, `GET /attempts?account=&order_id=&after=&limit=`,
+`GET|PUT /admin/faults`, `GET /admin/stats` (these need the operator's bearer token:
+services/remote/admin.py), `GET /health`.
+
+What orderflow asks of a real remote service, and this stand-in does (README, "The remote
+service"): one effect per idempotency key, the first outcome returned to every repeat; fencing
+tokens that only move forward per order; and an undo that commutes with the call it undoes: an
+undo recorded for an (order, operation), even one that found nothing to undo, refuses every later
+effect of that operation for the order. A compensation may overtake its own step's call (a call
+hung inside the service while the attempt that sent it gave up and compensated under the same
+fencing token), and only the service can order the two. The stand-in also counts every call it
+is asked, per (order, operation, fencing token), whatever it answers (`GET /attempts`), which is
+what `orderflow audit` holds against each order's retry budget: a real service's request log, or
+the agents' own metrics, would serve the same end.
 """
 
 from __future__ import annotations
@@ -26,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from services.remote.admin import admin_guard, admin_token
 from services.remote.client import ACCOUNT_HEADER
-from services.remote.ledger import Effect, Ledger, StaleFencingToken
+from services.remote.ledger import UNANSWERED, Effect, Ledger, StaleFencingToken, Undone
 from shared.config import Settings
 from shared.metrics import serve_metrics
 
@@ -39,7 +55,13 @@ UNDO_OF: dict[str, tuple[str, ...]] = {
     "shipping.cancel": ("shipping.create",),
 }
 """Each undo and the operations it undoes (an undo with nothing to undo is a no-op)."""
-OPERATIONS = frozenset({*UNDO_OF, *(op for done in UNDO_OF.values() for op in done)})
+UNDONE_BY: dict[str, tuple[str, ...]] = {
+    op: tuple(undo for undo, done in UNDO_OF.items() if op in done)
+    for done in UNDO_OF.values()
+    for op in done
+}
+"""Each operation and the undos whose record refuses its effect from then on."""
+OPERATIONS = frozenset({*UNDO_OF, *UNDONE_BY})
 DECLINABLE = frozenset({"payment.charge", "payment.authorize"})
 """Where a card is declined: the charge (workflow v1) or the authorization (v2)."""
 
@@ -64,6 +86,9 @@ class Faults:
     decline_rate: float = 0.0
     outage: bool = False
     fail_operations: list[str] = field(default_factory=list)
+    reject_operations: list[str] = field(default_factory=list)
+    """Operations refused with 400 (a permanent refusal that, unlike a decline, is no outcome of
+    the key) until cleared; set at run time only (`PUT /admin/faults`)."""
 
     @classmethod
     def from_settings(cls, s: Settings) -> Faults:
@@ -85,9 +110,9 @@ class Faults:
             if name == "outage":
                 if not isinstance(value, bool):
                     raise ValueError("outage must be true or false")
-            elif name == "fail_operations":
+            elif name.endswith("_operations"):
                 if not isinstance(value, list) or not set(value) <= OPERATIONS:
-                    raise ValueError(f"fail_operations must be a list of {sorted(OPERATIONS)}")
+                    raise ValueError(f"{name} must be a list of {sorted(OPERATIONS)}")
             elif (
                 not isinstance(value, int | float)
                 or value < 0
@@ -124,6 +149,7 @@ class RemoteService:
             [
                 web.post("/{service}/{action}", self.call),
                 web.get("/ledger", self.ledger_page),
+                web.get("/attempts", self.attempts_page),
                 web.get("/admin/faults", self.get_faults),
                 web.put("/admin/faults", self.put_faults),
                 web.get("/admin/stats", self.stats),
@@ -153,21 +179,28 @@ class RemoteService:
         return web.json_response(asdict(self.faults))
 
     async def ledger_page(self, request: web.Request) -> web.Response:
-        try:
-            after = int(request.query.get("after", "0"))
-            limit = min(10_000, int(request.query.get("limit", "1000")))
-        except ValueError:
-            return web.json_response({"error": "after and limit must be integers"}, status=400)
-        order_id = request.query.get("order_id")
-        account = request.query.get("account")
-        if account is not None and not ACCOUNT.fullmatch(account):
-            return web.json_response({"error": "account must be a task hub name"}, status=400)
+        query = _page_query(request)
+        if isinstance(query, web.Response):
+            return query
+        after, limit, account, order_id = query
         effects = (
             self.ledger.effects_of(account, order_id)
             if order_id
             else self.ledger.page(after=after, limit=limit, account=account)
         )
         return web.json_response({"effects": [e.to_json() for e in effects]})
+
+    async def attempts_page(self, request: web.Request) -> web.Response:
+        query = _page_query(request)
+        if isinstance(query, web.Response):
+            return query
+        after, limit, account, order_id = query
+        attempts = (
+            self.ledger.attempts_of(account, order_id)
+            if order_id
+            else self.ledger.attempts_page(after=after, limit=limit, account=account)
+        )
+        return web.json_response({"attempts": [a.to_json() for a in attempts]})
 
     async def call(self, request: web.Request) -> web.Response:
         response = await self._call(request)
@@ -185,21 +218,50 @@ class RemoteService:
             body = RemoteCall.model_validate_json(await request.read())
         except ValidationError as exc:
             return web.json_response({"error": str(exc.errors()[:3])}, status=400)
+        # Counted as it arrives, before anything may delay it: an attempt is spent even if
+        # this service dies, or the caller gives up, before it is answered.
+        seq = self.ledger.attempt_arrived(
+            account=account,
+            order_id=body.order_id,
+            operation=operation,
+            idempotency_key=body.idempotency_key,
+            fencing_token=body.fencing_token,
+        )
+        answer = Answered()
+        try:
+            return await self._respond(account, operation, body, answer)
+        finally:
+            self.ledger.attempt_answered(seq, answer.outcome, hung=answer.hung)
+
+    async def _respond(
+        self, account: str, operation: str, body: RemoteCall, answer: Answered
+    ) -> web.Response:
         if self.faults.outage or operation in self.faults.fail_operations:
+            answer.outcome = "outage"
             return web.json_response({"error": "outage"}, status=503)
+        if operation in self.faults.reject_operations:
+            answer.outcome = "rejected"
+            return web.json_response({"outcome": "rejected", "error": "rejected"}, status=400)
         if self.faults.latency_ms:
             await asyncio.sleep(self.faults.latency_ms / 1000)
         if self.rng.random() < self.faults.transient_error_rate:
+            answer.outcome = "transient"
             return web.json_response({"error": "transient"}, status=503)
         try:
             if self.rng.random() < self.faults.hang_rate:
                 self.ledger.observe_fence(account, body.order_id, body.fencing_token)
+                answer.hung = True
                 await asyncio.sleep(self.faults.hang_s)
             effect, made = self._apply(account, operation, body)
         except StaleFencingToken as exc:
+            answer.outcome = "fenced"
             return web.json_response(
                 {"outcome": "stale-fencing-token", "error": str(exc)}, status=409
             )
+        except Undone as exc:
+            answer.outcome = "undone"
+            return web.json_response({"outcome": "undone", "error": str(exc)}, status=410)
+        answer.outcome = effect.outcome if made else "replayed"
         return _answer(effect, replayed=not made)
 
     def _apply(self, account: str, operation: str, body: RemoteCall) -> tuple[Effect, bool]:
@@ -215,6 +277,7 @@ class RemoteService:
             fencing_token=body.fencing_token,
             outcome=outcome,
             result=result,
+            undone_by=UNDONE_BY.get(operation, ()),
         )
 
     def _decide(self, account: str, operation: str, body: RemoteCall) -> tuple[str, dict[str, Any]]:
@@ -232,6 +295,27 @@ class RemoteService:
         ref = hashlib.sha256(body.idempotency_key.encode()).hexdigest()[:12]
         kept = {k: v for k, v in body.payload.items() if k != "payment_token"}
         return "applied", {"ref": f"{operation.split('.')[1]}-{ref}", **kept}
+
+
+@dataclass
+class Answered:
+    """What a call was answered, for its attempt's record (UNANSWERED until it is)."""
+
+    outcome: str = UNANSWERED
+    hung: bool = False
+
+
+def _page_query(request: web.Request) -> tuple[int, int, str | None, str | None] | web.Response:
+    """`after`, `limit`, `account` and `order_id` of a listing, or the 400 that refuses them."""
+    try:
+        after = int(request.query.get("after", "0"))
+        limit = min(10_000, int(request.query.get("limit", "1000")))
+    except ValueError:
+        return web.json_response({"error": "after and limit must be integers"}, status=400)
+    account = request.query.get("account")
+    if account is not None and not ACCOUNT.fullmatch(account):
+        return web.json_response({"error": "account must be a task hub name"}, status=400)
+    return after, limit, account, request.query.get("order_id") or None
 
 
 def _answer(effect: Effect, *, replayed: bool) -> web.Response:

@@ -27,6 +27,10 @@ class RemoteFenced(PermanentError):
     """The remote service refused a superseded attempt's fencing token."""
 
 
+class RemoteUndone(PermanentError):
+    """The remote service refused the call's effect: an undo of it is recorded for the order."""
+
+
 class RemoteRejected(PermanentError):
     """The remote service refused the request itself (4xx): a contract bug, not bad luck."""
 
@@ -98,18 +102,30 @@ class RemoteClient:
         self, *, order_id: str | None = None, account: str | None = None
     ) -> list[dict[str, Any]]:
         """Every effect (or one order's), in ledger order: of one account, or of all."""
+        return await self._listing("/ledger", "effects", order_id=order_id, account=account)
+
+    async def attempts(
+        self, *, order_id: str | None = None, account: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Every call the service was asked (or one order's), in arrival order, with what it
+        answered: of one account, or of all."""
+        return await self._listing("/attempts", "attempts", order_id=order_id, account=account)
+
+    async def _listing(
+        self, path: str, key: str, *, order_id: str | None, account: str | None
+    ) -> list[dict[str, Any]]:
         scope = {} if account is None else {"account": account}
         if order_id is not None:
-            page = await self._get("/ledger", order_id=order_id, **scope)
-            return list(page["effects"])
-        effects: list[dict[str, Any]] = []
+            page = await self._get(path, order_id=order_id, **scope)
+            return list(page[key])
+        rows: list[dict[str, Any]] = []
         after = 0
         while True:
-            page = await self._get("/ledger", after=str(after), limit="10000", **scope)
-            batch = page["effects"]
-            effects += batch
+            page = await self._get(path, after=str(after), limit="10000", **scope)
+            batch = page[key]
+            rows += batch
             if len(batch) < 10000:
-                return effects
+                return rows
             after = batch[-1]["seq"]
 
     async def stats(self) -> dict[str, Any]:
@@ -168,6 +184,8 @@ def _interpret(operation: str, status: int, text: str) -> dict[str, Any]:
         raise RemoteDeclined(f"{operation} declined: {data.get('result', {}).get('reason')}")
     if status == 409:
         raise RemoteFenced(f"{operation}: {data.get('error', 'stale fencing token')}")
+    if status == 410:
+        raise RemoteUndone(f"{operation}: {data.get('error', 'undone')}")
     if status >= 500 or status == 429:
         raise RemoteTransient(f"{operation}: HTTP {status} {data.get('error', '')}".strip())
     raise RemoteRejected(f"{operation}: HTTP {status} {data.get('error', '')}".strip())

@@ -20,7 +20,7 @@ from tests.support.topology import free_port
 
 TOKEN = "s3cret-token-for-this-test"
 GUARDED = [("GET", "/ledger"), ("GET", "/admin/faults"), ("PUT", "/admin/faults")]
-GUARDED += [("GET", "/admin/stats")]
+GUARDED += [("GET", "/admin/stats"), ("GET", "/attempts")]
 
 
 async def _serve(tmp_path: Path, token: str | None) -> AsyncIterator[str]:
@@ -109,8 +109,9 @@ async def test_the_agents_operations_and_health_need_no_token(guarded: str) -> N
     assert await _status(guarded, "GET", "/health", {}) == 200
 
 
-def test_the_guard_covers_admin_and_ledger_only() -> None:
+def test_the_guard_covers_admin_ledger_and_attempts_only() -> None:
     assert is_guarded("/ledger") and is_guarded("/admin/faults") and is_guarded("/admin")
+    assert is_guarded("/attempts") and not is_guarded("/attempts/x")
     assert not is_guarded("/health") and not is_guarded("/inventory/reserve")
     assert not is_guarded("/ledgers") and not is_guarded("/administrator")
     assert authorised(f"Bearer {TOKEN}", TOKEN)
