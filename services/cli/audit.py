@@ -1,4 +1,16 @@
-"""`orderflow audit`: check the invariants of DESIGN §8 against the store and the remote ledger."""
+"""`orderflow audit`: check the invariants of DESIGN §8 against the store and the remote ledger,
+and the retry budget against the remote service's count of attempts.
+
+Violations are numbered by DESIGN §8 (1-5); `6` is the retry budget (DESIGN §6, §9): an order
+whose remote calls exceed what it was granted. Forward calls (every operation of the order that
+is not one of its workflow's undos) draw on the order's budget, `retry_budget.limit` per grant:
+the submission, and each operator resubmit, which grants a fresh budget (README decision 21).
+Undos do not draw on it (decision 20): each undo *request* may spend `undo_attempts`, and an undo
+request is one compensation attempt's call of one undo, named by its fencing token (a
+compensation attempt asks each undo once; a crash or a released compensation is a new attempt,
+with a new token). An order whose journal has expired (retention) cannot say how often it was
+resubmitted, so its forward calls are not checked; its undo requests still are.
+"""
 
 from __future__ import annotations
 
@@ -23,12 +35,15 @@ SETTLED = {
 }
 LIVE = {ProcessState.PROCESSING, ProcessState.COMPENSATING}
 PAGE = 5000
+BUDGET = 6
+"""The retry budget's number among the violations (after DESIGN §8's five)."""
 
 
 @dataclass
 class AuditReport:
     orders: int = 0
     effects: int = 0
+    attempts: int = 0
     dead_letters: int = 0
     by_state: dict[str, int] = field(default_factory=dict)
     violations: list[dict[str, Any]] = field(default_factory=list)
@@ -40,6 +55,7 @@ class AuditReport:
         return {
             "orders": self.orders,
             "effects": self.effects,
+            "attempts": self.attempts,
             "dead_letters": self.dead_letters,
             "by_state": self.by_state,
             "violations": self.violations,
@@ -66,9 +82,18 @@ async def _all_order_ids(store: StateStore) -> list[str]:
 
 
 async def audit(
-    store: StateStore, effects: list[dict[str, Any]], *, now: datetime, grace: timedelta
+    store: StateStore,
+    effects: list[dict[str, Any]],
+    *,
+    now: datetime,
+    grace: timedelta,
+    attempts: list[dict[str, Any]] | None = None,
+    undo_attempts: int | None = None,
 ) -> AuditReport:
-    report = AuditReport(effects=len(effects))
+    """`attempts`: the remote service's count of calls (`GET /attempts`), None when not read
+    (the retry budget is then not checked); `undo_attempts`: what one undo request may spend
+    (`ORDERFLOW_UNDO_ATTEMPTS`), None to leave undo requests unchecked."""
+    report = AuditReport(effects=len(effects), attempts=len(attempts or []))
     states = {s.order_id: s for s in await all_states(store)}
     order_ids = await _all_order_ids(store)
     report.orders = len(order_ids)
@@ -80,7 +105,8 @@ async def audit(
     _check_effects(report, states, effects)
     _check_fenced_effects(report, effects)
     _check_settled_unlocked(report, states)
-    await _check_journal(report, store, list(states))
+    budgets = None if attempts is None else Budgets(_by_order(attempts), undo_attempts)
+    await _check_journal(report, store, states, budgets)
     await _check_conflicts_kept_the_first(report, store)
     return report
 
@@ -137,9 +163,41 @@ def _check_effects(
         if len(made) > 1:
             keys = ", ".join(e["idempotency_key"] for e in made)
             report.violate(2, order_id, f"{len(made)} effects of {operation}: {keys}")
+    by_order = _by_order(effects)
     for order_id, state in states.items():
         for message in _missing_effects(state, applied):
             report.violate(2, order_id, message)
+        for message in _effects_after_undo(state, by_order.get(order_id, [])):
+            report.violate(2, order_id, message)
+
+
+def _by_order(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        grouped[row["order_id"]].append(row)
+    return grouped
+
+
+def _effects_after_undo(state: StateRecord, effects: list[dict[str, Any]]) -> list[str]:
+    """An effect made after its step's undo was recorded (the undo found nothing, or undid an
+    earlier one): an effect that no undo will ever cover."""
+    workflow = get_workflow(state.workflow, state.workflow_version)
+    if workflow is None:
+        return []
+    messages = []
+    for step in workflow.steps:
+        undo = next((e for e in effects if e["operation"] == step.undo), None)
+        if undo is None:
+            continue
+        messages += [
+            f"{step.operation} applied (seq {e['seq']}) after its undo {step.undo} was recorded "
+            f"({undo['outcome']}, seq {undo['seq']}): an effect with no undo"
+            for e in effects
+            if e["operation"] == step.operation
+            and e["outcome"] == "applied"
+            and int(e["seq"]) > int(undo["seq"])
+        ]
+    return messages
 
 
 def _missing_effects(state: StateRecord, applied: Applied) -> list[str]:
@@ -201,12 +259,28 @@ def _check_settled_unlocked(report: AuditReport, states: dict[str, StateRecord])
             )
 
 
+@dataclass(frozen=True)
+class Budgets:
+    """What the retry budget check needs beside each order's history."""
+
+    attempts: dict[str, list[dict[str, Any]]]
+    """The remote service's attempts, by order."""
+    undo_attempts: int | None
+
+
 async def _check_journal(
-    report: AuditReport, store: StateStore, order_ids: list[str], *, concurrency: int = 16
+    report: AuditReport,
+    store: StateStore,
+    states: dict[str, StateRecord],
+    budgets: Budgets | None,
+    *,
+    concurrency: int = 16,
 ) -> None:
-    """Per order, from its history: invariant 3 (a step's result recorded by one attempt) and
-    invariant 4 (the order's data are still those it was first submitted with)."""
+    """Per order, from its history: invariant 3 (a step's result recorded by one attempt),
+    invariant 4 (the order's data are still those it was first submitted with) and the retry
+    budget (how many grants the order had)."""
     gate = asyncio.Semaphore(concurrency)
+    order_ids = list(states)
 
     async def check(order_id: str, order: OrderRecord | None) -> None:
         async with gate:
@@ -214,6 +288,9 @@ async def _check_journal(
         _check_fenced_history(report, order_id, events)
         if order is not None:
             _check_first_order_kept(report, order, events)
+        if budgets is not None:
+            calls = budgets.attempts.get(order_id, [])
+            check_retry_budget(report, states[order_id], events, calls, budgets.undo_attempts)
 
     for start in range(0, len(order_ids), PAGE):
         page = order_ids[start : start + PAGE]
@@ -274,4 +351,44 @@ def _check_fenced_history(report: AuditReport, order_id: str, events: list[Histo
             )
             report.violate(
                 3, order_id, f"step {step} completed {times} times, by attempts {attempts}"
+            )
+
+
+def check_retry_budget(
+    report: AuditReport,
+    state: StateRecord,
+    events: list[HistoryEvent],
+    attempts: list[dict[str, Any]],
+    undo_attempts: int | None,
+) -> None:
+    """Violation 6: the order's remote calls beyond what it was granted (the module's doc)."""
+    workflow = get_workflow(state.workflow, state.workflow_version)
+    if workflow is None or not attempts:
+        return
+    undos = {step.undo for step in workflow.steps}
+    forward = Counter(a["operation"] for a in attempts if a["operation"] not in undos)
+    if events:  # an expired journal cannot say how many grants the order had
+        grants = 1 + sum(1 for e in events if e.type is HistoryEventType.RESUBMITTED)
+        granted = state.retry_budget.limit * grants
+        spent = forward.total()
+        if spent > granted:
+            grant = "" if grants == 1 else f" ({grants} grants of {state.retry_budget.limit})"
+            calls = ", ".join(f"{op} {n}" for op, n in sorted(forward.items()))
+            report.violate(
+                BUDGET,
+                state.order_id,
+                f"{spent} remote attempts ({calls}) beyond its retry budget of {granted}{grant}",
+            )
+    if undo_attempts is None:
+        return
+    requests = Counter(
+        (a["operation"], a["fencing_token"]) for a in attempts if a["operation"] in undos
+    )
+    for (operation, token), n in sorted(requests.items()):
+        if n > undo_attempts:
+            report.violate(
+                BUDGET,
+                state.order_id,
+                f"{n} attempts of {operation} by {token}, beyond the {undo_attempts} one undo "
+                "request may spend",
             )

@@ -274,11 +274,19 @@ async def _audit(settings: Settings, grace: float) -> dict[str, Any]:
     client = RemoteClient.open(settings.remote_url, admin_token=admin_token())
     try:
         effects = await client.ledger(account=settings.hub)  # this hub's effects only
+        attempts = await client.attempts(account=settings.hub)
     finally:
         await client.close()
     store = await open_store(settings)
     try:
-        report = await run_audit(store, effects, now=utcnow(), grace=timedelta(seconds=grace))
+        report = await run_audit(
+            store,
+            effects,
+            now=utcnow(),
+            grace=timedelta(seconds=grace),
+            attempts=attempts,
+            undo_attempts=settings.undo_attempts,
+        )
     finally:
         await store.close()
     check_dead_letters(report, await dead_letters(settings, Names(settings.hub).input_queues()))
@@ -299,7 +307,9 @@ def audit(ctx: click.Context, grace: float, as_json: bool) -> None:
     queues (exit 1 on any violation): 1 every order settled or recoverable; 2 one effect per
     step, every effect of a compensated order undone; 3 no write or effect by a superseded
     attempt; 4 no order's data replaced after its first submission; 5 every dead letter has a
-    reason. (That each process keeps running after bad input is for the fault suite to show.)"""
+    reason; 6 no order's remote attempts beyond its retry budget, nor an undo request's beyond
+    ORDERFLOW_UNDO_ATTEMPTS. (That each process keeps running after bad input is for the fault
+    suite to show.)"""
     settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
     result = asyncio.run(_audit(settings, grace))
     if as_json:
@@ -308,6 +318,7 @@ def audit(ctx: click.Context, grace: float, as_json: bool) -> None:
         click.echo(
             plain(
                 f"{result['orders']} orders, {result['effects']} ledger effects, "
+                f"{result['attempts']} remote attempts, "
                 f"{result['dead_letters']} dead letters; "
                 + ", ".join(f"{k}: {v}" for k, v in result["by_state"].items())
             )
