@@ -8,6 +8,11 @@ attempt gives the order back at once (README decision 27, a departure from DESIG
 It stays silent when the deadline came first or an open circuit let no call through, and the
 supervisor recovers the step after its deadline.
 
+The allowance holds across every handling of a request (services/agents/attempts.py): each call
+takes an attempt ticket first, durably, so a handling run again after a store outage or an
+unexpected exception, or a request delivered again, spends only what earlier handlings left,
+and the reply reports the attempts of them all.
+
 Each request's lines carry its `order_id`, `instance_id` (the fencing token), `step` and
 `operation`. A request that ends without a result is logged once at INFO with why; a success only
 at DEBUG (one INFO line per step would cost more than the step's other work at full throughput).
@@ -26,15 +31,16 @@ import pybreaker
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
-    retry_if_exception_type,
-    stop_after_attempt,
+    retry_if_exception,
     wait_exponential_jitter,
 )
+from tenacity.wait import wait_base
 
+from services.agents.attempts import Allowance, InboxTickets, Tickets
 from services.agents.breakers import Breakers
-from services.remote.client import RemoteClient, RemoteDeclined, RemoteFenced
+from services.remote.client import RemoteClient, RemoteDeclined, RemoteFenced, RemoteUndone
 from shared.bootstrap import Runtime
-from shared.broker.consumer import Delivery
+from shared.broker.consumer import Delivery, inbox_key
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
 from shared.config import Settings
@@ -47,6 +53,7 @@ from shared.errors import (
     PermanentError,
     PublishError,
     PublishUnroutable,
+    ServiceUnavailable,
     TransientError,
 )
 from shared.metrics import AGENT_ATTEMPTS
@@ -63,6 +70,23 @@ class DeadlinePassed(TransientError):
     """The request's deadline came before the step could be done."""
 
 
+class AllowanceSpent(TransientError):
+    """No attempt ticket of the request is left: its allowance is spent (by this handling, or
+    by earlier handlings of the same request)."""
+
+
+RETRY_WAIT: wait_base = wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05)
+"""The pause between two attempts of one request."""
+
+
+def retried(exc: BaseException) -> bool:
+    """Failures of a call that another attempt may mend: not the end of the allowance, and
+    not an outage of our own store (the consumer holds the message and runs us again)."""
+    return isinstance(exc, TransientError) and not isinstance(
+        exc, AllowanceSpent | ServiceUnavailable
+    )
+
+
 @dataclass
 class Outcome:
     result: dict[str, Any] | None = None
@@ -72,12 +96,18 @@ class Outcome:
     silent: str | None = None
     """Why no answer is sent: the deadline came first, or an open circuit let no call through."""
     attempts: int = 0
+    """Attempts spent on the request, by this handling and earlier ones (tickets taken)."""
+    calls: int = 0
+    """Calls this handling made."""
+    last_failure: str | None = None
+    """This handling's last transient failure of a call (what a spent allowance reports)."""
 
 
 REJECTED = "the remote service rejected the request; replying with a permanent error"
 REFUSALS: dict[type[PermanentError], str] = {
     RemoteDeclined: "the remote service declined the step; replying with a permanent error",
     RemoteFenced: "fenced: the remote service refused a superseded attempt; replying so",
+    RemoteUndone: "the step was undone first: the remote service refused its effect; replying so",
 }
 DEADLINE_FIRST = "the deadline came first; staying silent (the scheduler stopped waiting)"
 CIRCUIT_OPEN = "circuit open, no call made; staying silent (the deadline paces the retries)"
@@ -93,13 +123,25 @@ def log_outcome(outcome: Outcome) -> None:
     elif outcome.transient is not None:
         log.info(
             "transient failures spent the allowance; replying so",
-            extra={"attempts": outcome.attempts, "error": outcome.transient},
+            extra={
+                "attempts": outcome.attempts,
+                "calls": outcome.calls,
+                "error": outcome.transient,
+            },
         )
     elif outcome.silent is not None:
-        log.info(outcome.silent, extra={"attempts": outcome.attempts})
+        log.info(outcome.silent, extra={"attempts": outcome.attempts, "calls": outcome.calls})
     elif log.isEnabledFor(logging.DEBUG):  # the hot path: no dict built for a dropped line
         result = (outcome.result or {}).get("outcome")
         log.debug("step done", extra={"attempts": outcome.attempts, "outcome": result})
+
+
+def _check_deadline(request: StepRequest) -> float:
+    """Seconds left before the request's deadline; DeadlinePassed when too few to call."""
+    left = (request.complete_by - utcnow()).total_seconds()
+    if left <= DEADLINE_MARGIN_S:
+        raise DeadlinePassed(f"deadline {request.complete_by.isoformat()} passed")
+    return left
 
 
 def _before_deadline(complete_by: datetime) -> Any:
@@ -111,10 +153,17 @@ def _before_deadline(complete_by: datetime) -> Any:
 
 class Agent:
     def __init__(
-        self, name: str, client: RemoteClient, publisher: Publisher, settings: Settings
+        self,
+        name: str,
+        client: RemoteClient,
+        publisher: Publisher,
+        settings: Settings,
+        *,
+        tickets: Tickets,
     ) -> None:
         self.name = name
         self._client = client
+        self._tickets = tickets
         self._publisher = publisher
         self._settings = settings
         self._replies = Names(settings.hub).replies
@@ -123,6 +172,7 @@ class Agent:
         )
         self._faults = random.Random(settings.fault_seed)
         self._alerted: set[str] = set()
+        self._ticket_keep = timedelta(seconds=settings.inbox_ttl_s)
 
     def breaker(self, operation: str) -> pybreaker.CircuitBreaker:
         return self._breakers.get(operation)
@@ -174,57 +224,81 @@ class Agent:
             if utcnow() >= request.complete_by:
                 log.info("deadline passed before the agent got the request; no side effect")
                 return
-            outcome = await self._run(request)
+            allowance = Allowance(
+                self._tickets,
+                inbox_key(delivery),  # the request, as the inbox dedupes it: its sender's id
+                request.attempts_allowed,
+                # Kept past any deadline this request may carry (a re-publish extends it).
+                keep_until=max(request.complete_by, utcnow()) + self._ticket_keep,
+            )
+            outcome = await self._run(request, allowance)
             log_outcome(outcome)
             if outcome.silent is None:
                 await self._reply(request, delivery, outcome)
 
-    async def _run(self, request: StepRequest) -> Outcome:
+    async def _run(self, request: StepRequest, allowance: Allowance) -> Outcome:
         outcome = Outcome()
         breaker = self.breaker(request.operation)
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(request.attempts_allowed)
-            | _before_deadline(request.complete_by),
-            wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
-            retry=retry_if_exception_type(TransientError),
+            # The allowance ends the retries (AllowanceSpent); the deadline may end them first.
+            stop=_before_deadline(request.complete_by),
+            wait=RETRY_WAIT,
+            retry=retry_if_exception(retried),
             reraise=True,
         )
         try:
             async for attempt in retrying:
                 with attempt:
-                    outcome.result = await self._attempt(request, breaker, outcome)
+                    outcome.result = await self._attempt(request, breaker, outcome, allowance)
+        except ServiceUnavailable:
+            raise  # our own store: the consumer holds the message and runs the handling again
         except PermanentError as exc:
             outcome.error = exc
         except DeadlinePassed:
             outcome.silent = DEADLINE_FIRST
         except (TransientError, pybreaker.CircuitBreakerError) as exc:
+            outcome.attempts = allowance.spent
             if (request.complete_by - utcnow()).total_seconds() <= DEADLINE_MARGIN_S:
                 # The deadline ended the retries (a hung call is cut off right at it): the
                 # scheduler has stopped waiting, and a reply would only race its timer. The
                 # supervisor recovers the step, as for any deadline.
                 outcome.silent = DEADLINE_FIRST
             elif outcome.attempts:
-                # Real calls failed: say so, and the scheduler gives the order back at once.
+                # Attempts were spent (here or by an earlier handling): say so, and the
+                # scheduler gives the order back at once.
                 outcome.transient = str(exc)
             else:
                 # An open circuit that let no call through stays silent: the step's deadline
                 # paces the retries while the remote service is down (decision 15).
                 outcome.silent = CIRCUIT_OPEN
+        outcome.attempts = allowance.spent
         return outcome
 
     async def _attempt(
-        self, request: StepRequest, breaker: pybreaker.CircuitBreaker, outcome: Outcome
+        self,
+        request: StepRequest,
+        breaker: pybreaker.CircuitBreaker,
+        outcome: Outcome,
+        allowance: Allowance,
     ) -> dict[str, Any]:
-        left = (request.complete_by - utcnow()).total_seconds()
-        if left <= DEADLINE_MARGIN_S:
-            raise DeadlinePassed(f"deadline {request.complete_by.isoformat()} passed")
+        _check_deadline(request)
+        # A ticket only for a call the breaker will let through: an open circuit fails fast
+        # and spends no attempt (if it opens while the ticket is taken, or the deadline passes
+        # meanwhile, the ticket is lost: counted as spent, the safe side).
+        if self._breakers.lets_through(request.operation) and not await allowance.take():
+            raise AllowanceSpent(
+                outcome.last_failure
+                or f"the allowance of {allowance.allowed} attempts was spent by an earlier "
+                "handling of this request"
+            )
+        left = _check_deadline(request)
         # An open breaker raises on entry: it fails fast and spends no attempt. When its reset
         # time has come it lets this call through as the trial.
         called = False
         try:
             with breaker.calling():
                 called = True
-                outcome.attempts += 1
+                outcome.calls += 1
                 answer = await self._client.call(
                     request.operation,
                     order_id=request.order_id,
@@ -235,6 +309,8 @@ class Agent:
                 )
         except Exception as exc:
             self._count(request.operation, attempt_outcome(exc, called=called))
+            if isinstance(exc, TransientError):
+                outcome.last_failure = str(exc)  # what AllowanceSpent says, if it comes next
             raise
         self._count(request.operation, "ok")
         return {"outcome": answer.get("outcome"), **dict(answer.get("result") or {})}
@@ -296,6 +372,8 @@ def attempt_outcome(exc: Exception, *, called: bool) -> str:
         return "transient" if called else "breaker_open"
     if isinstance(exc, RemoteFenced):
         return "fenced"
+    if isinstance(exc, RemoteUndone):
+        return "undone"
     if isinstance(exc, PermanentError):
         return "permanent"
     return "transient"
@@ -307,7 +385,8 @@ async def serve_agent(name: str, runtime: Runtime, stop: asyncio.Event) -> None:
     client = RemoteClient.open(
         settings.remote_url, pool=max(10, settings.prefetch * 2), account=settings.hub
     )
-    agent = Agent(name, client, runtime.publisher, settings)
+    tickets = InboxTickets(runtime.store, runtime.names.agent(name))
+    agent = Agent(name, client, runtime.publisher, settings, tickets=tickets)
     report = runtime.reporter()
 
     async def check_circuits() -> None:

@@ -9,6 +9,7 @@ whose id names the operation and the opening time).
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import pybreaker
@@ -27,6 +28,8 @@ class Breakers(pybreaker.CircuitBreakerListener):
         self._breakers: dict[str, pybreaker.CircuitBreaker] = {}
         self._opened_at: dict[str, datetime] = {}
         """Operations whose circuit is not closed, and since when."""
+        self._last_opened: dict[str, float] = {}
+        """`time.monotonic()` when each circuit last went open (a failed trial included)."""
 
     def get(self, operation: str) -> pybreaker.CircuitBreaker:
         if operation not in self._breakers:
@@ -48,6 +51,8 @@ class Breakers(pybreaker.CircuitBreakerListener):
     ) -> None:
         operation = str(cb.name)
         CIRCUIT_STATE.labels(operation).set(STATE_VALUE.get(new_state.name, 1))
+        if new_state.name == pybreaker.STATE_OPEN:
+            self._last_opened[operation] = time.monotonic()
         if new_state.name == pybreaker.STATE_CLOSED:
             self._opened_at.pop(operation, None)
         else:
@@ -56,6 +61,14 @@ class Breakers(pybreaker.CircuitBreakerListener):
 
     def states(self) -> dict[str, str]:
         return {op: str(b.current_state) for op, b in sorted(self._breakers.items())}
+
+    def lets_through(self, operation: str) -> bool:
+        """Whether a call of `operation` would go through now: its circuit is closed or half
+        open, or open with its reset time come (that call is the trial)."""
+        if self.get(operation).current_state != pybreaker.STATE_OPEN:
+            return True
+        opened = self._last_opened.get(operation)
+        return opened is None or time.monotonic() - opened >= self._reset_s
 
     def open(self) -> list[str]:
         """Operations whose circuit is open (failing fast) right now."""

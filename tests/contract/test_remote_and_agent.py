@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from services.agents.agent import Agent
+from services.agents.attempts import MemoryTickets
 from services.remote.app import Faults, RemoteService
 from services.remote.client import RemoteClient, RemoteDeclined, RemoteFenced, RemoteRejected
 from services.remote.ledger import Ledger, StaleFencingToken
@@ -194,7 +195,9 @@ class AgentRig:
         await self.queue.start()
         self.client = RemoteClient.open(self.remote.url)
         publisher = await Publisher.open(self.connection, timeout=5)
-        self.agent = Agent("payment", self.client, publisher, self.settings)
+        self.agent = Agent(
+            "payment", self.client, publisher, self.settings, tickets=MemoryTickets()
+        )
 
     async def ask(self, order_id: str, *, allowed: int = 3, seconds: float = 5) -> None:
         request = StepRequest(

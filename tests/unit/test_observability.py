@@ -15,6 +15,7 @@ import pybreaker
 import pytest
 
 from services.agents.agent import Agent, attempt_outcome
+from services.agents.attempts import MemoryTickets
 from services.agents.breakers import Breakers
 from services.cli.up import metrics_ports, topology
 from services.remote.client import RemoteDeclined, RemoteFenced, RemoteTransient
@@ -172,7 +173,7 @@ class FakeReporter:
 
 async def test_an_agent_alerts_once_per_opening_past_the_threshold() -> None:
     settings = load_settings(breaker_fail_max=1, circuit_alert_after_s=30)
-    agent = Agent("unit", None, None, settings)  # type: ignore[arg-type]
+    agent = Agent("unit", None, None, settings, tickets=MemoryTickets())  # type: ignore[arg-type]
     report = FakeReporter()
     breaker = agent.breaker("unit.call")
     fail(breaker)

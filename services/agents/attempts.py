@@ -1,0 +1,111 @@
+"""Attempt tickets: what a step request has spent of its allowance, kept across every handling.
+
+A request can be handled more than once: the consumer runs its handler again in place after a
+store outage, sets it aside and runs it again after an unexpected exception, and a request whose
+agent died (or whose inbox claim expired) is delivered again, to this agent or another. Counting
+attempts in the handler would give each handling a fresh allowance, and a reply that names only
+the last handling's attempts would give the scheduler back budget that was spent.
+
+So each remote attempt takes a ticket first, durably, before the call: ticket `n` of a request
+(`1 <= n <= attempts_allowed`) is taken once, ever, by whichever handling asks first. A handling
+that finds a ticket taken moves on to the next; when none is left it makes no call. The request's
+spent attempts are the tickets known taken (by this handling or an earlier one), which is what
+the reply reports: never fewer than the calls made, so the scheduler's settlement never gives
+back an attempt that was spent. A ticket taken by a handling that died before it called is
+counted as spent (the safe side).
+
+Tickets are inbox entries under a name of their own (`<agent queue>:attempts`, which no consumer
+reads), each claimed by a holder used once and kept until well after the request's deadline: the
+inbox is the store's "take this key once within a window" primitive, which is what a ticket is,
+so the store's port and schema stay as they are, and both stores have it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Protocol
+
+from shared.domain.journal import InboxOutcome
+from shared.domain.timing import utcnow
+
+
+class Tickets(Protocol):
+    """The port: take attempt tickets of requests, once each."""
+
+    async def take(self, request: str, number: int, *, keep_until: datetime) -> bool:
+        """Take ticket `number` of `request`: True for the first taker, False ever after (until
+        `keep_until`, past the request's deadline, when nobody asks any more)."""
+
+
+class InboxClaims(Protocol):
+    """The part of the store tickets use."""
+
+    async def inbox_claim(
+        self, queue: str, message_id: str, *, holder: str, now: datetime, claim_until: datetime
+    ) -> InboxOutcome: ...
+
+
+class InboxTickets:
+    """Tickets in the store's inbox: one claim per ticket, by a holder that claims nothing else
+    (the inbox lets a holder claim again; a ticket must never be handed out twice)."""
+
+    def __init__(self, store: InboxClaims, queue: str) -> None:
+        self._store = store
+        self._queue = f"{queue}:attempts"
+
+    async def take(self, request: str, number: int, *, keep_until: datetime) -> bool:
+        outcome = await self._store.inbox_claim(
+            self._queue,
+            f"{request}#{number}",
+            holder=uuid.uuid4().hex,
+            now=utcnow(),
+            claim_until=keep_until,
+        )
+        return outcome is InboxOutcome.CLAIMED
+
+
+class MemoryTickets:
+    """The in-memory fake of `Tickets` (unit tests, one process)."""
+
+    def __init__(self) -> None:
+        self.taken: set[tuple[str, int]] = set()
+
+    async def take(self, request: str, number: int, *, keep_until: datetime) -> bool:
+        if (request, number) in self.taken:
+            return False
+        self.taken.add((request, number))
+        return True
+
+
+class Allowance:
+    """One handling's view of a request's allowance: the tickets it may still take."""
+
+    def __init__(self, tickets: Tickets, request: str, allowed: int, *, keep_until: datetime):
+        self._tickets = tickets
+        self._request = request
+        self.allowed = allowed
+        self._keep_until = keep_until
+        self._next = 1
+
+    @property
+    def spent(self) -> int:
+        """Attempts known spent on the request: every ticket below the next one asked for was
+        taken, by this handling or an earlier one."""
+        return self._next - 1
+
+    @property
+    def left(self) -> bool:
+        """Whether a ticket may still be left (one not yet asked for)."""
+        return self._next <= self.allowed
+
+    async def take(self) -> bool:
+        """Take the next free ticket: True when this handling may make one more call. A store
+        failure raises, and leaves the count as it was (the ticket may have been taken: the
+        handling that runs next finds it so, and counts it)."""
+        while self._next <= self.allowed:
+            taken = await self._tickets.take(self._request, self._next, keep_until=self._keep_until)
+            self._next += 1
+            if taken:
+                return True
+        return False
