@@ -53,17 +53,27 @@ def free_port() -> int:
 
 
 class Topology:
-    def __init__(self, hub: str, workdir: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        hub: str,
+        workdir: Path,
+        env: dict[str, str],
+        *,
+        store_url: str = POSTGRES_URL,
+        rabbitmq_url: str = RABBITMQ_URL,
+    ) -> None:
         self.hub = hub
         self.workdir = workdir
+        self.store_url = store_url
+        self.rabbitmq_url = rabbitmq_url
         self.remote_url = f"http://127.0.0.1:{free_port()}"
         self.env = (
             os.environ
             | FAST
             | {
                 "ORDERFLOW_HUB": hub,
-                "ORDERFLOW_STORE_URL": POSTGRES_URL,
-                "ORDERFLOW_RABBITMQ_URL": RABBITMQ_URL,
+                "ORDERFLOW_STORE_URL": store_url,
+                "ORDERFLOW_RABBITMQ_URL": rabbitmq_url,
                 "ORDERFLOW_REMOTE_URL": self.remote_url,
                 "ORDERFLOW_REMOTE_LEDGER_PATH": str(workdir / "ledger.sqlite3"),
                 "ORDERFLOW_REMOTE_SEED": "7",
@@ -150,6 +160,13 @@ class Topology:
         path = self.workdir / f"{label}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    async def connect_store(self) -> None:
+        """Open the test's own pool on the topology's store (again, after its server restarted:
+        the old pool's connections died with it)."""
+        self.store = await PostgresStore.connect(
+            self.store_url, self.hub, pool_size=5, timeout=5, command_timeout=10
+        )
+
     # -- observations
     async def counts(self) -> dict[ProcessState, int]:
         return await self.store.count_by_state()
@@ -175,22 +192,29 @@ class Topology:
 
 
 @asynccontextmanager
-async def running_topology(hub: str, workdir: Path, **env: str) -> AsyncIterator[Topology]:
+async def running_topology(
+    hub: str,
+    workdir: Path,
+    *,
+    store_url: str = POSTGRES_URL,
+    rabbitmq_url: str = RABBITMQ_URL,
+    **env: str,
+) -> AsyncIterator[Topology]:
+    """Processes of `hub` on the given store and broker (by default the machine's test servers;
+    the fault suite passes its private ones), and the hub removed from both afterwards."""
     try:
         probe = await PostgresStore.connect(
-            POSTGRES_URL, hub, pool_size=2, timeout=5, command_timeout=10
+            store_url, hub, pool_size=2, timeout=5, command_timeout=10
         )
         await probe.close()
-        probe_amqp = await connect(RABBITMQ_URL, timeout=5, name="system-tests")
+        probe_amqp = await connect(rabbitmq_url, timeout=5, name="system-tests")
         await probe_amqp.close()
     except Exception as exc:
         service_missing("PostgreSQL and RabbitMQ", exc)
-    topo = Topology(hub, workdir, env)
+    topo = Topology(hub, workdir, env, store_url=store_url, rabbitmq_url=rabbitmq_url)
     init = topo.cli("init")
     assert init.returncode == 0, init.stderr
-    topo.store = await PostgresStore.connect(
-        POSTGRES_URL, hub, pool_size=5, timeout=5, command_timeout=10
-    )
+    await topo.connect_store()
     # Forged calls and replays in tests act as the hub, as its agents do.
     topo.remote = RemoteClient.open(
         topo.remote_url, account=hub, admin_token=topo.env["ORDERFLOW_REMOTE_ADMIN_TOKEN"]
@@ -207,7 +231,7 @@ async def running_topology(hub: str, workdir: Path, **env: str) -> AsyncIterator
         await topo.store.close()
         # A fresh connection: a fault test may just have restarted RabbitMQ, and a
         # connection held since the start would still be waiting to reconnect.
-        amqp = await connect(RABBITMQ_URL, timeout=10, name="system-tests")
+        amqp = await connect(topo.rabbitmq_url, timeout=10, name="system-tests")
         try:
             await delete_topology(await amqp.channel(), Names(hub))
         finally:
