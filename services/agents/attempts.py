@@ -23,11 +23,14 @@ so the store's port and schema stay as they are, and both stores have it.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
 
+from shared.batching import GroupCommit
 from shared.domain.journal import InboxOutcome
 from shared.domain.timing import utcnow
+from shared.store.port import InboxClaim
 
 
 class Tickets(Protocol):
@@ -41,28 +44,29 @@ class Tickets(Protocol):
 class InboxClaims(Protocol):
     """The part of the store tickets use."""
 
-    async def inbox_claim(
-        self, queue: str, message_id: str, *, holder: str, now: datetime, claim_until: datetime
-    ) -> InboxOutcome: ...
+    async def inbox_claim_many(
+        self, queue: str, claims: Sequence[InboxClaim], *, now: datetime
+    ) -> list[InboxOutcome]: ...
 
 
 class InboxTickets:
     """Tickets in the store's inbox: one claim per ticket, by a holder that claims nothing else
-    (the inbox lets a holder claim again; a ticket must never be handed out twice)."""
+    (the inbox lets a holder claim again; a ticket must never be handed out twice). Tickets
+    asked for side by side share one round trip (group commit, as the consumers' inbox does)."""
 
-    def __init__(self, store: InboxClaims, queue: str) -> None:
+    def __init__(self, store: InboxClaims, queue: str, *, max_batch: int = 100) -> None:
         self._store = store
         self._queue = f"{queue}:attempts"
+        self._claims: GroupCommit[InboxClaim, InboxOutcome] = GroupCommit(
+            self._claim_batch, max_batch=max_batch
+        )
 
     async def take(self, request: str, number: int, *, keep_until: datetime) -> bool:
-        outcome = await self._store.inbox_claim(
-            self._queue,
-            f"{request}#{number}",
-            holder=uuid.uuid4().hex,
-            now=utcnow(),
-            claim_until=keep_until,
-        )
-        return outcome is InboxOutcome.CLAIMED
+        claim = InboxClaim(f"{request}#{number}", uuid.uuid4().hex, keep_until)
+        return await self._claims.submit(claim) is InboxOutcome.CLAIMED
+
+    async def _claim_batch(self, claims: Sequence[InboxClaim]) -> list[InboxOutcome]:
+        return await self._store.inbox_claim_many(self._queue, claims, now=utcnow())
 
 
 class MemoryTickets:

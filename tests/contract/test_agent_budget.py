@@ -154,12 +154,12 @@ class LosesAnAnswer:
         self._store = store
         self.tickets = 0
 
-    async def inbox_claim(self, queue: str, message_id: str, **kw: Any) -> InboxOutcome:
-        outcome: InboxOutcome = await self._store.inbox_claim(queue, message_id, **kw)
-        self.tickets += 1
+    async def inbox_claim_many(self, queue: str, claims: Any, **kw: Any) -> list[InboxOutcome]:
+        outcomes: list[InboxOutcome] = await self._store.inbox_claim_many(queue, claims, **kw)
+        self.tickets += len(claims)
         if self.tickets == 2:
             raise StoreUnavailable("connection lost after the ticket's write")
-        return outcome
+        return outcomes
 
 
 async def test_a_ticket_whose_answer_was_lost_counts_as_spent(rig: Rig) -> None:
