@@ -7,6 +7,12 @@ attempts went on transient failures, or something died) is left Compensating wit
 deadline, like a forward step: the supervisor releases it for another attempt, and parks it in
 CompensationFailed (with an alert) past the failure threshold. An operator can compensate a
 CompensationFailed order again later; the undos already Done are skipped.
+
+The attempt that failed compensates under its own fencing token, so a call of the failed step
+that still hangs inside the remote service (the agent gave up on it) is not fenced off by the
+undo: it may wake after the undo was recorded as a no-op. The remote service refuses that
+call's effect, since an undo commutes with the call it undoes (README decision 78), whoever
+compensates and under whichever token.
 """
 
 from __future__ import annotations
