@@ -60,7 +60,21 @@ _CLAIM_SPREAD = 4
 """A claimer looks at this many times its batch and picks at random, so that concurrent
 claimers mostly try different records instead of all racing for the same first few."""
 PURGE_PAGE = 500
-"""Finished orders one retention page looks at."""
+"""Journal documents one retention page looks at."""
+COLLECTIONS = frozenset(
+    {
+        "orders",
+        "state",
+        "history",
+        "compensation_log",
+        "counters",
+        "inbox",
+        "lease",
+        "alerts",
+        "components",
+    }
+)
+"""Every collection of a hub's database."""
 
 
 def _state_doc(state: StateRecord) -> dict[str, Any]:
@@ -172,6 +186,13 @@ class MongoStore:
         )
         await self._compensation.create_index(
             [("order_id", ASCENDING), ("seq", ASCENDING)], name="compensation_by_order"
+        )
+        # Retention: the journal expires by its own time, oldest first (see `purge_journal`).
+        await self._history.create_index(
+            [("at", ASCENDING), ("_id", ASCENDING)], name="history_by_time"
+        )
+        await self._compensation.create_index(
+            [("recorded_at", ASCENDING), ("_id", ASCENDING)], name="compensation_by_time"
         )
         # MongoDB deletes expired inbox entries itself; `inbox_purge` does it at once.
         await self._inbox.create_index("expires_at", name="inbox_expiry", expireAfterSeconds=0)
@@ -445,36 +466,73 @@ class MongoStore:
             {"$set": {"status": undo.status.value, "done_at": done_at, "error": undo.error}},
         )
 
-    async def purge_finished(self, *, finished_before: datetime, limit: int) -> Purged:
-        query = {
-            "process_state": {"$in": [s.value for s in TERMINAL_STATES]},
-            "updated_at": {"$lt": finished_before},
-        }
-        # Without a join, page through the finished orders and skip those already purged.
-        cursor = self._state.find(query, projection={"_id": 1}).sort("_id", ASCENDING)
-        total = Purged(0, 0, 0)
-        batch: list[str] = []
-        async for doc in cursor:
-            batch.append(doc["_id"])
-            if len(batch) == PURGE_PAGE:
-                total += await self._purge(batch, limit - total.orders)
-                batch = []
-                if total.orders >= limit:
-                    return total
-        if batch:
-            total += await self._purge(batch, limit - total.orders)
-        return total
+    # -- retention
+    async def purge_journal(self, *, finished_before: datetime, limit: int) -> Purged:
+        history = await self._expired_journal(self._history, "at", finished_before, limit)
+        undos = await self._expired_journal(
+            self._compensation, "recorded_at", finished_before, limit
+        )
+        h = c = 0
+        if history:
+            h = (await self._history.delete_many({"_id": {"$in": history}})).deleted_count
+        if undos:
+            c = (await self._compensation.delete_many({"_id": {"$in": undos}})).deleted_count
+        return Purged(history=h, compensation=c)
 
-    async def _purge(self, ids: list[str], most: int) -> Purged:
-        """Delete the journal of at most `most` of these orders."""
-        with_history = set(await self._history.distinct("order_id", {"order_id": {"$in": ids}}))
-        with_undo = set(await self._compensation.distinct("order_id", {"order_id": {"$in": ids}}))
-        victims = sorted(with_history | with_undo)[:most]
-        if not victims:
-            return Purged(0, 0, 0)
-        h = await self._history.delete_many({"order_id": {"$in": victims}})
-        c = await self._compensation.delete_many({"order_id": {"$in": victims}})
-        return Purged(len(victims), h.deleted_count, c.deleted_count)
+    async def _expired_journal(
+        self, collection: Any, at: str, finished_before: datetime, limit: int
+    ) -> list[Any]:
+        """Ids of at most `limit` journal documents older than `finished_before` whose order
+        finished before it, oldest first; those of orders still parked or live are passed over
+        (a page at a time, like PostgreSQL's filtered index scan)."""
+        finished: dict[str, bool] = {}
+        found: list[Any] = []
+        after: tuple[datetime, Any] | None = None
+        while len(found) < limit:
+            query: dict[str, Any] = {at: {"$lt": finished_before}}
+            if after is not None:
+                query["$or"] = [{at: {"$gt": after[0]}}, {at: after[0], "_id": {"$gt": after[1]}}]
+            cursor = collection.find(query, {"order_id": 1, at: 1})
+            cursor = cursor.sort([(at, ASCENDING), ("_id", ASCENDING)]).limit(PURGE_PAGE)
+            docs = await cursor.to_list(None)
+            unknown = sorted({d["order_id"] for d in docs} - finished.keys())
+            if unknown:
+                done = await self._state.find(
+                    {"_id": {"$in": unknown}, **_finished_before(finished_before)}, {"_id": 1}
+                ).to_list(None)
+                ids = {d["_id"] for d in done}
+                finished |= {order_id: order_id in ids for order_id in unknown}
+            found += [d["_id"] for d in docs if finished[d["order_id"]]][: limit - len(found)]
+            if len(docs) < PURGE_PAGE:
+                break
+            after = (docs[-1][at], docs[-1]["_id"])
+        return found
+
+    async def purge_orders(self, *, finished_before: datetime, limit: int) -> Purged:
+        finished = _finished_before(finished_before)
+        docs = await self._state.find(finished, {"_id": 1}).limit(limit).to_list(None)
+        ids = [d["_id"] for d in docs]
+        if not ids:
+            return Purged()
+        # Without a transaction, the state record goes last: it is what marks an order for
+        # this purge, so a crash part-way leaves it to be found and finished by the next batch.
+        # A finished order's state never changes again, so what was read still holds.
+        h = await self._history.delete_many({"order_id": {"$in": ids}})
+        c = await self._compensation.delete_many({"order_id": {"$in": ids}})
+        await self._orders.delete_many({"_id": {"$in": ids}})
+        s = await self._state.delete_many({"_id": {"$in": ids}, **finished})
+        return Purged(s.deleted_count, h.deleted_count, c.deleted_count)
+
+    async def purge_alerts(self, *, raised_before: datetime, limit: int) -> int:
+        old = {"at": {"$lt": raised_before}}
+        cursor = self._alerts.find(old, {"_id": 1}).sort("at", ASCENDING).limit(limit)
+        ids = [d["_id"] for d in await cursor.to_list(None)]
+        if not ids:
+            return 0
+        return int((await self._alerts.delete_many({"_id": {"$in": ids}, **old})).deleted_count)
+
+    async def record_counts(self) -> dict[str, int]:
+        return {name: int(await self._db[name].count_documents({})) for name in sorted(COLLECTIONS)}
 
     # -- inbox
     async def inbox_claim(
@@ -535,8 +593,16 @@ class MongoStore:
         )
         return bool(result.deleted_count == 1)
 
-    async def inbox_purge(self, *, now: datetime) -> int:
-        result = await self._inbox.delete_many({"expires_at": {"$lte": now}})
+    async def inbox_purge(self, *, now: datetime, limit: int) -> int:
+        # The TTL index deletes expired entries too (within a minute of their expiry, by the
+        # server's clock); this is the bounded, leader-driven purge both stores share.
+        expired = {"expires_at": {"$lte": now}}
+        cursor = self._inbox.find(expired, {"_id": 1}).sort("expires_at", ASCENDING).limit(limit)
+        ids = [d["_id"] for d in await cursor.to_list(None)]
+        if not ids:
+            return 0
+        # The condition again: a claim that took an expired entry over meanwhile is kept.
+        result = await self._inbox.delete_many({"_id": {"$in": ids}, **expired})
         return int(result.deleted_count)
 
     # -- lease
@@ -610,6 +676,14 @@ class MongoStore:
 
     async def forget_status(self, name: str) -> None:
         await self._components.delete_one({"_id": name})
+
+
+def _finished_before(cutoff: datetime) -> dict[str, Any]:
+    """State records of orders that finished (Processed, Compensated) before `cutoff`."""
+    return {
+        "process_state": {"$in": sorted(s.value for s in TERMINAL_STATES)},
+        "updated_at": {"$lt": cutoff},
+    }
 
 
 def _conditions(expect: Expect) -> dict[str, Any]:

@@ -114,12 +114,14 @@ class WorkflowUse:
 
 @dataclass(frozen=True)
 class Purged:
-    """What one retention pass deleted."""
+    """What one retention batch deleted."""
 
-    orders: int
-    """Finished orders whose records were deleted."""
-    history: int
-    compensation: int
+    orders: int = 0
+    """Finished orders deleted with every record of theirs (order, state, journal)."""
+    history: int = 0
+    """History events."""
+    compensation: int = 0
+    """Compensation-log entries."""
 
     def __add__(self, other: Purged) -> Purged:
         return Purged(
@@ -244,9 +246,24 @@ class StateStore(Protocol):
     async def read_compensation(self, order_id: str) -> list[CompensationEntry]:
         """In the order the steps completed (undo them in reverse)."""
 
-    async def purge_finished(self, *, finished_before: datetime, limit: int) -> Purged:
-        """Delete the history and compensation records of at most `limit` orders that finished
-        (Processed or Compensated) before `finished_before` and still have some (retention)."""
+    # -- retention (the supervisor leader; each call one bounded batch, safe to run twice at once)
+    async def purge_journal(self, *, finished_before: datetime, limit: int) -> Purged:
+        """Delete at most `limit` history events and at most `limit` compensation-log entries
+        recorded before `finished_before` of orders that finished (Processed or Compensated)
+        before it. Orders in any other state keep their journal, whatever its age."""
+
+    async def purge_orders(self, *, finished_before: datetime, limit: int) -> Purged:
+        """Delete at most `limit` orders that finished (Processed or Compensated) before
+        `finished_before`: each one's order record, state record, history and compensation log,
+        together. Parked (Error, CompensationFailed) and live orders are never deleted, nor an
+        order record whose state record is missing (a submission that has not completed)."""
+
+    async def purge_alerts(self, *, raised_before: datetime, limit: int) -> int:
+        """Delete at most `limit` alerts raised before `raised_before`; how many."""
+
+    async def record_counts(self) -> dict[str, int]:
+        """How many records each table (PostgreSQL) or collection (MongoDB) of the hub holds,
+        by its name: what retention keeps bounded, for soak runs and operators."""
 
     # -- inbox: MessageId dedupe
     async def inbox_claim(
@@ -274,8 +291,9 @@ class StateStore(Protocol):
     async def inbox_release(self, queue: str, message_id: str, *, holder: str) -> bool:
         """Give up a claim whose handling failed, so a redelivery is handled again."""
 
-    async def inbox_purge(self, *, now: datetime) -> int:
-        """Delete entries past their expiry; how many."""
+    async def inbox_purge(self, *, now: datetime, limit: int) -> int:
+        """Delete at most `limit` entries that expired by `now` (handled ids past the dedupe
+        window, claims whose holder let them lapse); how many. A live claim is never deleted."""
 
     # -- lease: supervisor leader election
     async def lease_acquire(

@@ -461,24 +461,61 @@ class PostgresStore:
         )
         return [_read(CompensationEntry, r) for r in rows]
 
-    async def purge_finished(self, *, finished_before: datetime, limit: int) -> Purged:
+    # -- retention
+    async def purge_journal(self, *, finished_before: datetime, limit: int) -> Purged:
+        # Oldest rows first through the time indexes; a row whose order is not finished (parked,
+        # live) is passed over, so a batch reads the few such old rows besides what it deletes.
+        row = await self._pool.fetchrow(
+            f"""
+            WITH h AS (
+                DELETE FROM {self._s}.history WHERE seq IN (
+                    SELECT h.seq FROM {self._s}.history h
+                     WHERE h.at < $2 AND EXISTS (
+                           SELECT 1 FROM {self._s}.state s WHERE s.order_id = h.order_id
+                              AND s.process_state = ANY($1) AND s.updated_at < $2)
+                     ORDER BY h.at LIMIT $3)
+                RETURNING 1
+            ), c AS (
+                DELETE FROM {self._s}.compensation_log WHERE (order_id, step) IN (
+                    SELECT c.order_id, c.step FROM {self._s}.compensation_log c
+                     WHERE c.recorded_at < $2 AND EXISTS (
+                           SELECT 1 FROM {self._s}.state s WHERE s.order_id = c.order_id
+                              AND s.process_state = ANY($1) AND s.updated_at < $2)
+                     ORDER BY c.recorded_at LIMIT $3)
+                RETURNING 1
+            )
+            SELECT (SELECT count(*) FROM h) AS history, (SELECT count(*) FROM c) AS compensation
+            """,
+            [s.value for s in TERMINAL_STATES],
+            finished_before,
+            limit,
+        )
+        assert row is not None
+        return Purged(history=row["history"], compensation=row["compensation"])
+
+    async def purge_orders(self, *, finished_before: datetime, limit: int) -> Purged:
+        # One statement: the state records (the condition, re-checked under their row locks),
+        # then what belongs to exactly those orders. A crash leaves all of it or none.
         row = await self._pool.fetchrow(
             f"""
             WITH victims AS (
-                SELECT s.order_id FROM {self._s}.state s
-                 WHERE s.process_state = ANY($1) AND s.updated_at < $2
-                   AND (EXISTS (SELECT 1 FROM {self._s}.history h WHERE h.order_id = s.order_id)
-                        OR EXISTS (SELECT 1 FROM {self._s}.compensation_log c
-                                    WHERE c.order_id = s.order_id))
-                 LIMIT $3
+                SELECT order_id FROM {self._s}.state
+                 WHERE process_state = ANY($1) AND updated_at < $2
+                 LIMIT $3 FOR UPDATE SKIP LOCKED
+            ), s AS (
+                DELETE FROM {self._s}.state
+                 WHERE order_id IN (SELECT order_id FROM victims) RETURNING order_id
+            ), o AS (
+                DELETE FROM {self._s}.orders WHERE order_id IN (SELECT order_id FROM s)
+                RETURNING 1
             ), h AS (
-                DELETE FROM {self._s}.history
-                 WHERE order_id IN (SELECT order_id FROM victims) RETURNING 1
+                DELETE FROM {self._s}.history WHERE order_id IN (SELECT order_id FROM s)
+                RETURNING 1
             ), c AS (
-                DELETE FROM {self._s}.compensation_log
-                 WHERE order_id IN (SELECT order_id FROM victims) RETURNING 1
+                DELETE FROM {self._s}.compensation_log WHERE order_id IN (SELECT order_id FROM s)
+                RETURNING 1
             )
-            SELECT (SELECT count(*) FROM victims) AS orders, (SELECT count(*) FROM h) AS history,
+            SELECT (SELECT count(*) FROM s) AS orders, (SELECT count(*) FROM h) AS history,
                    (SELECT count(*) FROM c) AS compensation
             """,
             [s.value for s in TERMINAL_STATES],
@@ -487,6 +524,27 @@ class PostgresStore:
         )
         assert row is not None
         return Purged(row["orders"], row["history"], row["compensation"])
+
+    async def purge_alerts(self, *, raised_before: datetime, limit: int) -> int:
+        result = await self._pool.execute(
+            f"DELETE FROM {self._s}.alerts WHERE alert_id IN (SELECT alert_id FROM "
+            f"{self._s}.alerts WHERE at < $1 ORDER BY at LIMIT $2)",
+            raised_before,
+            limit,
+        )
+        return _affected(result)
+
+    async def record_counts(self) -> dict[str, int]:
+        tables = await self._pool.fetch(
+            "SELECT tablename FROM pg_tables WHERE schemaname = $1 ORDER BY tablename",
+            self._schema,
+        )
+        counts = {}
+        for table in tables:
+            name = table["tablename"]
+            query = f'SELECT count(*) FROM {self._s}."{name}"'
+            counts[name] = int(await self._pool.fetchval(query))
+        return counts
 
     # -- inbox
     async def inbox_claim(
@@ -574,9 +632,19 @@ class PostgresStore:
         )
         return _affected(result) == 1
 
-    async def inbox_purge(self, *, now: datetime) -> int:
+    async def inbox_purge(self, *, now: datetime, limit: int) -> int:
+        # Oldest expiry first through `inbox_expiry`; an entry a consumer is claiming right now
+        # (its row locked) is skipped, not waited for.
         result = await self._pool.execute(
-            f"DELETE FROM {self._s}.inbox WHERE expires_at <= $1", now
+            f"""
+            DELETE FROM {self._s}.inbox AS i
+             USING (SELECT queue, message_id FROM {self._s}.inbox
+                     WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2
+                     FOR UPDATE SKIP LOCKED) AS old
+             WHERE i.queue = old.queue AND i.message_id = old.message_id
+            """,
+            now,
+            limit,
         )
         return _affected(result)
 

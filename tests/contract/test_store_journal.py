@@ -205,19 +205,6 @@ async def test_inbox_claim_of_a_dead_holder_and_a_passed_window_expire(store: St
     assert await store.inbox_claim("q", "m3", holder="c", **again) is InboxOutcome.CLAIMED
 
 
-async def test_inbox_purge_deletes_only_expired_entries(store: StateStore) -> None:
-    now = utcnow()
-    await store.inbox_claim("q", "old", holder="a", now=now, claim_until=now - timedelta(seconds=1))
-    await store.inbox_claim("q", "new", holder="a", now=now, claim_until=now + timedelta(hours=1))
-    assert await store.inbox_purge(now=now) == 1
-    assert (
-        await store.inbox_claim(
-            "q", "new", holder="b", now=now, claim_until=now + timedelta(hours=1)
-        )
-        is InboxOutcome.BUSY
-    )
-
-
 async def test_concurrent_claims_of_one_message_id_let_exactly_one_through(
     store: StateStore,
 ) -> None:
@@ -401,48 +388,6 @@ async def test_history_many_appends_in_order(store: StateStore) -> None:
 async def _finish(store: StateStore, order_id: str, state: ProcessState, at: datetime) -> None:
     changes = Changes(fields={"process_state": state, "updated_at": at})
     assert await store.update_state(order_id, Expect(), changes) is not None
-
-
-async def test_retention_deletes_only_the_journal_of_orders_finished_before_the_cutoff(
-    store: StateStore,
-) -> None:
-    now = utcnow()
-    old = now - timedelta(days=40)
-    cases = {
-        "o-old-done": (ProcessState.PROCESSED, old),
-        "o-old-undone": (ProcessState.COMPENSATED, old),
-        "o-old-error": (ProcessState.ERROR, old),  # not finished: an operator still needs it
-        "o-new-done": (ProcessState.PROCESSED, now),
-        "o-running": (ProcessState.PROCESSING, old),
-    }
-    for order_id, (state, at) in cases.items():
-        await store.insert_order(*order_pair(order_id))
-        await store.append_history(HistoryEvent(order_id=order_id, type=H.ORDER_SUBMITTED, at=old))
-        entry = CompensationEntry(
-            order_id=order_id,
-            step="reserve",
-            undo="inventory.release",
-            idempotency_key=f"{order_id}:reserve:undo",
-            recorded_at=old,
-        )
-        await store.append_compensation(entry)
-        await _finish(store, order_id, state, at)
-
-    cutoff = now - timedelta(days=30)
-    first = await store.purge_finished(finished_before=cutoff, limit=1)
-    assert (first.orders, first.history, first.compensation) == (1, 1, 1)
-    rest = await store.purge_finished(finished_before=cutoff, limit=100)
-    assert (rest.orders, rest.history, rest.compensation) == (1, 1, 1)
-    again = await store.purge_finished(finished_before=cutoff, limit=100)
-    assert again.orders == 0  # idempotent: nothing left to expire
-
-    for order_id in cases:
-        kept = order_id not in ("o-old-done", "o-old-undone")
-        assert bool(await store.read_history(order_id)) is kept, order_id
-        assert bool(await store.read_compensation(order_id)) is kept, order_id
-        # The order and its state record stay: only the journal expires.
-        assert await store.get_order(order_id) is not None
-        assert await store.get_state(order_id) is not None
 
 
 async def test_workflow_usage_counts_records_per_version_and_state(store: StateStore) -> None:
