@@ -184,9 +184,25 @@ class Settings(BaseSettings):
     # -- data retention
     retention_s: float = Field(default=30 * 24 * 3600.0, gt=0)
     """History and compensation records of a finished order (Processed or Compensated) are
-    deleted this long after it finished (the order and its state record stay)."""
+    deleted this long after it finished (the order and its state record stay until
+    `order_retention_s`)."""
+    order_retention_s: float = Field(default=90 * 24 * 3600.0, gt=0)
+    """A finished order (Processed or Compensated) is deleted, its order record, state record
+    and journal together, this long after it finished; parked (Error, CompensationFailed) and
+    live orders never are. A submission of its id after that is a new order."""
+    alert_retention_s: float = Field(default=90 * 24 * 3600.0, gt=0)
+    """Stored alerts are deleted this long after they were raised."""
     retention_interval_s: float = Field(default=600.0, gt=0)
-    """How often the supervisor leader deletes expired history and compensation records."""
+    """How often the supervisor leader purges what expired: inbox entries past the dedupe
+    window, journals, finished orders and alerts past their retention (while a purge finds
+    full batches, it goes on every supervisor round instead)."""
+    retention_batch: int = Field(default=1000, ge=1, le=100_000)
+    """Records one purge statement deletes at most (a few such batches per supervisor round),
+    so that no delete holds up recovery or the store for long."""
+    alerts_queue_max_length: int = Field(default=10_000, ge=1)
+    """Alert notifications the queue `<hub>.alerts.feed` keeps for its reader (`orderflow
+    alerts follow`); past this the oldest are dropped (every alert stays in the store for
+    `orderflow alerts list`). Fixed when the queue is created."""
 
     # -- the supervisor (reporting)
     stuck_pending_s: float = Field(default=300.0, gt=0)

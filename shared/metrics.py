@@ -64,6 +64,18 @@ RECOVERIES = Counter(
     ["to"],
     registry=REGISTRY,
 )
+RETENTION_DELETED = Counter(
+    "orderflow_retention_deleted",
+    "Records the leader's retention purges deleted, by kind (orders: an order with its state).",
+    ["record"],
+    registry=REGISTRY,
+)
+RETENTION_BATCHES = Counter(
+    "orderflow_retention_batches",
+    "Bounded delete statements the leader's retention ran, by purge.",
+    ["purge"],
+    registry=REGISTRY,
+)
 
 # -- the scheduler
 CLAIMS = Counter(
