@@ -1,10 +1,11 @@
-"""Operator commands that read: `stats`, `watch`, `alerts list`, `audit`."""
+"""Operator commands that read: `stats`, `watch`, `alerts list|follow`, `audit`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import signal
 import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -15,6 +16,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
+from services.cli.alert_feed import Feed, follow_alerts
 from services.cli.audit import audit as run_audit
 from services.cli.audit import check_dead_letters
 from services.cli.dlq import dead_letters
@@ -268,6 +270,43 @@ def alerts_list(ctx: click.Context, since: str | None, limit: int, as_json: bool
             shown(a.message[:90]),
         )
     plain_console().print(table)
+
+
+@alerts.command("follow")
+@click.option("--burst", is_flag=True, help="Exit once the queue is empty (else until Ctrl-C).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per alert and line.")
+@click.pass_context
+def alerts_follow(ctx: click.Context, burst: bool, as_json: bool) -> None:
+    """Take alert notifications from <hub>.alerts.feed as they come, oldest first (each one is
+    acknowledged once printed: the queue's reader, for a pager integration to pipe from; the
+    queue keeps the newest ORDERFLOW_ALERTS_QUEUE_MAX_LENGTH while nobody reads)."""
+    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
+
+    def show(alert: Alert) -> None:
+        if as_json:
+            click.echo(json.dumps(alert.model_dump(mode="json")))
+        else:
+            click.echo(
+                plain(
+                    f"{alert.at.isoformat()} {alert.kind.value} {alert.severity.value} "
+                    f"{alert.order_id or '-'} {alert.message}"
+                )
+            )
+        sys.stdout.flush()  # a reader of a pipe sees each alert as it comes
+
+    def refused(why: str) -> None:
+        click.echo(plain(why), err=True)
+
+    async def follow() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        return await follow_alerts(settings, Feed(show, refused), burst=burst, stop=stop)
+
+    taken = asyncio.run(follow())
+    if not as_json:
+        click.echo(f"{taken} alert(s) taken", err=True)
 
 
 async def _audit(settings: Settings, grace: float) -> dict[str, Any]:

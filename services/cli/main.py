@@ -133,6 +133,12 @@ def init(ctx: click.Context, wait_s: float) -> None:
     click.echo(
         plain(f"broker: RabbitMQ {report.broker_version}, {len(report.queues)} {kind} queues ready")
     )
+    if report.retired_alerts:
+        click.echo(
+            f"deleted the unbounded queue of an older release, {report.hub}.alerts, with "
+            f"{report.retired_alerts} notifications (every alert stays stored: `orderflow alerts "
+            f"list`; they now go to {report.hub}.alerts.feed)"
+        )
 
 
 main.add_command(serve)

@@ -33,6 +33,7 @@ class LeaderGauges:
         self._store = store
         self._connection = connection
         self._queues = [q for base in names.input_queues() for q in (base, names.dlq(base))]
+        self._queues.append(names.alert_feed)  # notifications waiting for their reader
         self._channel: AbstractRobustChannel | None = None
 
     async def refresh(self) -> None:

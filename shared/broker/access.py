@@ -19,6 +19,7 @@ tests compare it with a table of uses, a system test runs every process under it
 | agent X       | agent.X                | agent.X.dlq, agent.X.retry, alerts,   | -             |
 |               |                        | replies                               |               |
 | operator      | every DLQ (get, purge) | each input queue's replay exchange    | -             |
+|               | alerts.feed (follow)   |                                       |               |
 | application A | its status queues      | submit                                | status queues |
 
 A scheduler binds its reply queue to `replies`. An application does not bind its status queues:
@@ -151,7 +152,8 @@ def grant(names: Names, role: str) -> Grant:
         inputs = names.input_queues()
         return Grant(
             write=_one(*(names.replay(q) for q in inputs)),
-            read=_one(*(names.dlq(q) for q in inputs)),
+            # alerts.feed: `orderflow alerts follow`, the alert feed's reader.
+            read=_one(*(names.dlq(q) for q in inputs), names.alert_feed),
         )
     raise ValueError(f"no role {role!r}: one of {', '.join(SERVICE_ROLES)} (or an application)")
 

@@ -67,8 +67,17 @@ class Names:
 
     @property
     def alerts(self) -> str:
-        """Fanout exchange every alert is published on, and the durable queue that keeps them."""
+        """Fanout exchange every alert is published on (bound to `alert_feed`). Releases before
+        issue 14 also had an unbounded queue of this name, which `orderflow init` deletes."""
         return f"{self.hub}.alerts"
+
+    @property
+    def alert_feed(self) -> str:
+        """The durable queue bound to `alerts` that keeps the newest notifications for their
+        reader, `orderflow alerts follow` (`x-max-length`). Not named like the exchange: read
+        permission on a name covers a queue and an exchange alike, and read on the exchange
+        would let the reader bind it to what it may write (the operator: replay exchanges)."""
+        return f"{self.hub}.alerts.feed"
 
     @property
     def orders(self) -> str:
@@ -163,13 +172,13 @@ class Names:
 
     def durable_queues(self, agents: tuple[str, ...] = AGENTS) -> list[str]:
         """Every queue `declare_topology` declares: the input queues, their DLQs and retry
-        queues, the alerts."""
+        queues, the alert feed."""
         inputs = self.input_queues(agents)
         return [
             *inputs,
             *(self.dlq(q) for q in inputs),
             *(self.retry(q) for q in inputs),
-            self.alerts,
+            self.alert_feed,
         ]
 
 
@@ -178,6 +187,8 @@ class QueuePolicy:
     quorum: bool
     delivery_limit: int
     orders_max_length: int
+    alerts_max_length: int = 10_000
+    """Notifications the alert feed keeps (ORDERFLOW_ALERTS_QUEUE_MAX_LENGTH)."""
 
 
 def parse_version(version: str) -> tuple[int, ...]:
@@ -211,6 +222,16 @@ def input_queue_arguments(names: Names, queue: str, policy: QueuePolicy) -> dict
 
 def durable_queue_arguments(policy: QueuePolicy) -> dict[str, Any]:
     return {"x-queue-type": "quorum"} if policy.quorum else {}
+
+
+def alert_feed_arguments(policy: QueuePolicy) -> dict[str, Any]:
+    """The alert feed keeps the newest `alerts_max_length` notifications and drops the oldest
+    beyond them: every alert is stored, so a dropped notification loses no record, and raising
+    an alert never fails for a full queue (as `reject-publish` would make it)."""
+    return durable_queue_arguments(policy) | {
+        "x-max-length": policy.alerts_max_length,
+        "x-overflow": "drop-head",
+    }
 
 
 def retry_queue_arguments(names: Names, queue: str) -> dict[str, Any]:
@@ -268,8 +289,18 @@ async def declare_topology(
         await queue.bind(replay)
         if queue_name == names.orders:
             await queue.bind(submit)
-    kept = await _declare_queue(channel, names.alerts, durable_queue_arguments(policy))
-    await kept.bind(alerts)
+    feed = await _declare_queue(channel, names.alert_feed, alert_feed_arguments(policy))
+    await feed.bind(alerts)
+
+
+async def retire_unbounded_alerts_queue(channel: AbstractChannel, names: Names) -> int:
+    """Delete the queue named like the alerts exchange, which releases before issue 14
+    declared without a bound and without a reader (it grew by every alert, for good); how many
+    notifications it held. Each of them is a copy of a stored alert (`orderflow alerts list`),
+    and the feed has taken its place. None of this release's processes uses that name for a
+    queue; deleting a queue that does not exist deletes nothing."""
+    deleted = await channel.queue_delete(names.alerts)
+    return int(getattr(deleted, "message_count", 0) or 0)
 
 
 async def _declare_queue(
@@ -296,6 +327,7 @@ async def delete_topology(
         await channel.queue_delete(queue_name)
         await channel.queue_delete(names.dlq(queue_name))
         await channel.queue_delete(names.retry(queue_name))
-    await channel.queue_delete(names.alerts)
+    await channel.queue_delete(names.alert_feed)
+    await channel.queue_delete(names.alerts)  # a hub made by a release before issue 14
     for exchange in names.exchanges(agents):
         await channel.exchange_delete(exchange)

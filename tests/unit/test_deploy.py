@@ -314,8 +314,9 @@ USES: dict[str, tuple[set[str], set[str], set[str]]] = {
         )
         for a in AGENTS
     },
-    # The operator replays through each input queue's own replay exchange, never `direct`.
-    "operator": (set(), {N.replay(q) for q in N.input_queues()}, DLQS),
+    # The operator replays through each input queue's own replay exchange, never `direct`, and
+    # reads the alert feed (`alerts follow`), never the alerts exchange (which it could bind).
+    "operator": (set(), {N.replay(q) for q in N.input_queues()}, DLQS | {N.alert_feed}),
     # An application reads no exchange: submission binds its status queues.
     "shop": ({OWN_STATUS_Q}, {N.submit}, {OWN_STATUS_Q}),
 }
