@@ -38,6 +38,7 @@ from rich.table import Table
 
 from services.cli.audit import all_states
 from services.cli.explain import plain_console
+from services.cli.soak import Soak, print_soak, soak_env
 from services.cli.submit import generated_order, message_id_of
 from shared.bootstrap import initialise, open_broker
 from shared.broker.publisher import Publisher
@@ -458,6 +459,11 @@ def print_report(result: dict[str, Any]) -> None:
 @click.option("--remote-latency-ms", default=0.0, type=click.FloatRange(min=0))
 @click.option("--store-url", help="The store to benchmark (default: ORDERFLOW_STORE_URL).")
 @click.option("--recovery", is_flag=True, help="Measure recovery after kill -9 of a scheduler.")
+@click.option(
+    "--soak",
+    is_flag=True,
+    help="Short retention settings, purges during the run; report every table's and queue's size.",
+)
 @click.option("--seed", default=1, show_default=True)
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the run.")
 @click.option("--keep", is_flag=True, help="Keep the benchmark's task hub (default: drop it).")
@@ -474,6 +480,7 @@ def bench(
     remote_latency_ms: float,
     store_url: str | None,
     recovery: bool,
+    soak: bool,
     seed: int,
     timeout: float,
     keep: bool,
@@ -488,8 +495,10 @@ def bench(
         changes["hub"] = f"bench{uuid.uuid4().hex[:8]}"
         changes["remote_url"] = f"http://127.0.0.1:{_free_port()}"
     settings = base.model_copy(update=changes)
-    if recovery and attach:
-        raise click.UsageError("--recovery starts its own topology; drop --attach")
+    if (recovery or soak) and attach:
+        raise click.UsageError("--recovery and --soak start their own topology; drop --attach")
+    if recovery and soak:
+        raise click.UsageError("--recovery and --soak are two different runs")
     if recovery:
         schedulers = max(2, schedulers)
     config = {
@@ -502,6 +511,8 @@ def bench(
         "rate": rate or "max",
         "orders": count,
     }
+    if soak:
+        config["soak"] = True
     run = Run(settings, count, rate, config)
     coro = (
         _recovery(settings, run, seed=seed, timeout=timeout, keep=keep)
@@ -520,6 +531,7 @@ def bench(
             timeout=timeout,
             keep=keep,
             progress=not as_json and sys.stderr.isatty(),
+            soak=soak,
         )
     )
     result = asyncio.run(coro)
@@ -529,6 +541,8 @@ def bench(
         _print_recovery(result)
     else:
         print_report(result)
+        if "soak" in result:
+            print_soak(result)
 
 
 def _env(settings: Settings, faults: dict[str, str], workdir: Path) -> dict[str, str]:
@@ -568,6 +582,7 @@ async def _bench(
     timeout: float,
     keep: bool,
     progress: bool,
+    soak: bool = False,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="orderflow-bench-") as tmp:
         workdir = Path(tmp)
@@ -583,7 +598,7 @@ async def _bench(
                 return await with_transactions(result, counted, settings.store_url)
             expected = 2 + schedulers + agents * len(AGENTS)
             await initialise(settings)
-            env = _env(settings, faults, workdir)
+            env = _env(settings, faults, workdir) | (soak_env() if soak else {})
             async with topology(
                 settings, schedulers=schedulers, agents=agents, env=env, workdir=workdir
             ) as up:
@@ -596,8 +611,11 @@ async def _bench(
                     if "serve remote" in cmdline
                 }
                 counted = await store_transactions(settings.store_url)
+                soaking = Soak(settings, store) if soak else None
                 try:
-                    result = await _measure(store, run, statuses, seed, timeout, progress, remote)
+                    result = await _measure(
+                        store, run, statuses, seed, timeout, progress, remote, soaking
+                    )
                 except click.ClickException:
                     raise
                 except Exception as exc:
@@ -618,6 +636,7 @@ async def _measure(
     timeout: float,
     progress: bool,
     others: dict[int, str] | None = None,
+    soak: Soak | None = None,
 ) -> dict[str, Any]:
     kinds = {int(s.data["pid"]): s.kind for s in statuses if "pid" in s.data} | (others or {})
     kinds |= servers()
@@ -625,7 +644,10 @@ async def _measure(
     machine_before = machine_usage()
     run.started = time.monotonic()
     publishing = asyncio.create_task(publish(run.settings, run, seed=seed))
-    terminal = await wait_settled(store, run, timeout, progress)
+    if soak is None:
+        terminal = await wait_settled(store, run, timeout, progress)
+    else:
+        terminal = await soak.wait(run.orders, timeout, progress)
     run.finished = time.monotonic()
     await publishing
     machine = machine_usage() - machine_before
@@ -634,6 +656,13 @@ async def _measure(
     result = report(run, await all_states(store), before, after, kinds)
     result["terminal"] = terminal
     result["machine"] = machine_report(machine, result["processes"], result["orders"])
+    if soak is not None:
+        # Most orders were purged before the end: the figure is the bench's own clock, and
+        # the latencies are those of the orders still stored.
+        wall = run.finished - run.started
+        result["wall_s"] = round(wall, 3)
+        result["orders_per_s"] = round(terminal / wall, 1) if wall else 0.0
+        result["soak"] = await soak.result()
     return result
 
 
