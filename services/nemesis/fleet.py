@@ -62,11 +62,13 @@ class Fleet:
                 return None
         return proc.returncode
 
-    def restart(self, label: str, *, crash: bool = False, **env: str) -> None:
-        """Stop (SIGTERM, or SIGKILL when `crash`) and start again with these settings added."""
+    def restart(
+        self, label: str, env: dict[str, str] | None = None, *, crash: bool = False
+    ) -> None:
+        """Stop (SIGTERM, or SIGKILL when `crash`) and start again with `env` added."""
         (self.kill if crash else self.stop)(label)
         self.restarts += 1
-        self.start(label, self.args[label], **env)
+        self.start(label, self.args[label], **(env or {}))
 
     def dead(self) -> list[str]:
         """The processes that exited on their own."""

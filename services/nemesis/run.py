@@ -279,8 +279,10 @@ class Nemesis:
                 await asyncio.to_thread(
                     fleet.restart,
                     fault.target,
-                    ORDERFLOW_FAULT_DUPLICATE_RATE="0.5",
-                    ORDERFLOW_FAULT_SEED=str(self.seed),
+                    {
+                        "ORDERFLOW_FAULT_DUPLICATE_RATE": "0.5",
+                        "ORDERFLOW_FAULT_SEED": str(self.seed),
+                    },
                 )
                 await asyncio.sleep(d)
                 await asyncio.to_thread(fleet.restart, fault.target)
@@ -290,9 +292,11 @@ class Nemesis:
                 await asyncio.to_thread(
                     fleet.restart,
                     fault.target,
-                    ORDERFLOW_FAULT_REPLY_DELAY_RATE="0.5",
-                    ORDERFLOW_FAULT_REPLY_DELAY_MS="3000",
-                    ORDERFLOW_FAULT_SEED=str(self.seed),
+                    {
+                        "ORDERFLOW_FAULT_REPLY_DELAY_RATE": "0.5",
+                        "ORDERFLOW_FAULT_REPLY_DELAY_MS": "3000",
+                        "ORDERFLOW_FAULT_SEED": str(self.seed),
+                    },
                 )
                 await asyncio.sleep(d)
                 await asyncio.to_thread(fleet.restart, fault.target)
@@ -301,7 +305,7 @@ class Nemesis:
         elif fault.kind is Kind.CLOCK_JUMP:
             assert fault.target is not None
             async with self._lock(fault.target):
-                await asyncio.to_thread(fleet.restart, fault.target, **shifted(fault.amount))
+                await asyncio.to_thread(fleet.restart, fault.target, shifted(fault.amount))
                 await asyncio.sleep(d)
                 await asyncio.to_thread(fleet.restart, fault.target)
 

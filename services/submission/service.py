@@ -148,8 +148,10 @@ class Submission:
         """Stop taking orders: at most the messages already in hand (the prefetch) follow."""
         if self.paused or self._consumer is None:
             return
-        self.paused = True
+        # Paused once the broker took the cancel: one refused (the connection is down) leaves
+        # the consumer subscribed, and the next count pauses it.
         await self._consumer.pause()
+        self.paused = True
         log.warning(
             "backlog over the threshold: submission paused",
             extra={"backlog": self._backlog, "threshold": self._threshold},
