@@ -339,7 +339,7 @@ class Nemesis:
     async def _poison(self, count: int) -> None:
         """Messages no contract accepts: on the orders queue and on an agent's queue."""
         names = Names(HUB)
-        connection = await aio_pika.connect(self.mq.url, timeout=5)
+        connection = await self._broker()
         try:
             channel = await connection.channel()
             submit = await channel.get_exchange(names.submit)
@@ -359,6 +359,18 @@ class Nemesis:
                     await submit.publish(message, routing_key="")
         finally:
             await connection.close()
+
+    async def _broker(self, timeout: float = 180) -> aio_pika.abc.AbstractConnection:
+        """A connection to the private broker, once it takes one (another fault may have
+        stopped it)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return await aio_pika.connect(self.mq.url, timeout=5)
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
 
     async def _heal(self) -> None:
         """After the last fault: every process running, with its own settings, and the remote
