@@ -265,7 +265,7 @@ def show_cmd(ctx: click.Context, order_id: str, as_json: bool) -> None:
         finally:
             await store.close()
         if record is None and order is None:
-            raise BadInput(f"no order {order_id} in hub {settings.hub}")
+            raise BadInput(f"no order {order_id} in hub {settings.hub}{_purged_note(settings)}")
         now = utcnow()
         return {
             "order_id": order_id,
@@ -409,7 +409,9 @@ def history_cmd(ctx: click.Context, order_id: str, as_json: bool) -> None:
                 f"{state.updated_at.isoformat()}); its history has expired "
                 f"(retention {settings.retention_s:g} s)"
             )
-        raise BadInput(f"no history for order {order_id} in hub {settings.hub}")
+        raise BadInput(
+            f"no history for order {order_id} in hub {settings.hub}{_purged_note(settings)}"
+        )
     start = events[0].at
     rows: list[dict[str, Any]] = []
     previous = start
@@ -444,3 +446,13 @@ def history_cmd(ctx: click.Context, order_id: str, as_json: bool) -> None:
         )
     plain_console().print(table)
     click.echo(f"{len(rows)} events over {human_duration(rows[-1]['since_start_s'])}")
+
+
+def _purged_note(settings: Settings) -> str:
+    """What an operator looking for a missing order should know: finished orders go."""
+    kept = settings.order_retention_s
+    span = f"{kept / 86_400:g} days" if kept >= 86_400 else f"{kept:g} s"
+    return (
+        f" (a finished order, Processed or Compensated, is deleted {span} after it "
+        "finished: ORDERFLOW_ORDER_RETENTION_S)"
+    )

@@ -462,31 +462,36 @@ class PostgresStore:
         return [_read(CompensationEntry, r) for r in rows]
 
     # -- retention
+    # Every purge picks its batch by `ctid` under row locks (`FOR UPDATE SKIP LOCKED`: a row a
+    # consumer is changing right now is passed over, not waited for) in the order of an index
+    # that matches its condition, and deletes through a TID scan: the plan reads what it
+    # deletes, whatever the planner estimates (a join against a batch read whole tables).
+
     async def purge_journal(self, *, finished_before: datetime, limit: int) -> Purged:
-        # Oldest rows first through the time indexes; a row whose order is not finished (parked,
-        # live) is passed over, so a batch reads the few such old rows besides what it deletes.
+        # Oldest rows first through the time indexes; each row's order is looked up by its key
+        # (a subplan, not a join), so a batch reads what it deletes and the old rows of the few
+        # orders still parked or live.
+        finished = (
+            f"(SELECT s.updated_at FROM {self._s}.state s WHERE s.order_id = j.order_id "
+            f"AND s.process_state IN ({_FINISHED})) < $1"
+        )
         row = await self._pool.fetchrow(
             f"""
             WITH h AS (
-                DELETE FROM {self._s}.history WHERE seq IN (
-                    SELECT h.seq FROM {self._s}.history h
-                     WHERE h.at < $2 AND EXISTS (
-                           SELECT 1 FROM {self._s}.state s WHERE s.order_id = h.order_id
-                              AND s.process_state = ANY($1) AND s.updated_at < $2)
-                     ORDER BY h.at LIMIT $3)
+                DELETE FROM {self._s}.history WHERE ctid = ANY(ARRAY(
+                    SELECT j.ctid FROM {self._s}.history j
+                     WHERE j.at < $1 AND {finished}
+                     ORDER BY j.at LIMIT $2 FOR UPDATE SKIP LOCKED))
                 RETURNING 1
             ), c AS (
-                DELETE FROM {self._s}.compensation_log WHERE (order_id, step) IN (
-                    SELECT c.order_id, c.step FROM {self._s}.compensation_log c
-                     WHERE c.recorded_at < $2 AND EXISTS (
-                           SELECT 1 FROM {self._s}.state s WHERE s.order_id = c.order_id
-                              AND s.process_state = ANY($1) AND s.updated_at < $2)
-                     ORDER BY c.recorded_at LIMIT $3)
+                DELETE FROM {self._s}.compensation_log WHERE ctid = ANY(ARRAY(
+                    SELECT j.ctid FROM {self._s}.compensation_log j
+                     WHERE j.recorded_at < $1 AND {finished}
+                     ORDER BY j.recorded_at LIMIT $2 FOR UPDATE SKIP LOCKED))
                 RETURNING 1
             )
             SELECT (SELECT count(*) FROM h) AS history, (SELECT count(*) FROM c) AS compensation
             """,
-            [s.value for s in TERMINAL_STATES],
             finished_before,
             limit,
         )
@@ -494,31 +499,30 @@ class PostgresStore:
         return Purged(history=row["history"], compensation=row["compensation"])
 
     async def purge_orders(self, *, finished_before: datetime, limit: int) -> Purged:
-        # One statement: the state records (the condition, re-checked under their row locks),
-        # then what belongs to exactly those orders. A crash leaves all of it or none.
+        # One statement: the state records (their condition re-checked as they are locked), then
+        # what belongs to exactly those orders. A crash leaves all of it or none.
         row = await self._pool.fetchrow(
             f"""
-            WITH victims AS (
-                SELECT order_id FROM {self._s}.state
-                 WHERE process_state = ANY($1) AND updated_at < $2
-                 LIMIT $3 FOR UPDATE SKIP LOCKED
-            ), s AS (
-                DELETE FROM {self._s}.state
-                 WHERE order_id IN (SELECT order_id FROM victims) RETURNING order_id
+            WITH s AS (
+                DELETE FROM {self._s}.state WHERE ctid = ANY(ARRAY(
+                    SELECT ctid FROM {self._s}.state
+                     WHERE process_state IN ({_FINISHED}) AND updated_at < $1
+                     ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+                RETURNING order_id
             ), o AS (
-                DELETE FROM {self._s}.orders WHERE order_id IN (SELECT order_id FROM s)
+                DELETE FROM {self._s}.orders WHERE order_id = ANY(ARRAY(SELECT order_id FROM s))
                 RETURNING 1
             ), h AS (
-                DELETE FROM {self._s}.history WHERE order_id IN (SELECT order_id FROM s)
+                DELETE FROM {self._s}.history WHERE order_id = ANY(ARRAY(SELECT order_id FROM s))
                 RETURNING 1
             ), c AS (
-                DELETE FROM {self._s}.compensation_log WHERE order_id IN (SELECT order_id FROM s)
+                DELETE FROM {self._s}.compensation_log
+                 WHERE order_id = ANY(ARRAY(SELECT order_id FROM s))
                 RETURNING 1
             )
             SELECT (SELECT count(*) FROM s) AS orders, (SELECT count(*) FROM h) AS history,
                    (SELECT count(*) FROM c) AS compensation
             """,
-            [s.value for s in TERMINAL_STATES],
             finished_before,
             limit,
         )
@@ -527,8 +531,8 @@ class PostgresStore:
 
     async def purge_alerts(self, *, raised_before: datetime, limit: int) -> int:
         result = await self._pool.execute(
-            f"DELETE FROM {self._s}.alerts WHERE alert_id IN (SELECT alert_id FROM "
-            f"{self._s}.alerts WHERE at < $1 ORDER BY at LIMIT $2)",
+            f"DELETE FROM {self._s}.alerts WHERE ctid = ANY(ARRAY(SELECT ctid FROM "
+            f"{self._s}.alerts WHERE at < $1 ORDER BY at LIMIT $2 FOR UPDATE SKIP LOCKED))",
             raised_before,
             limit,
         )
@@ -633,16 +637,11 @@ class PostgresStore:
         return _affected(result) == 1
 
     async def inbox_purge(self, *, now: datetime, limit: int) -> int:
-        # Oldest expiry first through `inbox_expiry`; an entry a consumer is claiming right now
-        # (its row locked) is skipped, not waited for.
+        # Oldest expiry first through `inbox_expiry`, as every purge (see purge_journal); an
+        # entry a consumer is claiming right now (its row locked) is skipped, not waited for.
         result = await self._pool.execute(
-            f"""
-            DELETE FROM {self._s}.inbox AS i
-             USING (SELECT queue, message_id FROM {self._s}.inbox
-                     WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2
-                     FOR UPDATE SKIP LOCKED) AS old
-             WHERE i.queue = old.queue AND i.message_id = old.message_id
-            """,
+            f"DELETE FROM {self._s}.inbox WHERE ctid = ANY(ARRAY(SELECT ctid FROM {self._s}.inbox "
+            "WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
             now,
             limit,
         )
@@ -744,6 +743,10 @@ class PostgresStore:
     async def forget_status(self, name: str) -> None:
         await self._pool.execute(f"DELETE FROM {self._s}.components WHERE name = $1", name)
 
+
+_FINISHED = ", ".join(f"'{state.value}'" for state in sorted(TERMINAL_STATES))
+"""The finished states as SQL literals, as the partial index `state_finished` names them (a
+parameter could not be proven to match its predicate)."""
 
 _STATUS_KEPT = timedelta(hours=1)
 """Expired statuses are pruned after this (a listing ignores them at once)."""

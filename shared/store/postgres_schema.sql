@@ -112,9 +112,11 @@ ALTER TABLE "{schema}".compensation_log
     ADD COLUMN IF NOT EXISTS schema_version integer NOT NULL DEFAULT 1;
 ALTER TABLE "{schema}".alerts ADD COLUMN IF NOT EXISTS schema_version integer NOT NULL DEFAULT 1;
 
--- Added for retention (issue 14): the journal expires by its own time, oldest first, so a purge
--- reads only what it deletes and the few old rows of orders still parked or live. Finished
--- orders are found through `state_by_state`, expired inbox entries through `inbox_expiry`, old
+-- Added for retention (issue 14): each purge reads its batch oldest first through an index
+-- that matches its condition, so it reads what it deletes (and the journal purge the few old
+-- rows of orders still parked or live). Expired inbox entries go through `inbox_expiry`, old
 -- alerts through `alerts_by_time`.
 CREATE INDEX IF NOT EXISTS history_by_time ON "{schema}".history (at);
 CREATE INDEX IF NOT EXISTS compensation_by_time ON "{schema}".compensation_log (recorded_at);
+CREATE INDEX IF NOT EXISTS state_finished ON "{schema}".state (updated_at)
+    WHERE process_state IN ('Compensated', 'Processed');

@@ -28,6 +28,7 @@ from shared.domain.journal import AlertKind
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.reporting import Reporter
+from shared.store.port import StateQuery
 from tests.conftest import RABBITMQ_URL
 from tests.support.factories import order_pair
 from tests.support.topology import Topology, running_topology
@@ -68,6 +69,14 @@ async def test_the_leader_purges_what_expired_in_bounded_batches_and_keeps_parke
     parked, state = order_pair("o-parked")
     await topo.store.insert_order(parked, state.model_copy(update={"workflow_version": 99}))
 
+    async def one_processed() -> str | None:
+        found = await topo.store.query_states(
+            StateQuery(states=frozenset({ProcessState.PROCESSED})), limit=1
+        )
+        return found[0].order_id if found else None
+
+    finished = await eventually(one_processed, timeout=60, what="an order Processed")
+
     async def purged() -> dict[str, int] | None:
         counts = await topo.store.record_counts()
         # Every finished order gone with its journal; the inbox and the alerts emptied.
@@ -78,6 +87,8 @@ async def test_the_leader_purges_what_expired_in_bounded_batches_and_keeps_parke
     parked_state = await topo.store.get_state("o-parked")
     assert parked_state is not None and parked_state.process_state is ProcessState.ERROR
     assert counts["history"] == len(await topo.history("o-parked")) > 0, "parked: journal kept"
+    shown = topo.cli("orders", "show", finished)
+    assert shown.returncode == 1 and "is deleted 2 s after" in shown.stderr, shown
 
     async def reported() -> dict[bool, dict[str, Any]] | None:
         found = await supervisors(topo)
