@@ -18,6 +18,7 @@ from services.cli.deploy import deploy
 from services.cli.dlq import dlq
 from services.cli.health import health
 from services.cli.inspect import alerts, audit, stats, watch
+from services.cli.nemesis import nemesis
 from services.cli.render import PlainFormatter, plain
 from services.cli.serve import serve
 from services.cli.submit import submit
@@ -154,3 +155,4 @@ main.add_command(bench)
 main.add_command(health)
 main.add_command(deploy)
 main.add_command(workflows)
+main.add_command(nemesis)
