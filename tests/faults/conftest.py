@@ -4,24 +4,32 @@ Every test ends in `FaultRun.settle`, which waits until every order it submitted
 checks the invariants of DESIGN §8 (`orderflow audit`, plus lost orders and duplicate effects
 counted here) and records a row of the table printed at the end of the run (and written to
 `$ORDERFLOW_FAULT_REPORT` when set).
+
+A test that stops, crashes or restarts a server runs its topology on `private_topo`: a PostgreSQL
+cluster and a RabbitMQ node of the suite's own (services/nemesis/servers.py), never the machine's,
+which other work on the machine uses.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from services.nemesis.process import listening
+from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ, ServerMissing
 from shared.domain.journal import Alert, AlertKind
 from shared.domain.models import StateRecord
 from shared.domain.states import SETTLED_STATES, ProcessState
+from tests.conftest import service_missing
 from tests.support.topology import Topology, all_orders, running_topology
 from tests.support.waiting import eventually
 
@@ -146,6 +154,50 @@ def everywhere(topo: Topology, **env: str) -> None:
 @pytest.fixture
 async def topo(hub: str, tmp_path: Path) -> AsyncIterator[Topology]:
     async with running_topology(hub, tmp_path) as t:
+        yield t
+
+
+# One of each per run, started when a test first asks: a RabbitMQ node takes about 10 s to boot here
+# (30 on a loaded machine; PostgreSQL 1 to 5 s), and each test works in a hub of its own on them
+# anyway. A missing binary skips on a laptop and fails under ORDERFLOW_REQUIRE_SERVICES=1; a server
+# that fails to start is an error either way.
+@pytest.fixture(scope="session")
+def private_postgres() -> Iterator[PrivatePostgres]:
+    try:
+        server = PrivatePostgres()
+    except ServerMissing as exc:
+        service_missing("a private PostgreSQL server", exc)
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def private_rabbitmq() -> Iterator[PrivateRabbitMQ]:
+    try:
+        server = PrivateRabbitMQ()
+    except ServerMissing as exc:
+        service_missing("a private RabbitMQ node", exc)
+    with server:
+        yield server
+
+
+@pytest.fixture
+async def private_topo(
+    hub: str,
+    tmp_path: Path,
+    private_postgres: PrivatePostgres,
+    private_rabbitmq: PrivateRabbitMQ,
+) -> AsyncIterator[Topology]:
+    """A topology on the suite's private servers, for a test to stop and restart them."""
+    # A test before may have left one down (its restart failed): each test starts on both up.
+    for server in (private_postgres, private_rabbitmq):
+        if not server.running:
+            await asyncio.to_thread(server.start)
+    if not listening(private_rabbitmq.port):
+        await asyncio.to_thread(private_rabbitmq.start_app)
+    async with running_topology(
+        hub, tmp_path, store_url=private_postgres.url, rabbitmq_url=private_rabbitmq.url
+    ) as t:
         yield t
 
 

@@ -1,25 +1,21 @@
 """The servers themselves restarting under load: RabbitMQ and PostgreSQL.
 
-These tests stop the machine's own servers for a few seconds; each restarts its server in a
-`finally`, whatever happens, and waits until it answers again before the next test runs.
+These tests stop the fault suite's private servers (`private_topo`, services/nemesis/servers.py),
+never the machine's own: each restarts its server in a `finally`, whatever happens, and waits until
+it answers again before the next test runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
+from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
 from shared.domain.states import ProcessState
-from shared.store.postgres import PostgresStore
-from tests.conftest import POSTGRES_URL
 from tests.faults.conftest import FaultRun, everywhere
 from tests.support.topology import Topology
 from tests.support.waiting import eventually
@@ -27,47 +23,31 @@ from tests.support.waiting import eventually
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres, pytest.mark.faults]
 
 
-def _run(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
-
-
-def _rabbitmq_up() -> bool:
-    return subprocess.run(["rabbitmqctl", "await_startup"], capture_output=True).returncode == 0
-
-
-@contextmanager
-def rabbitmq_stopped() -> Iterator[None]:
-    """RabbitMQ's application stopped (every connection dropped), then started again."""
-    if shutil.which("rabbitmqctl") is None:
-        pytest.fail("rabbitmqctl is needed to restart RabbitMQ", pytrace=False)
-    _run("rabbitmqctl", "stop_app")
+@asynccontextmanager
+async def rabbitmq_stopped(server: PrivateRabbitMQ) -> AsyncIterator[None]:
+    """RabbitMQ's application stopped (every connection dropped, the node stays), then started
+    again."""
+    await asyncio.to_thread(server.stop_app)
     try:
         yield
     finally:
-        _run("rabbitmqctl", "start_app")
-        _run("rabbitmqctl", "await_startup")
+        await asyncio.to_thread(server.start_app)
 
 
-def _pg_cluster() -> tuple[str, str]:
-    versions = sorted(os.listdir("/etc/postgresql")) if Path("/etc/postgresql").exists() else []
-    if not versions or shutil.which("pg_ctlcluster") is None:
-        pytest.fail("pg_ctlcluster is needed to restart PostgreSQL", pytrace=False)
-    return versions[-1], "main"
-
-
-@contextmanager
-def postgres_stopped() -> Iterator[None]:
-    version, cluster = _pg_cluster()
-    ctl = ("pg_ctlcluster", "--skip-systemctl-redirect", version, cluster)
-    _run(*ctl, "stop", "--", "-m", "fast")
+@asynccontextmanager
+async def postgres_stopped(server: PrivatePostgres) -> AsyncIterator[None]:
+    """PostgreSQL shut down ("fast": every session ended), then started again on its data."""
+    await asyncio.to_thread(server.stop)
     try:
         yield
     finally:
-        _run(*ctl, "start")
-        _run("pg_isready", "-q", "-t", "60", "-h", "127.0.0.1", "-p", "5432")
+        await asyncio.to_thread(server.start)
 
 
-async def test_rabbitmq_restart_under_load(topo: Topology) -> None:
+async def test_rabbitmq_restart_under_load(
+    private_topo: Topology, private_rabbitmq: PrivateRabbitMQ
+) -> None:
+    topo = private_topo
     run = FaultRun(topo, "RabbitMQ restarted under load")
     # Deadlines long enough that the backlog of 300 orders on a slow machine costs no recovery:
     # what this test counts is what the restart costs.
@@ -76,7 +56,7 @@ async def test_rabbitmq_restart_under_load(topo: Topology) -> None:
     run.submit(300, seed=41)
     await run.wait_for(ProcessState.PROCESSED, 50)
 
-    with rabbitmq_stopped():
+    async with rabbitmq_stopped(private_rabbitmq):
         run.struck()
         # A publisher sees the failure; nothing is silently lost.
         refused = await asyncio.to_thread(topo.cli, "submit", "--json", "--count", "1", timeout=60)
@@ -97,7 +77,10 @@ async def test_rabbitmq_restart_under_load(topo: Topology) -> None:
         assert state is not None and state.process_state is ProcessState.PROCESSED
 
 
-async def test_postgresql_restart_under_load(topo: Topology) -> None:
+async def test_postgresql_restart_under_load(
+    private_topo: Topology, private_postgres: PrivatePostgres
+) -> None:
+    topo = private_topo
     run = FaultRun(topo, "PostgreSQL restarted under load")
     # Deadlines long enough that the backlog of 300 orders on a slow machine costs no recovery:
     # what this test counts is what the restart costs.
@@ -106,7 +89,7 @@ async def test_postgresql_restart_under_load(topo: Topology) -> None:
     run.submit(300, seed=43)
     await run.wait_for(ProcessState.PROCESSED, 50)
 
-    with postgres_stopped():
+    async with postgres_stopped(private_postgres):
         run.struck()
         # While the store is down, orders still arrive and wait on the queue.
         more = await asyncio.to_thread(topo.cli, "submit", "--json", "--count", "20", timeout=60)
@@ -121,9 +104,7 @@ async def test_postgresql_restart_under_load(topo: Topology) -> None:
 
     # The test's own pool lost its connections with the server; take fresh ones.
     await topo.store.close()
-    topo.store = await PostgresStore.connect(
-        POSTGRES_URL, topo.hub, pool_size=5, timeout=5, command_timeout=10
-    )
+    await topo.connect_store()
     states = await run.settle(timeout=120)
     assert len(states) == 320
     assert all(s.process_state is ProcessState.PROCESSED for s in states)
