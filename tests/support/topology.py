@@ -125,7 +125,8 @@ class Topology:
                 return False
             return True
 
-        await eventually(healthy, timeout=20, what="the remote service answering")
+        # A loaded machine gives a starting process little CPU: a remote may take half a minute.
+        await eventually(healthy, timeout=60, what="the remote service answering")
 
     def signal(self, label: str, sig: int) -> None:
         self.procs[label].send_signal(sig)
