@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from services.cli.render import plain
-from services.nemesis.run import run_nemesis
+from services.nemesis.run import run_seeds
 
 
 @click.command("nemesis")
@@ -40,16 +40,31 @@ from services.nemesis.run import run_nemesis
     type=click.Path(file_okay=False, path_type=Path),
     help="Keep the processes' logs and the remote ledger in this directory.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def nemesis(seed: int, faults: int, orders: int, keep: Path | None, as_json: bool) -> None:
+@click.option(
+    "--runs",
+    type=click.IntRange(min=1, max=10_000),
+    default=1,
+    show_default=True,
+    help="Run seeds SEED, SEED+1, … this many, one after the other on the same servers.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON (a line a run).")
+def nemesis(
+    seed: int, faults: int, orders: int, keep: Path | None, runs: int, as_json: bool
+) -> None:
     """Faults drawn by SEED over a run on private servers, then the audit."""
-    figures = asyncio.run(run_nemesis(seed, faults, orders, keep=keep))
-    data = figures.as_dict()
-    if as_json:
-        click.echo(json.dumps(data))
-    else:
-        _print(data)
-    if not figures.ok:
+
+    async def each() -> bool:
+        ok = True
+        async for figures in run_seeds(seed, runs, faults, orders, keep=keep):
+            data = figures.as_dict()
+            if as_json:
+                click.echo(json.dumps(data))
+            else:
+                _print(data)
+            ok = ok and figures.ok
+        return ok
+
+    if not asyncio.run(each()):
         raise SystemExit(1)
 
 

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import aio_pika
 
 from services.nemesis.fleet import Fleet, environment
-from services.nemesis.process import free_port
+from services.nemesis.process import free_port, listening
 from services.nemesis.schedule import AGENT_PROCESSES, Fault, Kind, draw
 from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
 from services.remote.client import RemoteClient
@@ -34,6 +35,7 @@ from shared.store.postgres import PostgresStore
 log = logging.getLogger(__name__)
 
 HUB = "nemesis"
+"""The hub of a run; each further run on the same servers (`--runs`) gets one of its own."""
 CLOCK_SKEW_S = 1.0
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
@@ -126,6 +128,7 @@ class Nemesis:
         pg: PrivatePostgres,
         mq: PrivateRabbitMQ,
         workdir: Path,
+        hub: str = HUB,
     ) -> None:
         self.seed = seed
         self.faults = faults
@@ -134,13 +137,14 @@ class Nemesis:
         self.mq = mq
         self.workdir = workdir
         self.token = secrets.token_hex(16)
+        self.hub = hub
         self.remote_url = f"http://127.0.0.1:{free_port()}"
         env = (
             environment()
             | TIMINGS
             | REMOTE
             | {
-                "ORDERFLOW_HUB": HUB,
+                "ORDERFLOW_HUB": self.hub,
                 "ORDERFLOW_STORE_URL": pg.url,
                 "ORDERFLOW_RABBITMQ_URL": mq.url,
                 "ORDERFLOW_REMOTE_URL": self.remote_url,
@@ -149,7 +153,7 @@ class Nemesis:
                 "ORDERFLOW_REMOTE_ADMIN_TOKEN": self.token,
             }
         )
-        self.fleet = Fleet(workdir, env, HUB)
+        self.fleet = Fleet(workdir, env, self.hub)
         self.order_ids: list[str] = []
         self.notes: list[str] = []
         self.unapplied: list[str] = []
@@ -174,7 +178,7 @@ class Nemesis:
             raise RuntimeError(f"orderflow init failed: {init.stderr.strip()[-500:]}")
         for label, args in TOPOLOGY:
             self.fleet.start(label, args)
-        self._remote = RemoteClient.open(self.remote_url, account=HUB, admin_token=self.token)
+        self._remote = RemoteClient.open(self.remote_url, account=self.hub, admin_token=self.token)
         try:
             await self._wait_remote()
             span = max((f.at_s + f.duration_s for f in self.faults), default=0.0)
@@ -338,7 +342,7 @@ class Nemesis:
 
     async def _poison(self, count: int) -> None:
         """Messages no contract accepts: on the orders queue and on an agent's queue."""
-        names = Names(HUB)
+        names = Names(self.hub)
         connection = await self._broker()
         try:
             channel = await connection.channel()
@@ -386,7 +390,7 @@ class Nemesis:
         ids = set(self.order_ids)
         deadline = time.monotonic() + timeout
         store = await PostgresStore.connect(
-            self.pg.url, HUB, pool_size=2, timeout=5, command_timeout=30
+            self.pg.url, self.hub, pool_size=2, timeout=5, command_timeout=30
         )
         try:
             while time.monotonic() < deadline:
@@ -401,7 +405,7 @@ class Nemesis:
     async def _figures(self, figures: Figures) -> None:
         assert self._remote is not None
         store = await PostgresStore.connect(
-            self.pg.url, HUB, pool_size=2, timeout=5, command_timeout=30
+            self.pg.url, self.hub, pool_size=2, timeout=5, command_timeout=30
         )
         try:
             states = await _states(store)
@@ -467,16 +471,36 @@ def span_for(faults: int) -> float:
 
 async def run_nemesis(seed: int, faults: int, orders: int, *, keep: Path | None = None) -> Figures:
     """Start private servers, run the seed's schedule against a fresh topology, audit."""
-    schedule = draw(seed, faults, span_s=span_for(faults), clock_skew_s=CLOCK_SKEW_S)
-    workdir = keep or Path(tempfile.mkdtemp(prefix=f"orderflow-nemesis-{seed}-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    async for figures in run_seeds(seed, 1, faults, orders, keep=keep):
+        return figures
+    raise AssertionError("one run yields one figures")  # pragma: no cover
+
+
+async def run_seeds(
+    first: int, runs: int, faults: int, orders: int, *, keep: Path | None = None
+) -> AsyncIterator[Figures]:
+    """Seeds `first` … `first + runs - 1`, one after the other on one pair of private servers
+    (a RabbitMQ node takes its seconds to boot), each run in a hub and a topology of its own."""
     with PrivatePostgres() as pg, PrivateRabbitMQ() as mq:
-        figures = await Nemesis(seed, schedule, orders, pg, mq, workdir).run()
-    if figures.ok and keep is None:
-        # A passing run's logs are of no use; a failing one's are kept to read.
-        shutil.rmtree(workdir, ignore_errors=True)
-        figures.workdir = None
-    return figures
+        for seed in range(first, first + runs):
+            # A fault that could not restart a server leaves it down: each run starts on both up.
+            if not pg.running:
+                await asyncio.to_thread(pg.start)
+            if not listening(mq.port):
+                await asyncio.to_thread(mq.start_app)
+            schedule = draw(seed, faults, span_s=span_for(faults), clock_skew_s=CLOCK_SKEW_S)
+            if keep is not None:
+                workdir = keep / str(seed)
+            else:
+                workdir = Path(tempfile.mkdtemp(prefix=f"orderflow-nemesis-{seed}-"))
+            workdir.mkdir(parents=True, exist_ok=True)
+            hub = HUB if runs == 1 else f"{HUB}{seed % 10**12}"
+            figures = await Nemesis(seed, schedule, orders, pg, mq, workdir, hub).run()
+            if figures.ok and keep is None:
+                # A passing run's logs are of no use; a failing one's are kept to read.
+                shutil.rmtree(workdir, ignore_errors=True)
+                figures.workdir = None
+            yield figures
 
 
-__all__ = ["AGENT_PROCESSES", "Figures", "run_nemesis", "span_for"]
+__all__ = ["AGENT_PROCESSES", "Figures", "run_nemesis", "run_seeds", "span_for"]
