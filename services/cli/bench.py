@@ -50,7 +50,7 @@ from shared.domain.models import StateRecord
 from shared.domain.states import SETTLED_STATES, ProcessState
 from shared.domain.timing import utcnow
 from shared.domain.workflow import AGENTS
-from shared.errors import PublishRejected
+from shared.errors import PublishError, PublishRejected
 from shared.store.factory import open_store
 from shared.store.port import StateStore
 
@@ -295,6 +295,10 @@ async def publish(settings: Settings, run: Run, *, seed: int, concurrency: int =
                         return
                     except PublishRejected:
                         await asyncio.sleep(0.2)  # the orders queue is full: admission control
+                    except PublishError:
+                        # No confirm in time (a loaded broker) or a lost connection: the same
+                        # message id again, which the inbox drops if the first copy arrived.
+                        await asyncio.sleep(1.0)
 
         await asyncio.gather(*(one(i) for i in range(run.orders)))
         await publisher.close()
@@ -302,8 +306,15 @@ async def publish(settings: Settings, run: Run, *, seed: int, concurrency: int =
         await connection.close()
 
 
-async def wait_settled(store: StateStore, run: Run, timeout: float, progress: bool) -> int:
-    """Until every order is terminal; the number that are."""
+async def wait_settled(
+    store: StateStore,
+    run: Run,
+    timeout: float,
+    progress: bool,
+    publishing: asyncio.Task[None] | None = None,
+) -> int:
+    """Until every order is terminal; the number that are. A publisher that failed ends the
+    wait with its error (its orders would never come)."""
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -322,9 +333,15 @@ async def wait_settled(store: StateStore, run: Run, timeout: float, progress: bo
             bar.update(task, completed=done)
             if done >= run.orders or time.monotonic() > give_up:
                 return done
+            raise_if_failed(publishing)
             # Each look counts the hub's whole state table: every 0.1 s it was a tenth of the
             # database's CPU in a long run. The figures come from the records, not from this.
             await asyncio.sleep(SETTLED_POLL_S)
+
+
+def raise_if_failed(task: asyncio.Task[None] | None) -> None:
+    if task is not None and task.done() and task.exception() is not None:
+        task.result()
 
 
 # -- the report ----------------------------------------------------------------------------------
@@ -645,9 +662,9 @@ async def _measure(
     run.started = time.monotonic()
     publishing = asyncio.create_task(publish(run.settings, run, seed=seed))
     if soak is None:
-        terminal = await wait_settled(store, run, timeout, progress)
+        terminal = await wait_settled(store, run, timeout, progress, publishing)
     else:
-        terminal = await soak.wait(run.orders, timeout, progress)
+        terminal = await soak.wait(run.orders, timeout, progress, publishing)
     run.finished = time.monotonic()
     await publishing
     machine = machine_usage() - machine_before

@@ -108,10 +108,17 @@ class Soak:
             await self._store.record_counts(), await queue_depths(connection, self._names)
         )
 
-    async def wait(self, orders: int, timeout: float, progress: bool) -> int:
+    async def wait(
+        self,
+        orders: int,
+        timeout: float,
+        progress: bool,
+        publishing: asyncio.Task[None] | None = None,
+    ) -> int:
         """Until every order published has settled or been purged, sampling the sizes; how
         many did. An order counts as purged once a supervisor's heartbeat says so, and the
-        heartbeats are read before the states, so no order is counted twice."""
+        heartbeats are read before the states, so no order is counted twice. A publisher that
+        failed ends the wait with its error."""
         connection = await open_broker(self._settings, name="orderflow-soak")
         bar = Progress(
             TextColumn("{task.description}"),
@@ -139,6 +146,8 @@ class Soak:
                     if (done >= orders and not live) or time.monotonic() > give_up:
                         await self.sample(connection)
                         return done
+                    if publishing is not None and publishing.done() and publishing.exception():
+                        publishing.result()
                     await asyncio.sleep(POLL_S)
         finally:
             await connection.close()
