@@ -117,11 +117,11 @@ async def publish_poison(
 
 
 class AlertQueue:
-    """What a hub's `<hub>.alerts` queue received: every message taken off it so far."""
+    """What a hub's alert feed (`<hub>.alerts.feed`) received: every message taken off it."""
 
     def __init__(self, channel: aio_pika.abc.AbstractChannel, hub: str) -> None:
         self.channel = channel
-        self.name = f"{hub}.alerts"
+        self.name = f"{hub}.alerts.feed"
         self.alert_ids: set[str] = set()
 
     async def drain(self) -> set[str]:
