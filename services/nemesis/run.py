@@ -22,13 +22,14 @@ from typing import Any
 
 import aio_pika
 
+from services.cli.audit import all_states
 from services.nemesis.fleet import Fleet, environment
 from services.nemesis.process import free_port, listening
 from services.nemesis.schedule import AGENT_PROCESSES, Fault, Kind, draw
 from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
 from services.remote.client import RemoteClient
 from shared.broker.topology import Names
-from shared.domain.states import SETTLED_STATES
+from shared.domain.states import SETTLED_STATES, ProcessState
 from shared.domain.workflow import AGENTS
 from shared.store.postgres import PostgresStore
 
@@ -436,13 +437,9 @@ def _overspend(violation: Any) -> bool:
     return "budget" in text and "attempt" in text
 
 
-async def _states(store: PostgresStore) -> dict[str, Any]:
-    states: dict[str, Any] = {}
-    after = None
-    while batch := await store.list_states(after=after, limit=1000):
-        states |= {s.order_id: s.process_state for s in batch}
-        after = batch[-1].order_id
-    return states
+async def _states(store: PostgresStore) -> dict[str, ProcessState]:
+    """Every order's state, by order id (the audit's paged read)."""
+    return {s.order_id: s.process_state for s in await all_states(store)}
 
 
 async def _until(moment: float) -> None:
