@@ -4,11 +4,12 @@
 # sh infra/secrets.sh [mongodb|postgres]
 #
 # Writes the compose deployment's secret files into ${SECRETS_DIR:-secrets} (relative to
-# the repository, as docker-compose.yml reads them): a random value for each password
-# and token without a file (an existing file is kept: put your own value there first if
-# you like, URL-safe), then the connection URLs built from them (rewritten every run, so
-# run it again after changing a password file). The directory is for its owner only; the
-# files are readable by the containers' users (a compose file secret is a bind mount).
+# the repository, as docker-compose.yml reads them): a random value for each password,
+# token and key without a file (an existing file is kept: put your own value there
+# first if you like, URL-safe; a key in mongod's keyfile format), then the connection
+# URLs built from them (rewritten every run, so run it again after changing a password
+# file). The directory is for its owner only; the files are readable by the containers'
+# users (a compose file secret is a bind mount).
 set -eu
 
 store=${1:-mongodb}
@@ -44,6 +45,21 @@ url_secret() {  # NAME BEFORE PASSWORD-SECRET AFTER
     mv "$dir/$1.new" "$dir/$1"
 }
 
+keyfile_check() {  # NAME: what mongod accepts as a keyfile (it ignores whitespace)
+    key=$(tr -d ' \t\n\r\f\v' < "$dir/$1")
+    case $key in
+        *[!A-Za-z0-9+/=]*)
+            echo "secrets: $dir/$1 must hold base64 characters only (A-Za-z0-9+/=)" >&2
+            exit 1
+            ;;
+    esac
+    if [ "${#key}" -lt 6 ] || [ "${#key}" -gt 1024 ]; then
+        echo "secrets: $dir/$1 must hold 6 to 1024 base64 characters" >&2
+        exit 1
+    fi
+    unset key
+}
+
 random_secret rabbitmq_admin_password  # RabbitMQ user orderflow-admin's password
 random_secret rabbitmq_submission_password  # RabbitMQ user orderflow-submission's password
 random_secret rabbitmq_scheduler_password  # RabbitMQ user orderflow-scheduler's password
@@ -55,9 +71,11 @@ random_secret rabbitmq_operator_password  # RabbitMQ user orderflow-operator's p
 random_secret rabbitmq_app_shop_password  # RabbitMQ user shop's password (an application)
 random_secret mongo_root_password  # MongoDB's root user (profile mongodb; creates the app user once)
 random_secret mongo_app_password  # MongoDB user `orderflow`: readWrite on the hub's database only
+random_secret mongo_keyfile  # MongoDB's replica-set key: its members authenticate to each other with it
 random_secret postgres_password  # PostgreSQL's superuser `postgres` (profile postgres)
 random_secret postgres_app_password  # PostgreSQL role `orderflow`: owns database `orderflow` only
 random_secret remote_admin_token  # bearer token of the remote stand-in's /admin and /ledger
+keyfile_check mongo_keyfile
 
 url_secret rabbitmq_admin_url 'amqp://orderflow-admin:' rabbitmq_admin_password '@rabbitmq:5672/orderflow'
 url_secret rabbitmq_submission_url 'amqp://orderflow-submission:' rabbitmq_submission_password '@rabbitmq:5672/orderflow'
@@ -87,6 +105,7 @@ chmod 644 \
     "$dir/rabbitmq_app_shop_password" \
     "$dir/mongo_root_password" \
     "$dir/mongo_app_password" \
+    "$dir/mongo_keyfile" \
     "$dir/postgres_password" \
     "$dir/postgres_app_password" \
     "$dir/remote_admin_token" \

@@ -11,6 +11,9 @@ has no file yet (an existing file is never changed), then the connection URLs th
 each orderflow container reads its own broker URL and the store URL as settings, through
 `ORDERFLOW_SECRETS_DIR` (pydantic-settings' secrets directory: file `orderflow_rabbitmq_url` is
 `ORDERFLOW_RABBITMQ_URL`).
+
+`mongo_keyfile` is the key MongoDB's replica-set members authenticate to each other with (random
+like a password; a key of your own must be in mongod's keyfile format, which the script checks).
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ HUB = "orderflow"
 BROKER = "rabbitmq:5672"
 URL_SAFE = "A-Za-z0-9._~-"
 """Characters a value may hold: it goes into a URL unescaped."""
+KEYFILE = "mongo_keyfile"
+"""The secret holding the replica set's key (`mongod --keyFile`, through
+infra/mongodb/entrypoint.sh)."""
+KEY_CHARACTERS = "A-Za-z0-9+/="
+"""What mongod accepts in a keyfile besides whitespace (the base64 alphabet), 6 to 1024 of them."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,7 @@ STORE_SECRETS = [
         "mongo_root_password", "MongoDB's root user (profile mongodb; creates the app user once)"
     ),
     Secret("mongo_app_password", "MongoDB user `orderflow`: readWrite on the hub's database only"),
+    Secret(KEYFILE, "MongoDB's replica-set key: its members authenticate to each other with it"),
     Secret("postgres_password", "PostgreSQL's superuser `postgres` (profile postgres)"),
     Secret("postgres_app_password", "PostgreSQL role `orderflow`: owns database `orderflow` only"),
 ]
@@ -113,11 +122,12 @@ def secrets_script(apps: tuple[str, ...] = DEFAULT_APPS) -> str:
         "# sh infra/secrets.sh [mongodb|postgres]",
         "#",
         "# Writes the compose deployment's secret files into ${SECRETS_DIR:-secrets} (relative to",
-        "# the repository, as docker-compose.yml reads them): a random value for each password",
-        "# and token without a file (an existing file is kept: put your own value there first if",
-        "# you like, URL-safe), then the connection URLs built from them (rewritten every run, so",
-        "# run it again after changing a password file). The directory is for its owner only; the",
-        "# files are readable by the containers' users (a compose file secret is a bind mount).",
+        "# the repository, as docker-compose.yml reads them): a random value for each password,",
+        "# token and key without a file (an existing file is kept: put your own value there",
+        "# first if you like, URL-safe; a key in mongod's keyfile format), then the connection",
+        "# URLs built from them (rewritten every run, so run it again after changing a password",
+        "# file). The directory is for its owner only; the files are readable by the containers'",
+        "# users (a compose file secret is a bind mount).",
         "set -eu",
         "",
         "store=${1:-mongodb}",
@@ -153,11 +163,28 @@ def secrets_script(apps: tuple[str, ...] = DEFAULT_APPS) -> str:
         '    mv "$dir/$1.new" "$dir/$1"',
         "}",
         "",
+        "keyfile_check() {  # NAME: what mongod accepts as a keyfile (it ignores whitespace)",
+        "    key=$(tr -d ' \\t\\n\\r\\f\\v' < \"$dir/$1\")",
+        "    case $key in",
+        f"        *[!{KEY_CHARACTERS}]*)",
+        '            echo "secrets: $dir/$1 must hold base64 characters only'
+        f' ({KEY_CHARACTERS})" >&2',
+        "            exit 1",
+        "            ;;",
+        "    esac",
+        '    if [ "${#key}" -lt 6 ] || [ "${#key}" -gt 1024 ]; then',
+        '        echo "secrets: $dir/$1 must hold 6 to 1024 base64 characters" >&2',
+        "        exit 1",
+        "    fi",
+        "    unset key",
+        "}",
+        "",
     ]
     for secret in secrets(apps):
         if secret.url is None and secret.name != "store_url":
             lines.append(f"random_secret {secret.name}  # {secret.what}")
-    lines.append("")
+    # 64 hex digits: in the base64 alphabet, so a valid key; one of your own is checked.
+    lines += [f"keyfile_check {KEYFILE}", ""]
     for secret in secrets(apps):
         if secret.url is not None:
             before, password, after = secret.url

@@ -109,11 +109,14 @@ def test_the_secrets_script_writes_every_secret_once_and_the_urls_from_them(
         f"mongodb://orderflow:{values['mongo_app_password']}@mongodb:27017/orderflow"
         "?authSource=orderflow"
     )
+    # The replica set's key is mongod's keyfile format (base64 characters, 6 to 1024 of them).
+    assert re.fullmatch(r"[A-Za-z0-9+/=]{6,1024}", values["mongo_keyfile"])
     # Again, for the other store, after a password was changed by hand: passwords are kept,
     # the URLs follow them.
     (directory / "rabbitmq_admin_password").write_text("chosen-by-hand\n")
     assert run_secrets_script(directory, "postgres").returncode == 0
     assert (directory / "mongo_app_password").read_text() == values["mongo_app_password"]
+    assert (directory / "mongo_keyfile").read_text() == values["mongo_keyfile"]
     assert (directory / "rabbitmq_admin_url").read_text() == (
         "amqp://orderflow-admin:chosen-by-hand@rabbitmq:5672/orderflow"
     )
@@ -130,6 +133,24 @@ def test_the_secrets_script_refuses_a_password_a_url_cannot_hold(tmp_path: Path)
     assert done.returncode == 1 and "rabbitmq_operator_password must be URL-safe" in done.stderr
     assert "p@ss/word" not in done.stderr
     assert run_secrets_script(directory, "sqlite").returncode == 2
+
+
+def test_the_secrets_script_keeps_a_key_of_your_own_in_mongods_format(tmp_path: Path) -> None:
+    directory = tmp_path / "secrets"
+    directory.mkdir()
+    # `openssl rand -base64 …`, as MongoDB's documentation makes one: lines, padding.
+    own = "c2VjcmV0LWtleS1vZi15b3VyLW93bg==\nbW9yZS1saW5lcw+/\n"
+    (directory / "mongo_keyfile").write_text(own)
+    done = run_secrets_script(directory)
+    assert done.returncode == 0, done.stderr
+    assert (directory / "mongo_keyfile").read_text() == own
+    for bad, why in [("not-base64!", "base64 characters only"), ("abc\n de", "6 to 1024")]:
+        (directory / "mongo_keyfile").write_text(bad)
+        refused = run_secrets_script(directory)
+        assert refused.returncode == 1 and why in refused.stderr, refused.stderr
+        assert bad not in refused.stderr
+    (directory / "mongo_keyfile").write_text("A" * 1025)
+    assert "6 to 1024" in run_secrets_script(directory).stderr
 
 
 # -- RabbitMQ: password hashes
