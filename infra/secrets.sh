@@ -88,7 +88,7 @@ url_secret rabbitmq_operator_url 'amqp://orderflow-operator:' rabbitmq_operator_
 url_secret rabbitmq_app_shop_url 'amqp://shop:' rabbitmq_app_shop_password '@rabbitmq:5672/orderflow'
 
 case $store in
-    mongodb) url_secret store_url 'mongodb://orderflow:' mongo_app_password '@mongodb:27017/orderflow?authSource=orderflow' ;;
+    mongodb) url_secret store_url 'mongodb://orderflow:' mongo_app_password '@mongodb:27017/orderflow?authSource=orderflow&replicaSet=rs0' ;;
     postgres) url_secret store_url 'postgresql://orderflow:' postgres_app_password '@postgres:5432/orderflow' ;;
 esac
 unset password

@@ -12,8 +12,10 @@ each orderflow container reads its own broker URL and the store URL as settings,
 `ORDERFLOW_SECRETS_DIR` (pydantic-settings' secrets directory: file `orderflow_rabbitmq_url` is
 `ORDERFLOW_RABBITMQ_URL`).
 
-`mongo_keyfile` is the key MongoDB's replica-set members authenticate to each other with (random
-like a password; a key of your own must be in mongod's keyfile format, which the script checks).
+MongoDB runs as a one-member replica set (`REPLICA_SET`): its members authenticate to each other
+with the shared key in `mongo_keyfile` (random like a password; a key of your own must be in
+mongod's keyfile format, which the script checks), and the store URL names the set, so the driver
+finds every member from the one it is given.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ HUB = "orderflow"
 BROKER = "rabbitmq:5672"
 URL_SAFE = "A-Za-z0-9._~-"
 """Characters a value may hold: it goes into a URL unescaped."""
+REPLICA_SET = "rs0"
+"""The compose MongoDB's replica set (`mongod --replSet`, infra/mongodb/replica-set.js)."""
 KEYFILE = "mongo_keyfile"
 """The secret holding the replica set's key (`mongod --keyFile`, through
 infra/mongodb/entrypoint.sh)."""
@@ -60,7 +64,7 @@ STORE_URLS = {
     "mongodb": (
         "mongodb://orderflow:",
         "mongo_app_password",
-        "@mongodb:27017/orderflow?authSource=orderflow",
+        f"@mongodb:27017/orderflow?authSource=orderflow&replicaSet={REPLICA_SET}",
     ),
     "postgres": ("postgresql://orderflow:", "postgres_app_password", "@postgres:5432/orderflow"),
 }

@@ -105,9 +105,10 @@ def test_the_secrets_script_writes_every_secret_once_and_the_urls_from_them(
     assert values["rabbitmq_admin_url"] == f"amqp://orderflow-admin:{admin}@rabbitmq:5672/orderflow"
     shop = values["rabbitmq_app_shop_password"]
     assert values["rabbitmq_app_shop_url"] == f"amqp://shop:{shop}@rabbitmq:5672/orderflow"
+    # The replica set's name: the driver finds every member from the one the URL names.
     assert values["store_url"] == (
         f"mongodb://orderflow:{values['mongo_app_password']}@mongodb:27017/orderflow"
-        "?authSource=orderflow"
+        "?authSource=orderflow&replicaSet=rs0"
     )
     # The replica set's key is mongod's keyfile format (base64 characters, 6 to 1024 of them).
     assert re.fullmatch(r"[A-Za-z0-9+/=]{6,1024}", values["mongo_keyfile"])

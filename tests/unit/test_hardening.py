@@ -180,6 +180,8 @@ CAPABILITIES = {
     # user (CHOWN, and DAC_READ_SEARCH to enter the server's own 0700 directories), then drops
     # to that user with gosu (SETUID, SETGID). RabbitMQ's also chowns the rendered definitions,
     # and its healthcheck (root) reads the Erlang cookie (rabbitmq's, 0400: DAC_READ_SEARCH).
+    # MongoDB's (infra/mongodb/entrypoint.sh) first copies the replica set's keyfile secret,
+    # whatever its host mode (DAC_READ_SEARCH), and hands the copy to mongodb (CHOWN).
     "rabbitmq": {"CHOWN", "DAC_READ_SEARCH", "SETGID", "SETUID"},
     "mongodb": {"CHOWN", "DAC_READ_SEARCH", "SETGID", "SETUID"},
     "postgres": {"CHOWN", "DAC_READ_SEARCH", "SETGID", "SETUID"},
@@ -189,9 +191,10 @@ WRITABLE = {
     # rabbitmq: its data (mnesia/khepri, the Erlang cookie), the rendered definitions
     # (entrypoint.sh), mktemp's work directory (render-definitions.sh), log files.
     "rabbitmq": {"/var/lib/rabbitmq", "/run/orderflow", "/tmp", "/var/log/rabbitmq"},
-    # mongod: its data, its socket and pid file and the entrypoint's parsed config (/tmp);
-    # /data/configdb is the image's anonymous volume.
-    "mongodb": {"/data/db", "/tmp"},
+    # mongod: its data, its socket and pid file and the entrypoint's parsed config (/tmp), the
+    # keyfile's copy, 0400 and mongodb's (/run/orderflow); /data/configdb is the image's
+    # anonymous volume.
+    "mongodb": {"/data/db", "/run/orderflow", "/tmp"},
     # postgres: its data, its socket and lock file, psql's heredocs during init.
     "postgres": {"/var/lib/postgresql/data", "/var/run/postgresql", "/tmp"},
     "remote": {"/data", "/tmp"},  # the ledger (SQLite, with its -wal and -shm files)
