@@ -1,8 +1,15 @@
 """The MongoDB adapter of the state store, through PyMongo's async API.
 
-One database per task hub. Single-document updates are atomic in MongoDB, so every conditional
-update is one `find_one_and_update` whose filter is the condition. The order and its state record
-are two insert-if-absent writes that share no transaction (DESIGN §4).
+A hub's collections live in the URL's database (the one its user may write), or, where the URL
+names none, in a database of the hub's name (`hub_location`). Single-document updates are atomic
+in MongoDB, so every conditional update is one `find_one_and_update` whose filter is the
+condition. The order and its state record are two insert-if-absent writes that share no
+transaction (DESIGN §4).
+
+The server's "try later" answers (a lost connection, a primary stepping down, a timeout, a write
+concern not met) are `StoreUnavailable`. Some of them come after the write applied: a
+conditional update whose outcome is unknown reads the record again before it says anything.
+Reads go to the primary and writes must be acknowledged, whatever the URL asks.
 """
 
 from __future__ import annotations
@@ -10,21 +17,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from bson.errors import InvalidDocument, InvalidStringData
-from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, ReturnDocument
+from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, ReadPreference, ReturnDocument
 from pymongo.errors import (
     BulkWriteError,
     ConnectionFailure,
     DocumentTooLarge,
     DuplicateKeyError,
+    ExecutionTimeout,
     OperationFailure,
     PyMongoError,
+    WriteConcernError,
 )
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from shared.domain.journal import (
     Alert,
@@ -61,6 +71,8 @@ _CLAIM_SPREAD = 4
 claimers mostly try different records instead of all racing for the same first few."""
 PURGE_PAGE = 500
 """Journal documents one retention page looks at."""
+PURGE_PAGES = 8
+"""Pages one journal purge looks at, at most; the next one goes on from where it stopped."""
 COLLECTIONS = frozenset(
     {
         "orders",
@@ -99,6 +111,40 @@ TypeMismatch, DollarPrefixedFieldName, InvalidDBRef, EmptyFieldName, DottedField
 BSONObjectTooLarge, KeyTooLong."""
 
 
+RETRYABLE_CODES = frozenset(
+    {6, 7, 24, 50, 64, 89, 91, 112, 134, 189, 262, 9001, 10058, 10107, 11600, 11602, 13435, 13436}
+)
+"""Server codes that mean "try later": the retryable-writes specification's (HostUnreachable,
+HostNotFound, NetworkTimeout, ShutdownInProgress, PrimarySteppedDown, ExceededTimeLimit,
+SocketException, NotWritablePrimary and its kin, InterruptedAtShutdown,
+InterruptedDueToReplStateChange), and LockTimeout, MaxTimeMSExpired, WriteConcernFailed,
+WriteConflict, ReadConcernMajorityNotAvailableYet."""
+TRANSIENT_LABELS = ("RetryableWriteError", "TransientTransactionError", "RetryableError")
+AUTH_CODES = frozenset({13, 18})
+"""Unauthorized, AuthenticationFailed: a user, password or role to fix, not an outage."""
+INDEX_CONFLICT_CODES = frozenset({85, 86})
+"""IndexOptionsConflict, IndexKeySpecsConflict: an index of this name or keys exists as an
+older release (or a hand) made it."""
+SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
+
+T = TypeVar("T")
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether a driver error means the server cannot do it now (retry later), rather than
+    that it refuses it."""
+    if isinstance(exc, ConnectionFailure | ExecutionTimeout | WriteConcernError):
+        return True  # NotPrimaryError, NetworkTimeout, ServerSelectionTimeoutError; WTimeoutError
+    if isinstance(exc, BulkWriteError):
+        details = exc.details or {}
+        errors = details.get("writeErrors") or []
+        concern = bool(details.get("writeConcernErrors"))
+        return (concern or bool(errors)) and all(e.get("code") in RETRYABLE_CODES for e in errors)
+    if isinstance(exc, OperationFailure):
+        return exc.code in RETRYABLE_CODES or any(map(exc.has_error_label, TRANSIENT_LABELS))
+    return isinstance(exc, PyMongoError) and exc.timeout
+
+
 def _refuses(exc: BaseException) -> bool:
     if isinstance(exc, BulkWriteError):  # insert_many: every write error a refusal
         errors = (exc.details or {}).get("writeErrors") or []
@@ -109,6 +155,7 @@ def _refuses(exc: BaseException) -> bool:
 @translate_errors(
     "MongoDB",
     unavailable=(ConnectionFailure,),
+    outage=is_outage,
     refused=(
         InvalidDocument,
         InvalidStringData,
@@ -123,45 +170,88 @@ class MongoStore:
 
     kind = "mongodb"
 
-    def __init__(self, db: Any, client: Any = None) -> None:
+    def __init__(
+        self, db: Any, client: Any = None, *, prefix: str = "", recheck_s: float = 10.0
+    ) -> None:
         self._db = db
         self._client = client
-        self._orders = db["orders"]
-        self._state = db["state"]
-        self._history = db["history"]
-        self._compensation = db["compensation_log"]
-        self._counters = db["counters"]
-        self._inbox = db["inbox"]
-        self._lease = db["lease"]
-        self._alerts = db["alerts"]
-        self._components = db["components"]
+        self._prefix = prefix
+        self._recheck_s = recheck_s
+        self._orders = db[f"{prefix}orders"]
+        self._state = db[f"{prefix}state"]
+        self._history = db[f"{prefix}history"]
+        self._compensation = db[f"{prefix}compensation_log"]
+        self._counters = db[f"{prefix}counters"]
+        self._inbox = db[f"{prefix}inbox"]
+        self._lease = db[f"{prefix}lease"]
+        self._alerts = db[f"{prefix}alerts"]
+        self._components = db[f"{prefix}components"]
+        self._resume: dict[str, tuple[datetime, Any] | None] = {}
+        """Where each journal purge goes on from (see `_expired_journal`)."""
 
     @classmethod
     async def connect(
-        cls, url: str, database: str, *, pool_size: int, timeout: float, command_timeout: float
+        cls, url: str, hub: str, *, pool_size: int, timeout: float, command_timeout: float
     ) -> MongoStore:
+        client = await client_for(
+            url, pool_size=pool_size, timeout=timeout, command_timeout=command_timeout
+        )
+        return await cls.open(client, hub, url=url, recheck_s=command_timeout)
+
+    @classmethod
+    async def open(
+        cls, client: Any, hub: str, *, url: str = "", recheck_s: float = 10.0
+    ) -> MongoStore:
+        """The hub's store over a client (PyMongo's, or the test stand-in's); checks that the
+        server answers and lets the user in, and closes the client if not."""
+        where = f"MongoDB at {redact(url)}" if url else "MongoDB"
         try:
-            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-                url,
-                tz_aware=True,
-                maxPoolSize=pool_size,
-                serverSelectionTimeoutMS=int(timeout * 1000),
-                connectTimeoutMS=int(timeout * 1000),
-                timeoutMS=int(command_timeout * 1000),
-                retryWrites=False,  # the retry budget is ours: no layer retries on its own
-                retryReads=False,
-            )
-        except (PyMongoConfigurationError, ValueError) as exc:
-            raise ConfigurationError(f"store URL {redact(url)}: {one_line(exc)}") from exc
-        store = cls(client[database], client)
-        try:
+            db, prefix = database_for(client, hub)
+            store = cls(db, client, prefix=prefix, recheck_s=recheck_s)
             await store.ping()
+            await store._check_access()
+        except ConfigurationError as exc:
+            await client.close()
+            raise ConfigurationError(f"{where}: {exc}") from exc
         except ServiceUnavailable as exc:
             await client.close()
-            raise ServiceUnavailable(f"MongoDB at {redact(url)} is unreachable: {exc}") from exc
+            raise ServiceUnavailable(f"{where} is unreachable: {exc}") from exc
+        except BaseException:
+            await client.close()
+            raise
         return store
 
+    async def _check_access(self) -> None:
+        """One read of the hub's database: a user without a role on it is told so now, not by
+        every write later."""
+        try:
+            await self._lease.find_one({"_id": ""}, {"_id": 1})
+        except OperationFailure as exc:
+            if exc.code not in AUTH_CODES:
+                raise
+            raise ConfigurationError(
+                f"the user may not read database {self._db.name}: {one_line(exc)} (the "
+                "processes need readWrite on it, as infra/mongodb/init-orderflow.js grants)"
+            ) from exc
+
     async def init(self) -> None:
+        try:
+            await self._create_indexes()
+        except OperationFailure as exc:
+            if exc.code in INDEX_CONFLICT_CODES:
+                raise ConfigurationError(
+                    f"an index of database {self._db.name} exists with other options or keys "
+                    "than this release creates; an index's options cannot change: drop that "
+                    "index (db.<collection>.dropIndex(<name>)), then run `orderflow init` again "
+                    f"[{one_line(exc)}]"
+                ) from exc
+            if exc.code in AUTH_CODES:
+                raise ConfigurationError(
+                    f"the user may not create indexes in database {self._db.name}: {one_line(exc)}"
+                ) from exc
+            raise
+
+    async def _create_indexes(self) -> None:
         s = self._state
         await s.create_index(
             [("next_attempt_at", ASCENDING)],
@@ -204,6 +294,12 @@ class MongoStore:
     async def ping(self) -> None:
         try:
             await self._db.command("ping")
+        except OperationFailure as exc:
+            if exc.code not in AUTH_CODES:
+                raise ServiceUnavailable(f"MongoDB does not answer: {one_line(exc)}") from exc
+            # A wrong password or authSource: no retry will let it in.
+            refused = f"the server refused the credentials: {one_line(exc)}"
+            raise ConfigurationError(refused) from exc
         except PyMongoError as exc:
             # PyMongo appends its whole topology description; the first sentence says it all.
             reason = one_line(exc).split(" (configured timeouts")[0]
@@ -214,7 +310,23 @@ class MongoStore:
             await self._client.close()
 
     async def drop(self) -> None:
-        await self._db.client.drop_database(self._db.name)
+        # Collection by collection: the application's user may drop collections of its
+        # database (readWrite) but not the database itself.
+        for name in sorted(COLLECTIONS):
+            await self._db[f"{self._prefix}{name}"].drop()
+
+    async def _settled(self, read: Callable[[], Awaitable[T]]) -> T:
+        """A read of what an interrupted write left, retried through an outage (a failover
+        takes seconds) for up to the command timeout."""
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(is_outage),
+            stop=stop_after_delay(self._recheck_s),
+            wait=wait_exponential(multiplier=0.05, max=1.0),
+            reraise=True,
+        ):
+            with attempt:
+                return await read()
+        raise AssertionError("unreachable: tenacity reraises")
 
     # -- orders and state records
     async def insert_order(self, order: OrderRecord, state: StateRecord) -> InsertOutcome:
@@ -261,11 +373,21 @@ class MongoStore:
     ) -> StateRecord | None:
         sets = {name: plain(value) for name, value in changes.fields.items()}
         sets |= {f"steps.{name}": plain(step) for name, step in changes.steps.items()}
-        doc = await self._state.find_one_and_update(
-            {"_id": order_id, **_conditions(expect)},
-            {"$set": sets},
-            return_document=ReturnDocument.AFTER,
-        )
+        try:
+            doc = await self._state.find_one_and_update(
+                {"_id": order_id, **_conditions(expect)},
+                {"$set": sets},
+                return_document=ReturnDocument.AFTER,
+            )
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            # The outcome is unknown (a write concern not met, a connection lost after the
+            # write was sent): the record says whether it applied. Not applied, the error
+            # stands and the caller writes again; never a superseded attempt for this.
+            doc = await self._settled(lambda: self._state.find_one({"_id": order_id, **sets}))
+            if doc is None:
+                raise
         if doc is None:
             return None
         # Without a multi-document transaction these follow the update (as separate writes
@@ -315,8 +437,36 @@ class MongoStore:
             )
             return None if doc is None else _load_state(doc)
 
-        claimed = await asyncio.gather(*(take(c) for c in picked))
-        return [record for record in claimed if record is not None]
+        async def settle(candidate: dict[str, Any]) -> StateRecord | None:
+            # A take that failed may have applied: what the record holds says so. If it cannot
+            # be read, it is given back, not left locked for the supervisor to recover.
+            mine = {
+                "_id": candidate["_id"],
+                "locked_by": f"{candidate['_id']}:{candidate['attempt'] + 1}",
+                "owner": owner,
+            }
+            try:
+                doc = await self._settled(lambda: self._state.find_one(mine))
+            except Exception:
+                with contextlib.suppress(Exception):
+                    await self._state.update_one(
+                        mine, {"$set": {"process_state": source, "locked_by": None}}
+                    )
+                return None
+            return None if doc is None else _load_state(doc)
+
+        outcomes = await asyncio.gather(*(take(c) for c in picked), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                raise outcome  # cancelled
+        claimed = [r for r in outcomes if isinstance(r, StateRecord)]
+        failed = [(c, r) for c, r in zip(picked, outcomes, strict=True) if isinstance(r, Exception)]
+        if failed:
+            settled = await asyncio.gather(*(settle(c) for c, _ in failed))
+            claimed += [r for r in settled if r is not None]
+            if not claimed:
+                raise failed[0][1]
+        return claimed
 
     async def scan_expired(
         self,
@@ -484,11 +634,16 @@ class MongoStore:
     ) -> list[Any]:
         """Ids of at most `limit` journal documents older than `finished_before` whose order
         finished before it, oldest first; those of orders still parked or live are passed over
-        (a page at a time, like PostgreSQL's filtered index scan)."""
+        (a page at a time, like PostgreSQL's filtered index scan).
+
+        One call looks at `PURGE_PAGES` pages at most, and the next goes on from where it
+        stopped, back to the oldest once it reached the cutoff: the journals of parked orders
+        are read once a sweep, not once a round. (An order that finishes meanwhile has its
+        older entries taken by the next sweep, or with the order by `purge_orders`.)"""
         finished: dict[str, bool] = {}
         found: list[Any] = []
-        after: tuple[datetime, Any] | None = None
-        while len(found) < limit:
+        after = self._resume.get(at)
+        for _ in range(PURGE_PAGES):
             query: dict[str, Any] = {at: {"$lt": finished_before}}
             if after is not None:
                 query["$or"] = [{at: {"$gt": after[0]}}, {at: after[0], "_id": {"$gt": after[1]}}]
@@ -503,9 +658,13 @@ class MongoStore:
                 ids = {d["_id"] for d in done}
                 finished |= {order_id: order_id in ids for order_id in unknown}
             found += [d["_id"] for d in docs if finished[d["order_id"]]][: limit - len(found)]
+            if len(found) >= limit:
+                break  # this page again next time: what it found is deleted by then
             if len(docs) < PURGE_PAGE:
+                after = None
                 break
             after = (docs[-1][at], docs[-1]["_id"])
+        self._resume[at] = after
         return found
 
     async def purge_orders(self, *, finished_before: datetime, limit: int) -> Purged:
@@ -532,7 +691,10 @@ class MongoStore:
         return int((await self._alerts.delete_many({"_id": {"$in": ids}, **old})).deleted_count)
 
     async def record_counts(self) -> dict[str, int]:
-        return {name: int(await self._db[name].count_documents({})) for name in sorted(COLLECTIONS)}
+        return {
+            name: int(await self._db[f"{self._prefix}{name}"].count_documents({}))
+            for name in sorted(COLLECTIONS)
+        }
 
     # -- inbox
     async def inbox_claim(
@@ -581,11 +743,18 @@ class MongoStore:
     async def inbox_complete(
         self, queue: str, message_id: str, *, holder: str, keep_until: datetime
     ) -> bool:
-        result = await self._inbox.update_one(
-            {"_id": {"q": queue, "m": message_id}, "holder": holder},
-            {"$set": {"state": "done", "expires_at": keep_until}},
-        )
-        return bool(result.matched_count == 1)
+        # An upsert: the server's TTL monitor (or the purge) may have deleted a claim that
+        # expired while its message was handled, and the dedupe record must be written anyway.
+        # Held by another since, the entry is theirs: the insert collides on _id.
+        try:
+            await self._inbox.update_one(
+                {"_id": {"q": queue, "m": message_id}, "holder": holder},
+                {"$set": {"state": "done", "expires_at": keep_until}},
+                upsert=True,
+            )
+        except DuplicateKeyError:
+            return False
+        return True
 
     async def inbox_release(self, queue: str, message_id: str, *, holder: str) -> bool:
         result = await self._inbox.delete_one(
@@ -676,6 +845,60 @@ class MongoStore:
 
     async def forget_status(self, name: str) -> None:
         await self._components.delete_one({"_id": name})
+
+
+async def client_for(
+    url: str, *, pool_size: int, timeout: float, command_timeout: float
+) -> AsyncMongoClient[dict[str, Any]]:
+    """PyMongo's client for the URL, or a `ConfigurationError` for what no retry would fix."""
+    try:
+        # Retryable writes and reads as the URL says (PyMongo's default: on): the server
+        # recognises a retried write and applies it once.
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            url,
+            tz_aware=True,
+            maxPoolSize=pool_size,
+            serverSelectionTimeoutMS=int(timeout * 1000),
+            connectTimeoutMS=int(timeout * 1000),
+            timeoutMS=int(command_timeout * 1000),
+        )
+    except (PyMongoConfigurationError, ValueError, OSError) as exc:
+        # OSError: a TLS file (tlsCAFile, tlsCertificateKeyFile) that cannot be read.
+        raise ConfigurationError(f"store URL {redact(url)}: {one_line(exc)}") from exc
+    if not client.write_concern.acknowledged:
+        await client.close()
+        raise ConfigurationError(
+            f"store URL {redact(url)}: w=0 asks for unacknowledged writes, and every fence of "
+            "orderflow (conditional updates, duplicate keys, the lease) needs the server's "
+            "answer; use w=1 or w=majority"
+        )
+    return client
+
+
+def database_for(client: Any, hub: str) -> tuple[Any, str]:
+    """The hub's database on the client, and its collections' prefix (`hub_location`).
+
+    Reads go to the primary whatever the URL's readPreference: a lagging secondary would report
+    false conflicts (the duplicate-key path of `insert_order`) and hide this process's own
+    writes from it."""
+    name, prefix = hub_location(client, hub)
+    return client.get_database(name, read_preference=ReadPreference.PRIMARY), prefix
+
+
+def hub_location(client: Any, hub: str) -> tuple[str, str]:
+    """The database a hub's collections live in, and the prefix of their names.
+
+    The URL's database (`mongodb://…/orderflow`, the one its user may write, as in the compose
+    deployment) holds every hub: the hub of its own name without a prefix, any other (a
+    benchmark's, a test's) under `<hub>.`. A URL that names no database (or a system one, such
+    as `/admin` for the authentication) gives each hub a database of its name."""
+    try:
+        named = str(client.get_default_database().name)
+    except PyMongoConfigurationError:
+        return hub, ""
+    if named in SYSTEM_DATABASES:
+        return hub, ""
+    return named, ("" if named == hub else f"{hub}.")
 
 
 def _finished_before(cutoff: datetime) -> dict[str, Any]:

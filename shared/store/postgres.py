@@ -776,8 +776,12 @@ async def _reset_connection(connection: asyncpg.Connection) -> None:
 
 
 _INBOX_COMPLETE = (
-    "UPDATE {s}.inbox SET state = 'done', expires_at = $4 "
-    "WHERE queue = $1 AND message_id = $2 AND holder = $3"
+    # An upsert: the purge may have deleted a claim that expired while its message was
+    # handled, and the dedupe record must be written anyway; an entry another holder took
+    # since stays theirs.
+    "INSERT INTO {s}.inbox AS i (queue, message_id, state, holder, expires_at) "
+    "VALUES ($1, $2, 'done', $3, $4) ON CONFLICT (queue, message_id) DO UPDATE "
+    "SET state = 'done', expires_at = EXCLUDED.expires_at WHERE i.holder = EXCLUDED.holder"
 )
 
 

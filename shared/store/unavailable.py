@@ -27,12 +27,11 @@ def translate_errors(
     unavailable: tuple[type[BaseException], ...],
     refused: tuple[type[BaseException], ...] = (),
     refusal: Refusal | None = None,
+    outage: Refusal | None = None,
 ) -> Callable[[C], C]:
     """Class decorator: every public coroutine method raises `StoreRefused` for `refused`
-    errors (and those `refusal` accepts) and `StoreUnavailable` for `unavailable` ones."""
-
-    def refuses(exc: BaseException) -> bool:
-        return isinstance(exc, refused) or (refusal is not None and refusal(exc))
+    errors (and those `refusal` accepts) and `StoreUnavailable` for `unavailable` ones (and
+    those `outage` accepts: a server code that means "try later")."""
 
     def wrap(method: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
         @functools.wraps(method)
@@ -40,9 +39,9 @@ def translate_errors(
             try:
                 return await method(*args, **kwargs)
             except Exception as exc:
-                if refuses(exc):
+                if _matches(exc, refused, refusal):
                     raise StoreRefused(f"{store} refused the data: {one_line(exc)}") from exc
-                if isinstance(exc, unavailable):
+                if _matches(exc, unavailable, outage):
                     raise StoreUnavailable(f"{store} unavailable: {one_line(exc)}") from exc
                 raise
 
@@ -55,3 +54,9 @@ def translate_errors(
         return cls
 
     return decorate
+
+
+def _matches(
+    exc: BaseException, types: tuple[type[BaseException], ...], predicate: Refusal | None
+) -> bool:
+    return isinstance(exc, types) or (predicate is not None and predicate(exc))

@@ -4,6 +4,8 @@
 - `mongodb-real`: a real MongoDB server, from `ORDERFLOW_TEST_MONGODB_URL` or a testcontainer where
   a Docker engine runs; skipped with the reason otherwise (never silently passed).
 - `mongodb-standin`: the MongoDB adapter against the in-process stand-in (mongomock). NOT MongoDB.
+  It logs in as the compose deployment's application user (`readWrite` on database `orderflow`
+  only), so every case also checks that the adapter needs no more than that.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from shared.store.port import StateStore
 from shared.store.postgres import PostgresStore
 from tests.conftest import MONGODB_URL, POSTGRES_URL, service_missing
 from tests.support.broker_harness import broker
-from tests.support.mongo_standin import StandInDatabase
+from tests.support.mongo_standin import app_client, compose_server
 
 __all__ = ["broker"]  # the broker fixture, for every contract test
 
@@ -69,7 +71,9 @@ async def _open(kind: str, hub: str, mongodb_url: str | None) -> StateStore:
                 "the MongoDB adapter ran against the in-process stand-in instead (mongodb-standin)"
             )
         return await MongoStore.connect(mongodb_url, hub, **common)
-    return MongoStore(StandInDatabase(hub))
+    # As the compose deployment's application user: readWrite on its database only, which
+    # holds this test's hub under the prefix `<hub>.`.
+    return await MongoStore.open(app_client(compose_server()), hub)
 
 
 @pytest.fixture(params=STORE_KINDS)

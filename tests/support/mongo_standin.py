@@ -4,27 +4,195 @@ It is NOT MongoDB. It lets the MongoDB adapter's code run through the contract s
 MongoDB server can be reached; the tests that use it carry the `mongodb_standin` marker and say so
 in their ids. Each call yields to the event loop first, so concurrent callers interleave between
 operations (each single-document operation stays atomic, as in MongoDB).
+
+Beyond mongomock it plays the parts of a server the adapter must cope with, each as MongoDB
+documents it, so that a test can be written once and run here and against a real server:
+
+- **`failCommand`**: `admin.command("configureFailPoint", "failCommand", mode=..., data=...)` with
+  MongoDB's own fields (`failCommands`, `errorCode`, `errorLabels`, `writeConcernError`,
+  `closeConnection`; modes `alwaysOn`, `off`, `{"times": n}`, `{"skip": n}`). A command error fails
+  the command before it runs; a `writeConcernError` fails it after it applied, as a primary does
+  when replication does not confirm. The errors are PyMongo's, raised as PyMongo raises them
+  (`NotPrimaryError` for the not-primary and shutdown codes, `ExecutionTimeout` for 50,
+  `WTimeoutError` for 64, `AutoReconnect` for a closed connection). PyMongo's own retry of a
+  retryable write is not played: a real server with `retryWrites` may hide a single failure.
+- **Users and roles**: a server made with `users` authenticates its clients (a wrong password or
+  source fails with code 18, as PyMongo reports it) and authorizes each command by the roles
+  `read`, `readWrite`, `dbAdmin`, `dbOwner` and `root` (code 13, Unauthorized), like the
+  `orderflow` user the compose init script creates (`readWrite` on its database only).
+- **Indexes**: an index whose name or keys exist with other options fails as `createIndexes`
+  does (85 IndexOptionsConflict, 86 IndexKeySpecsConflict), and TTL indexes are kept so that
+  `ttl_pass(now)` deletes what the server's TTL monitor would.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import bson
 import mongomock
-
-_WRITES = frozenset(
-    {
-        "insert_one",
-        "insert_many",
-        "update_one",
-        "update_many",
-        "replace_one",
-        "find_one_and_update",
-        "find_one_and_replace",
-    }
+from pymongo.errors import (
+    AutoReconnect,
+    BulkWriteError,
+    ExecutionTimeout,
+    NotPrimaryError,
+    OperationFailure,
+    WriteConcernError,
+    WTimeoutError,
 )
+
+COMMANDS = {
+    "insert_one": "insert",
+    "insert_many": "insert",
+    "update_one": "update",
+    "update_many": "update",
+    "replace_one": "update",
+    "find_one_and_update": "findAndModify",
+    "find_one_and_replace": "findAndModify",
+    "find_one_and_delete": "findAndModify",
+    "delete_one": "delete",
+    "delete_many": "delete",
+    "find_one": "find",
+    "find": "find",
+    "count_documents": "aggregate",
+    "aggregate": "aggregate",
+    "create_index": "createIndexes",
+    "drop": "drop",
+}
+"""The MongoDB command each collection method sends (as PyMongo sends it)."""
+
+WRITES = frozenset({"insert", "update", "findAndModify", "delete", "createIndexes", "drop"})
+READS = frozenset({"find", "aggregate"})
+NOT_PRIMARY_CODES = frozenset({10058, 10107, 13435, 13436, 11602, 189, 91, 11600})
+"""The codes PyMongo raises as `NotPrimaryError` (its `_NOT_PRIMARY_CODES`)."""
+ROLE_ACTIONS = {
+    "read": READS,
+    "readWrite": READS | WRITES,
+    "dbAdmin": READS | {"createIndexes", "drop", "dropDatabase"},
+    "dbOwner": READS | WRITES | {"dropDatabase"},
+}
+
+
+@dataclass
+class User:
+    password: str
+    roles: list[tuple[str, str]]
+    """(role, database) pairs; `root` on `admin` may do everything everywhere."""
+
+
+@dataclass
+class _FailPoint:
+    mode: Any = "off"
+    data: dict[str, Any] = field(default_factory=dict)
+    seen: int = 0
+    fired: int = 0
+
+    def fires(self, command: str) -> bool:
+        if self.mode == "off" or command not in self.data.get("failCommands", []):
+            return False
+        self.seen += 1
+        if self.mode == "alwaysOn":
+            return True
+        if "skip" in self.mode:
+            return self.seen > int(self.mode["skip"])
+        if self.fired >= int(self.mode["times"]):
+            return False
+        self.fired += 1
+        return True
+
+
+class StandInServer:
+    """One stand-in server: its data, users, indexes and fail point, shared by its clients."""
+
+    def __init__(self, users: dict[tuple[str, str], User] | None = None) -> None:
+        self.mm = mongomock.MongoClient(tz_aware=True)
+        self.users = users or {}
+        """(authentication database, user name) → user; none: no authentication."""
+        self.fail_point = _FailPoint()
+        self.commands: Counter[str] = Counter()
+        """How many times each command ran (or was tried)."""
+        self.indexes: dict[tuple[str, str], dict[str, tuple[list[tuple[str, int]], dict[str, Any]]]]
+        self.indexes = {}
+
+    # -- the TTL monitor
+    def ttl_pass(self, now: datetime) -> int:
+        """Delete what the server's TTL monitor would at `now` (it runs every 60 s)."""
+        deleted = 0
+        for (db, collection), specs in self.indexes.items():
+            for keys, options in specs.values():
+                if "expireAfterSeconds" not in options:
+                    continue
+                cutoff = now - timedelta(seconds=options["expireAfterSeconds"])
+                result = self.mm[db][collection].delete_many({keys[0][0]: {"$lte": cutoff}})
+                deleted += result.deleted_count
+        return deleted
+
+    # -- authorization
+    def authorize(self, user: User | None, db: str, command: str) -> None:
+        if not self.users or command in {"ping", "hello"}:
+            return
+        if user is None:
+            raise OperationFailure(
+                f"Command {command} requires authentication", 13, {"codeName": "Unauthorized"}
+            )
+        for role, role_db in user.roles:
+            if role == "root" and role_db == "admin":
+                return
+            if role_db == db and command in ROLE_ACTIONS.get(role, frozenset()):
+                return
+        raise OperationFailure(
+            f"not authorized on {db} to execute command {{ {command}: ... }}",
+            13,
+            {"codeName": "Unauthorized"},
+        )
+
+    # -- failCommand
+    def configure_fail_point(self, mode: Any, data: dict[str, Any] | None) -> None:
+        self.fail_point = _FailPoint(mode, dict(data or {}))
+
+    def before(self, command: str) -> dict[str, Any] | None:
+        """Raise the fail point's command error, if it fires; the write-concern error to raise
+        after the command applied, if that is what it holds."""
+        if not self.fail_point.fires(command):
+            return None
+        data = self.fail_point.data
+        labels = list(data.get("errorLabels", []))
+        if data.get("closeConnection"):
+            raise AutoReconnect("stand-in:27017: connection closed")
+        if "errorCode" in data:
+            code = int(data["errorCode"])
+            message = f"failCommand {code}"
+            details = {"ok": 0, "code": code, "errmsg": message, "errorLabels": labels}
+            if code in NOT_PRIMARY_CODES:
+                raise NotPrimaryError(message, details)
+            if code == 50:
+                raise ExecutionTimeout(message, code, details)
+            raise OperationFailure(message, code, details)
+        if "writeConcernError" in data:
+            return {**data["writeConcernError"], "errorLabels": labels}
+        return None
+
+
+def after_write(method: str, concern: dict[str, Any], result: Any) -> None:
+    """Raise a write-concern error for a write that applied, as PyMongo does for its kind."""
+    code = int(concern.get("code", 64))
+    message = str(concern.get("errmsg", "waiting for replication timed out"))
+    details = {"code": code, "errmsg": message, "errorLabels": concern.get("errorLabels", [])}
+    if method == "insert_many":
+        n = len(getattr(result, "inserted_ids", []))
+        raise BulkWriteError(
+            {"writeErrors": [], "writeConcernErrors": [details], "nInserted": n, "upserted": []}
+        )
+    if method.startswith("find_one_and_"):
+        raise WriteConcernError(message, code, details)
+    if code == 64:
+        raise WTimeoutError(message, code, details)
+    raise WriteConcernError(message, code, details)
 
 
 def _encode_like_the_driver(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -37,9 +205,35 @@ def _encode_like_the_driver(args: tuple[Any, ...], kwargs: dict[str, Any]) -> No
                 bson.encode(doc)
 
 
+class _Session:
+    """What a client's commands go through: authorization, then the fail point."""
+
+    def __init__(self, server: StandInServer, user: User | None, auth_error: str | None) -> None:
+        self.server = server
+        self.user = user
+        self.auth_error = auth_error
+
+    async def run(self, db: str, method: str, call: Callable[[], Any]) -> Any:
+        await asyncio.sleep(0)
+        command = COMMANDS.get(method, method)
+        self.server.commands[command] += 1
+        if self.auth_error is not None:
+            raise OperationFailure(self.auth_error, 18, {"codeName": "AuthenticationFailed"})
+        self.server.authorize(self.user, db, command)
+        concern = self.server.before(command)
+        result = call()
+        if concern is not None and command in WRITES:
+            after_write(method, concern, result)
+        return result
+
+
 class _Cursor:
-    def __init__(self, cursor: Any) -> None:
+    def __init__(self, session: _Session, db: str, cursor: Any, *, ran: bool = False) -> None:
+        self._session = session
+        self._db = db
         self._cursor = cursor
+        self._started = ran
+        """Whether the command ran already (an aggregate's, when it was sent)."""
 
     def sort(self, *args: Any, **kwargs: Any) -> _Cursor:
         self._cursor = self._cursor.sort(*args, **kwargs)
@@ -50,14 +244,21 @@ class _Cursor:
         return self
 
     async def to_list(self, length: int | None = None) -> list[Any]:
-        await asyncio.sleep(0)
-        docs = list(self._cursor)
+        if self._started:
+            await asyncio.sleep(0)
+            docs = list(self._cursor)
+        else:
+            self._started = True
+            docs = await self._session.run(self._db, "find", lambda: list(self._cursor))
         return docs if length is None else docs[:length]
 
     def __aiter__(self) -> _Cursor:
         return self
 
     async def __anext__(self) -> Any:
+        if not self._started:
+            self._started = True
+            await self._session.run(self._db, "find", lambda: None)
         await asyncio.sleep(0)
         try:
             return next(self._cursor)
@@ -66,54 +267,189 @@ class _Cursor:
 
 
 class _Collection:
-    def __init__(self, collection: Any) -> None:
-        self._c = collection
+    def __init__(self, session: _Session, db: str, name: str) -> None:
+        self._session = session
+        self._db = db
+        self.name = name
+        self._c = session.server.mm[db][name]
 
     def find(self, *args: Any, **kwargs: Any) -> _Cursor:
-        return _Cursor(self._c.find(*args, **kwargs))
+        return _Cursor(self._session, self._db, self._c.find(*args, **kwargs))
 
     async def aggregate(self, pipeline: list[dict[str, Any]], **kwargs: Any) -> _Cursor:
-        await asyncio.sleep(0)
-        return _Cursor(iter(self._c.aggregate(pipeline, **kwargs)))
+        docs = await self._session.run(
+            self._db, "aggregate", lambda: iter(self._c.aggregate(pipeline, **kwargs))
+        )
+        return _Cursor(self._session, self._db, docs, ran=True)
 
     async def create_index(self, keys: Any, **kwargs: Any) -> str:
-        # mongomock ignores partial filters and TTLs: drop what it cannot take.
-        kwargs.pop("partialFilterExpression", None)
-        kwargs.pop("expireAfterSeconds", None)
-        return str(self._c.create_index(keys, **kwargs))
+        pairs = [(keys, 1)] if isinstance(keys, str) else [(k, int(d)) for k, d in keys]
+        name = kwargs.pop("name", "_".join(f"{k}_{d}" for k, d in pairs))
+        options = dict(kwargs)
+
+        def create() -> str:
+            self._check_index(name, pairs, options)
+            self._session.server.indexes.setdefault((self._db, self.name), {})[name] = (
+                pairs,
+                options,
+            )
+            # mongomock ignores partial filters and TTLs: the stand-in keeps them itself.
+            rest = {k: v for k, v in options.items() if k not in _KEPT_OPTIONS}
+            return str(self._c.create_index(pairs, name=name, **rest))
+
+        return str(await self._session.run(self._db, "create_index", create))
+
+    def _check_index(self, name: str, keys: list[tuple[str, int]], options: dict[str, Any]) -> None:
+        for other, (other_keys, other_options) in self._session.server.indexes.get(
+            (self._db, self.name), {}
+        ).items():
+            if other == name and other_keys != keys:
+                raise OperationFailure(
+                    f"An existing index has the same name as the requested index but a "
+                    f"different key spec: {name}",
+                    86,
+                    {"codeName": "IndexKeySpecsConflict"},
+                )
+            if other == name and other_options != options:
+                raise OperationFailure(
+                    f"An equivalent index already exists with the same name but different "
+                    f"options: {name}",
+                    85,
+                    {"codeName": "IndexOptionsConflict"},
+                )
+            same_filter = other_options.get("partialFilterExpression") == options.get(
+                "partialFilterExpression"
+            )
+            if other != name and other_keys == keys and same_filter:
+                raise OperationFailure(
+                    f"Index already exists with a different name: {other}",
+                    85,
+                    {"codeName": "IndexOptionsConflict"},
+                )
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._c, name)
-        writes = name in _WRITES
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            await asyncio.sleep(0)
-            if writes:
+            if COMMANDS.get(name) in WRITES:
                 _encode_like_the_driver(args, kwargs)
-            return method(*args, **kwargs)
+            if name == "drop":
+                self._session.server.indexes.pop((self._db, self.name), None)
+            return await self._session.run(self._db, name, lambda: method(*args, **kwargs))
 
         return call
 
 
-class _Client:
-    def __init__(self, client: Any) -> None:
-        self._client = client
-
-    async def drop_database(self, name: str) -> None:
-        self._client.drop_database(name)
+_KEPT_OPTIONS = frozenset({"partialFilterExpression", "expireAfterSeconds"})
 
 
 class StandInDatabase:
     """The part of `AsyncDatabase` the adapter uses."""
 
-    def __init__(self, name: str) -> None:
-        self._mm = mongomock.MongoClient(tz_aware=True)
+    def __init__(self, name: str, client: StandInClient | None = None, **options: Any) -> None:
         self.name = name
-        self._db = self._mm[name]
-        self.client = _Client(self._mm)
+        self.client = client if client is not None else StandInClient(StandInServer())
+        self.options = options
+        """What the adapter asked of the database (PyMongo's `read_preference`, …)."""
 
     def __getitem__(self, name: str) -> _Collection:
-        return _Collection(self._db[name])
+        return _Collection(self.client.session, self.name, name)
 
-    async def command(self, name: str) -> dict[str, Any]:
+    async def command(self, name: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        await self.client.session.run(self.name, name, lambda: None)
         return {"ok": 1.0}
+
+    async def list_collection_names(self) -> list[str]:
+        names = await self.client.session.run(
+            self.name, "find", self.client.server.mm[self.name].list_collection_names
+        )
+        return list(names)
+
+
+class _Admin:
+    def __init__(self, client: StandInClient) -> None:
+        self._client = client
+
+    async def command(self, name: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if name != "configureFailPoint" or args != ("failCommand",):
+            return await StandInDatabase("admin", self._client).command(name)
+        self._client.server.authorize(self._client.session.user, "admin", "configureFailPoint")
+        self._client.server.configure_fail_point(kwargs.get("mode"), kwargs.get("data"))
+        return {"ok": 1.0}
+
+
+class StandInClient:
+    """The part of `AsyncMongoClient` the adapter uses, logged in as `username` (if any)."""
+
+    def __init__(
+        self,
+        server: StandInServer,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        auth_source: str = "admin",
+        database: str | None = None,
+    ) -> None:
+        self.server = server
+        self._default = database
+        user = None
+        error = None
+        if username is not None:
+            user = server.users.get((auth_source, username))
+            if user is None or user.password != password:
+                user, error = None, "Authentication failed."
+        self.session = _Session(server, user, error)
+        self.admin = _Admin(self)
+        self.closed = False
+
+    def get_database(self, name: str, **options: Any) -> StandInDatabase:
+        return StandInDatabase(name, self, **options)
+
+    def get_default_database(self) -> StandInDatabase:
+        if self._default is None:
+            from pymongo.errors import ConfigurationError
+
+            raise ConfigurationError("No default database name defined or provided.")
+        return self.get_database(self._default)
+
+    def __getitem__(self, name: str) -> StandInDatabase:
+        return self.get_database(name)
+
+    async def drop_database(self, name: str) -> None:
+        await self.session.run(name, "dropDatabase", lambda: self.server.mm.drop_database(name))
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+APP_DATABASE = "orderflow"
+APP_PASSWORD = "app-password"
+ROOT_PASSWORD = "root-password"
+
+
+def compose_server() -> StandInServer:
+    """A server with the compose deployment's users: `root` (the image's, `root` on `admin`) and
+    `orderflow`, as infra/mongodb/init-orderflow.js creates it: `readWrite` on its database
+    only, authenticated there."""
+    return StandInServer(
+        users={
+            ("admin", "root"): User(ROOT_PASSWORD, [("root", "admin")]),
+            (APP_DATABASE, "orderflow"): User(APP_PASSWORD, [("readWrite", APP_DATABASE)]),
+        }
+    )
+
+
+def app_client(server: StandInServer, *, password: str = APP_PASSWORD) -> StandInClient:
+    """A client logged in as the compose application user, with the compose store URL's
+    database (`mongodb://orderflow:…@mongodb:27017/orderflow?authSource=orderflow`)."""
+    return StandInClient(
+        server,
+        username="orderflow",
+        password=password,
+        auth_source=APP_DATABASE,
+        database=APP_DATABASE,
+    )
+
+
+def root_client(server: StandInServer) -> StandInClient:
+    return StandInClient(server, username="root", password=ROOT_PASSWORD)

@@ -1,0 +1,227 @@
+"""Contract: the MongoDB adapter under what a real server does that a quiet one never shows.
+
+Failovers, timeouts and write concerns not met (through MongoDB's `failCommand` fail point),
+TTL deletions, index options that changed, and a user with `readWrite` on one database. Each case
+runs on the in-process stand-in (`mongodb-standin`, NOT MongoDB) and, where
+`ORDERFLOW_TEST_MONGODB_URL` names one, on a real server (`mongodb-real`; `failCommand` needs
+`mongod --setParameter enableTestCommands=1`, and is skipped, saying so, without it).
+
+A real server with retryable writes retries a failed write once by itself, and the server applies
+it once: the cases assert what must hold either way, never that an error reached the adapter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pymongo.errors import OperationFailure
+
+from shared.domain.journal import HistoryEvent, HistoryEventType
+from shared.domain.states import ProcessState
+from shared.domain.timing import utcnow
+from shared.domain.updates import RecoveryPolicy, recover
+from shared.errors import ConfigurationError, StoreUnavailable
+from shared.store.mongo import MongoStore
+from shared.store.port import InboxOutcome, InsertOutcome
+from tests.contract.conftest import _open
+from tests.support.factories import order_pair
+from tests.support.mongo_standin import StandInClient, root_client
+
+MONGO_KINDS = [
+    pytest.param("mongodb-real", marks=pytest.mark.mongodb_real, id="mongodb-real"),
+    pytest.param("mongodb-standin", marks=pytest.mark.mongodb_standin, id="mongodb-standin"),
+]
+
+
+@pytest.fixture(params=MONGO_KINDS)
+async def bare(
+    request: pytest.FixtureRequest, hub: str, mongodb_url: str | None
+) -> AsyncIterator[MongoStore]:
+    """The hub's store, opened but not initialised (no indexes yet)."""
+    store = await _open(request.param, hub, mongodb_url)
+    assert isinstance(store, MongoStore)
+    try:
+        yield store
+    finally:
+        await store.drop()
+        await store.close()
+
+
+@pytest.fixture
+async def mongo(bare: MongoStore) -> MongoStore:
+    await bare.init()
+    return bare
+
+
+@contextlib.asynccontextmanager
+async def fail_command(store: MongoStore, mode: Any, **data: Any) -> AsyncIterator[None]:
+    """MongoDB's `failCommand` fail point, on while the block runs."""
+    client = store._client
+    admin = root_client(client.server).admin if isinstance(client, StandInClient) else client.admin
+    try:
+        await admin.command("configureFailPoint", "failCommand", mode=mode, data=data)
+    except OperationFailure as exc:
+        pytest.skip(
+            "this server refuses the failCommand fail point (start mongod with "
+            f"--setParameter enableTestCommands=1 to run this case): {exc}"
+        )
+    try:
+        yield
+    finally:
+        await admin.command("configureFailPoint", "failCommand", mode="off")
+
+
+TRY_LATER = [
+    pytest.param({"errorCode": 10107}, id="NotWritablePrimary"),
+    pytest.param({"errorCode": 11602}, id="InterruptedDueToReplStateChange"),
+    pytest.param({"errorCode": 189}, id="PrimarySteppedDown"),
+    pytest.param({"errorCode": 91}, id="ShutdownInProgress"),
+    pytest.param({"errorCode": 50}, id="MaxTimeMSExpired"),
+    pytest.param({"errorCode": 262}, id="ExceededTimeLimit"),
+    pytest.param({"errorCode": 112}, id="WriteConflict"),
+    pytest.param({"closeConnection": True}, id="connection-closed"),
+    pytest.param({"writeConcernError": {"code": 64, "errmsg": "wtimeout"}}, id="WTimeout"),
+    pytest.param({"writeConcernError": {"code": 91, "errmsg": "shutdown"}}, id="WCE-shutdown"),
+]
+
+
+@pytest.mark.parametrize("error", TRY_LATER)
+async def test_every_try_later_answer_is_store_unavailable(
+    mongo: MongoStore, error: dict[str, Any]
+) -> None:
+    order, state = order_pair("o-later")
+    async with fail_command(mongo, "alwaysOn", failCommands=["insert"], **error):
+        with pytest.raises(StoreUnavailable):
+            await mongo.insert_order(order, state)
+    # Once the server is back, the same write goes through (or finds its own earlier one).
+    assert await mongo.insert_order(order, state) in {InsertOutcome.CREATED, InsertOutcome.EXISTS}
+    assert await mongo.get_state("o-later") == state
+
+
+@pytest.mark.parametrize("error", TRY_LATER[:3] + TRY_LATER[7:8])
+async def test_a_read_during_a_failover_is_store_unavailable(
+    mongo: MongoStore, error: dict[str, Any]
+) -> None:
+    order, state = order_pair("o-read")
+    await mongo.insert_order(order, state)
+    async with fail_command(mongo, "alwaysOn", failCommands=["find"], **error):
+        with pytest.raises(StoreUnavailable):
+            await mongo.get_state("o-read")
+    assert await mongo.get_state("o-read") == state
+
+
+async def _claimed(store: MongoStore, order_id: str) -> Any:
+    order, state = order_pair(order_id)
+    await store.insert_order(order, state)
+    now = utcnow()
+    [claimed] = await store.claim(
+        now=now, limit=1, owner="sched-a", complete_by=now + timedelta(seconds=30)
+    )
+    return claimed
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param({"writeConcernError": {"code": 64, "errmsg": "wtimeout"}}, id="applied"),
+        pytest.param({"errorCode": 10107}, id="not-applied"),
+        pytest.param({"closeConnection": True}, id="connection-closed"),
+    ],
+)
+async def test_an_update_whose_outcome_was_unknown_is_never_a_superseded_attempt(
+    mongo: MongoStore, error: dict[str, Any]
+) -> None:
+    claimed = await _claimed(mongo, "o-unknown")
+    # A write that changes what it expects (the lock): written twice, the second is refused.
+    policy = RecoveryPolicy(failure_threshold=3, backoff=lambda n: timedelta(seconds=n))
+    update = recover(claimed, now=claimed.complete_by + timedelta(seconds=1), policy=policy)
+    event = HistoryEvent(order_id="o-unknown", type=HistoryEventType.RECOVERED, at=utcnow())
+    write = ("o-unknown", update.expect, update.changes)
+    async with fail_command(mongo, {"times": 1}, failCommands=["findAndModify"], **error):
+        try:
+            after = await mongo.update_state(*write, history=[event])
+        except StoreUnavailable:
+            # Not applied: the caller writes again, and that write is not refused.
+            after = await mongo.update_state(*write, history=[event])
+    assert after is not None, "the attempt's own write was reported as superseded"
+    assert await mongo.get_state("o-unknown") == after
+    assert after.process_state is ProcessState.PENDING and after.locked_by is None
+    history = await mongo.read_history("o-unknown")
+    assert [e.type for e in history] == [HistoryEventType.RECOVERED], "history not written once"
+
+
+@pytest.mark.parametrize(
+    ("mode", "error"),
+    [
+        pytest.param({"times": 2}, {"writeConcernError": {"code": 64}}, id="applied"),
+        pytest.param({"times": 2}, {"errorCode": 189}, id="not-applied"),
+        pytest.param("alwaysOn", {"writeConcernError": {"code": 64}}, id="all-applied"),
+    ],
+)
+async def test_a_claim_returns_every_record_it_locked(
+    mongo: MongoStore, mode: Any, error: dict[str, Any]
+) -> None:
+    for n in range(6):
+        order, state = order_pair(f"o-claim-{n}")
+        await mongo.insert_order(order, state)
+    now = utcnow()
+    async with fail_command(mongo, mode, failCommands=["findAndModify"], **error):
+        try:
+            claimed = await mongo.claim(
+                now=now, limit=6, owner="sched-a", complete_by=now + timedelta(seconds=30)
+            )
+        except StoreUnavailable:
+            claimed = []
+    returned = {r.order_id for r in claimed}
+    for n in range(6):
+        record = await mongo.get_state(f"o-claim-{n}")
+        assert record is not None
+        if record.order_id in returned:
+            assert record.process_state is ProcessState.PROCESSING
+            assert record.owner == "sched-a"
+        else:  # handed to no one, so it must be claimable again
+            assert record.process_state is ProcessState.PENDING, record
+            assert record.locked_by is None
+    assert returned, "no record came back"
+
+
+async def test_a_completion_after_the_ttl_monitor_deleted_its_claim_leaves_a_dedupe_record(
+    mongo: MongoStore,
+) -> None:
+    now = utcnow()
+    short = {"now": now, "claim_until": now + timedelta(seconds=1)}
+    assert await mongo.inbox_claim("q", "m-ttl", holder="a", **short) is InboxOutcome.CLAIMED
+    later = now + timedelta(seconds=90)
+    client = mongo._client
+    if isinstance(client, StandInClient):
+        assert client.server.ttl_pass(later) >= 1  # the server's own TTL monitor, every 60 s
+    else:
+        assert await mongo.inbox_purge(now=later, limit=10) == 1  # what the monitor would do
+    assert await mongo.inbox_complete("q", "m-ttl", holder="a", keep_until=later + timedelta(1))
+    claim = {"now": later, "claim_until": later + timedelta(seconds=30)}
+    assert await mongo.inbox_claim("q", "m-ttl", holder="b", **claim) is InboxOutcome.DUPLICATE
+
+
+@pytest.mark.parametrize(
+    ("collection", "keys", "options"),
+    [
+        pytest.param("inbox", "expires_at", {"name": "inbox_expiry", "expireAfterSeconds": 5}),
+        pytest.param("state", [("updated_at", 1)], {"name": "state_by_state"}, id="keys"),
+        pytest.param(
+            "state",
+            [("next_attempt_at", 1)],
+            {"name": "state_claimable", "partialFilterExpression": {"process_state": "Pending"}},
+            id="partial-filter",
+        ),
+    ],
+)
+async def test_an_index_with_other_options_is_a_configuration_error(
+    bare: MongoStore, collection: str, keys: Any, options: dict[str, Any]
+) -> None:
+    await bare._db[f"{bare._prefix}{collection}"].create_index(keys, **options)
+    with pytest.raises(ConfigurationError, match="dropIndex"):
+        await bare.init()
