@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -852,17 +853,21 @@ async def client_for(
 ) -> AsyncMongoClient[dict[str, Any]]:
     """PyMongo's client for the URL, or a `ConfigurationError` for what no retry would fix."""
     try:
-        # Retryable writes and reads as the URL says (PyMongo's default: on): the server
-        # recognises a retried write and applies it once.
-        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-            url,
-            tz_aware=True,
-            maxPoolSize=pool_size,
-            serverSelectionTimeoutMS=int(timeout * 1000),
-            connectTimeoutMS=int(timeout * 1000),
-            timeoutMS=int(command_timeout * 1000),
-        )
-    except (PyMongoConfigurationError, ValueError, OSError) as exc:
+        # PyMongo warns of an option it does not know or a value it cannot use, and goes on
+        # without it: here that is an error, not a setting quietly dropped.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            # Retryable writes and reads as the URL says (PyMongo's default: on): the server
+            # recognises a retried write and applies it once.
+            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+                url,
+                tz_aware=True,
+                maxPoolSize=pool_size,
+                serverSelectionTimeoutMS=int(timeout * 1000),
+                connectTimeoutMS=int(timeout * 1000),
+                timeoutMS=int(command_timeout * 1000),
+            )
+    except (PyMongoConfigurationError, ValueError, OSError, UserWarning) as exc:
         # OSError: a TLS file (tlsCAFile, tlsCertificateKeyFile) that cannot be read.
         raise ConfigurationError(f"store URL {redact(url)}: {one_line(exc)}") from exc
     if not client.write_concern.acknowledged:
