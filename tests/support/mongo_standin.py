@@ -303,29 +303,15 @@ class _Collection:
         for other, (other_keys, other_options) in self._session.server.indexes.get(
             (self._db, self.name), {}
         ).items():
-            if other == name and other_keys != keys:
-                raise OperationFailure(
-                    f"An existing index has the same name as the requested index but a "
-                    f"different key spec: {name}",
-                    86,
-                    {"codeName": "IndexKeySpecsConflict"},
-                )
-            if other == name and other_options != options:
-                raise OperationFailure(
-                    f"An equivalent index already exists with the same name but different "
-                    f"options: {name}",
-                    85,
-                    {"codeName": "IndexOptionsConflict"},
-                )
             same_filter = other_options.get("partialFilterExpression") == options.get(
                 "partialFilterExpression"
             )
+            if other == name and other_keys != keys:
+                raise _index_conflict(86, f"same name, a different key spec: {name}")
+            if other == name and other_options != options:
+                raise _index_conflict(85, f"same name, different options: {name}")
             if other != name and other_keys == keys and same_filter:
-                raise OperationFailure(
-                    f"Index already exists with a different name: {other}",
-                    85,
-                    {"codeName": "IndexOptionsConflict"},
-                )
+                raise _index_conflict(85, f"already exists with a different name: {other}")
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._c, name)
@@ -338,6 +324,11 @@ class _Collection:
             return await self._session.run(self._db, name, lambda: method(*args, **kwargs))
 
         return call
+
+
+def _index_conflict(code: int, what: str) -> OperationFailure:
+    name = {85: "IndexOptionsConflict", 86: "IndexKeySpecsConflict"}[code]
+    return OperationFailure(f"{name}: an index {what}", code, {"codeName": name})
 
 
 _KEPT_OPTIONS = frozenset({"partialFilterExpression", "expireAfterSeconds"})
