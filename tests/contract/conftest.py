@@ -3,6 +3,7 @@
 - `postgresql`: the real PostgreSQL server.
 - `mongodb-real`: a real MongoDB server, from `ORDERFLOW_TEST_MONGODB_URL` or a testcontainer where
   a Docker engine runs; skipped with the reason otherwise (never silently passed).
+- `memory`: the reference adapter in memory (`shared/store/memory.py`), the pure rules alone.
 - `mongodb-standin`: the MongoDB adapter against the in-process stand-in (mongomock). NOT MongoDB.
   It logs in as the compose deployment's application user (`readWrite` on database `orderflow`
   only), so every case also checks that the adapter needs no more than that.
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from shared.store.memory import MemoryStore
 from shared.store.mongo import MongoStore
 from shared.store.port import StateStore
 from shared.store.postgres import PostgresStore
@@ -29,6 +31,7 @@ STORE_KINDS = [
     pytest.param("postgresql", marks=pytest.mark.postgres, id="postgresql"),
     pytest.param("mongodb-real", marks=pytest.mark.mongodb_real, id="mongodb-real"),
     pytest.param("mongodb-standin", marks=pytest.mark.mongodb_standin, id="mongodb-standin"),
+    pytest.param("memory", marks=pytest.mark.memory, id="memory"),
 ]
 
 
@@ -71,6 +74,8 @@ async def _open(kind: str, hub: str, mongodb_url: str | None) -> StateStore:
                 "the MongoDB adapter ran against the in-process stand-in instead (mongodb-standin)"
             )
         return await MongoStore.connect(mongodb_url, hub, **common)
+    if kind == "memory":
+        return MemoryStore()
     # As the compose deployment's application user: readWrite on its database only, which
     # holds this test's hub under the prefix `<hub>.`.
     return await MongoStore.open(app_client(compose_server()), hub)
