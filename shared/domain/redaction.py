@@ -119,7 +119,10 @@ def _escaped_digits(text: str, start: int) -> int:
     for escape in range(max(start - 5, 0), start - 1):
         hexits = text[escape + 2 : escape + 6]
         if text.startswith("\\u", escape) and len(hexits) == 4 and _HEX.fullmatch(hexits):
-            return escape + 6 - start
+            # `\\u0000…` is a written backslash, then digits: an escape only where the
+            # backslash is not itself escaped (an odd run of them ends at it).
+            backslashes = escape + 1 - len(text[: escape + 1].rstrip("\\"))
+            return escape + 6 - start if backslashes % 2 else 0
     return 0
 
 
@@ -136,9 +139,16 @@ def _mask_run(match: re.Match[str]) -> str:
     return run[: escaped + lead] + _mask_digits(rest[lead:])
 
 
-def redact_text(text: str) -> str:
-    """`text` with every card number in it masked."""
-    return _RUN.sub(_mask_run, text)
+def redact_text(text: str, *, escapes: bool = True) -> str:
+    """`text` with every card number in it masked. `escapes`: the text may be JSON as written
+    (a body cut short, an error line), where `\\u00b0` before digits is one character; a
+    string parsed from JSON has no escapes left, so there `\\u0000` is a backslash, a `u` and
+    digits (a hypothesis finding: the key `\\u000000000000` kept its card number)."""
+    return _RUN.sub(_mask_run if escapes else _mask_plain, text)
+
+
+def _mask_plain(match: re.Match[str]) -> str:
+    return _mask_digits(match.group())
 
 
 def _card_number(value: Any) -> bool:
@@ -297,7 +307,7 @@ class _Redactor:
         return CARD_MARK if self.cards and _card_number(value) else value
 
     def text(self, text: str) -> str:
-        masked = redact_text(text) if self.cards else text
+        masked = redact_text(text, escapes=False) if self.cards else text
         masked = _redact_keyed(masked) if self.pairs and '"' in masked else masked
         return text if masked == text else masked
 
@@ -334,7 +344,7 @@ class _Redactor:
 
     def name(self, key: Any) -> Any:
         if isinstance(key, str):
-            masked = redact_text(key) if self.cards else key
+            masked = redact_text(key, escapes=False) if self.cards else key
             return key if masked == key else masked
         return CARD_MARK if self.cards and _card_number(key) else key
 

@@ -13,7 +13,7 @@ import re
 from itertools import pairwise
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from shared.domain.redaction import redact_body, redact_text
@@ -113,7 +113,17 @@ def shown(digits: str, body: bytes) -> int:
 # number is gone when they show no more often than before it was put in.
 
 
+# A hypothesis finding: a key holding a written backslash, `u` and a card number; read as a JSON
+# escape, `\u0000` hid four of its digits from the masking.
+ESCAPE_LOOKALIKE = (
+    "000000000000",
+    b'{"wrapped": null} null',
+    {"wrapped": None, "\\u000000000000": None},
+)
+
+
 @given(docs_with_a_card())
+@example(ESCAPE_LOOKALIKE)
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 def test_a_card_number_anywhere_in_any_json_never_survives(case: tuple[str, bytes, Any]) -> None:
     digits, before, doc = case
@@ -124,6 +134,7 @@ def test_a_card_number_anywhere_in_any_json_never_survives(case: tuple[str, byte
 
 
 @given(docs_with_a_card())
+@example(ESCAPE_LOOKALIKE)
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 def test_a_card_number_in_a_body_cut_short_never_survives(case: tuple[str, bytes, Any]) -> None:
     # Without its last brace (the wrapper's): not JSON, so masked as text.
