@@ -110,3 +110,78 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     """An exception as one short line, for an operator's terminal."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# -- agents
+
+
+class DeadlinePassed(TransientError):
+    """The request's deadline came before the step could be done."""
+
+
+class AllowanceSpent(TransientError):
+    """No attempt ticket of the request is left: its allowance is spent (by this handling, or
+    by earlier handlings of the same request)."""
+
+
+# -- schedulers
+
+
+class Superseded(Exception):
+    """A fenced write matched nothing: another attempt owns the order now."""
+
+
+# -- the operator's commands
+
+
+class BadInput(OrderflowError):
+    """The operator gave something that cannot be an answerable question."""
+
+
+# -- the remote service, as its clients see it
+
+
+class RemoteTransient(TransientError):
+    """The remote service did not make the effect this time: 5xx, timeout, no connection."""
+
+
+class RemoteDeclined(PermanentError):
+    """A business failure the remote service will repeat (e.g. a declined card)."""
+
+
+class RemoteFenced(PermanentError):
+    """The remote service refused a superseded attempt's fencing token."""
+
+
+class RemoteUndone(PermanentError):
+    """The remote service refused the call's effect: an undo of it is recorded for the order."""
+
+
+class RemoteRejected(PermanentError):
+    """The remote service refused the request itself (4xx): a contract bug, not bad luck."""
+
+
+# -- the remote service's ledger
+
+
+class StaleFencingToken(Exception):
+    """The request's attempt was superseded by a newer one for the same order."""
+
+
+class Undone(Exception):
+    """An undo of the operation is recorded for the order: the effect may no longer be made."""
+
+
+# -- private servers (the nemesis and the fault suite)
+
+
+class ServerError(Exception):
+    """A private server could not be set up, started, stopped or asked something."""
+
+
+class ServerMissing(ServerError):
+    """What a private server needs is not on this machine: a binary, or the user to run it as."""
+
+
+class ServerFailed(ServerError):
+    """A private server did not start, answer or stop in time; the message ends with its log."""

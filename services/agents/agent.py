@@ -38,7 +38,7 @@ from tenacity.wait import wait_base
 
 from services.agents.attempts import Allowance, InboxTickets, Tickets
 from services.agents.breakers import Breakers
-from services.remote.client import RemoteClient, RemoteDeclined, RemoteFenced, RemoteUndone
+from services.remote.client import RemoteClient
 from shared.bootstrap import Runtime
 from shared.broker.consumer import Delivery, inbox_key
 from shared.broker.publisher import Publisher
@@ -49,10 +49,15 @@ from shared.domain.messages import StepOutcome, StepReply, StepRequest
 from shared.domain.states import ErrorKind
 from shared.domain.timing import utcnow
 from shared.errors import (
+    AllowanceSpent,
+    DeadlinePassed,
     InvalidMessage,
     PermanentError,
     PublishError,
     PublishUnroutable,
+    RemoteDeclined,
+    RemoteFenced,
+    RemoteUndone,
     ServiceUnavailable,
     TransientError,
 )
@@ -64,15 +69,6 @@ log = logging.getLogger(__name__)
 
 DEADLINE_MARGIN_S = 0.02
 """Too little time left to start a call and hear its answer: do not start it."""
-
-
-class DeadlinePassed(TransientError):
-    """The request's deadline came before the step could be done."""
-
-
-class AllowanceSpent(TransientError):
-    """No attempt ticket of the request is left: its allowance is spent (by this handling, or
-    by earlier handlings of the same request)."""
 
 
 RETRY_WAIT: wait_base = wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05)

@@ -27,7 +27,6 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobus
 from rich.table import Table
 
 from services.cli.explain import add_columns, human_age, plain_console
-from services.cli.orders import BadInput
 from services.cli.render import plain, shorten_tokens, shown
 from shared.bootstrap import open_broker
 from shared.broker.connection import login_user
@@ -39,6 +38,7 @@ from shared.broker.topology import Names
 from shared.config import Settings
 from shared.domain.redaction import redact_body
 from shared.domain.timing import utcnow
+from shared.errors import BadInput
 
 REPLAYED_AT = "x-orderflow-replayed-at"
 REPLAYED_BY = "x-orderflow-replayed-by"

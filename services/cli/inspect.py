@@ -21,7 +21,6 @@ from services.cli.audit import audit as run_audit
 from services.cli.audit import check_dead_letters
 from services.cli.dlq import dead_letters
 from services.cli.explain import add_columns, human_age, parse_duration, plain_console
-from services.cli.orders import BadInput
 from services.cli.render import plain, shown
 from services.remote.admin import admin_token
 from services.remote.client import RemoteClient
@@ -33,6 +32,7 @@ from shared.config import Settings
 from shared.domain.journal import Alert
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
+from shared.errors import BadInput
 from shared.store.factory import open_store
 
 COUNT_CAP = 1000

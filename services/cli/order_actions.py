@@ -28,7 +28,6 @@ from services.cli.explain import (
     unselected_because,
 )
 from services.cli.orders import (
-    BadInput,
     check_ids,
     cli_settings,
     duration_seconds,
@@ -37,6 +36,7 @@ from services.cli.orders import (
     orders,
 )
 from services.cli.render import plain
+from shared.errors import BadInput
 
 __all__ = ["orders"]  # the `orders` group, with these commands registered on it
 from shared.config import Settings

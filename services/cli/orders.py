@@ -34,7 +34,7 @@ from shared.domain.journal import HistoryEvent
 from shared.domain.models import OrderId, StateRecord
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.timing import utcnow
-from shared.errors import OrderflowError
+from shared.errors import BadInput
 from shared.store.factory import open_store
 from shared.store.port import ListCursor, StateQuery, StateStore
 
@@ -42,10 +42,6 @@ SCAN_CAP = 100_000
 """The most records one listing or bulk action reads; it says so when it stops there."""
 
 _ORDER_ID: TypeAdapter[str] = TypeAdapter(OrderId)
-
-
-class BadInput(OrderflowError):
-    """The operator gave something that cannot be an answerable question."""
 
 
 def cli_settings(ctx: click.Context) -> Settings:

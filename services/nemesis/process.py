@@ -26,8 +26,8 @@ from typing import ClassVar, Self
 
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-from services.nemesis.errors import ServerError, ServerFailed, ServerMissing
 from services.nemesis.reaper import MARKER
+from shared.errors import ServerError, ServerFailed, ServerMissing
 
 READY_POLL_S = 0.1
 """How often a starting server is asked whether it is ready."""

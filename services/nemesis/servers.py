@@ -26,7 +26,6 @@ import subprocess
 from contextlib import suppress
 from pathlib import Path
 
-from services.nemesis.errors import ServerError, ServerFailed, ServerMissing
 from services.nemesis.process import (
     CLIENT_TIMEOUT_S,
     PrivateServer,
@@ -36,6 +35,7 @@ from services.nemesis.process import (
     listening,
     run,
 )
+from shared.errors import ServerError, ServerFailed, ServerMissing
 
 __all__ = [
     "PrivatePostgres",

@@ -7,32 +7,19 @@ from typing import Any
 
 import aiohttp
 
-from shared.errors import PermanentError, TransientError, one_line
+from shared.errors import (
+    RemoteDeclined,
+    RemoteFenced,
+    RemoteRejected,
+    RemoteTransient,
+    RemoteUndone,
+    one_line,
+)
 
 ACCOUNT_HEADER = "X-Orderflow-Account"
 """Who calls: the calling deployment's task hub. The remote service scopes idempotency keys,
 orders and fencing tokens by it, as a payment provider scopes them by API key, so two hubs that
 share one remote service never share an effect. No header: the unnamed account."""
-
-
-class RemoteTransient(TransientError):
-    """The remote service did not make the effect this time: 5xx, timeout, no connection."""
-
-
-class RemoteDeclined(PermanentError):
-    """A business failure the remote service will repeat (e.g. a declined card)."""
-
-
-class RemoteFenced(PermanentError):
-    """The remote service refused a superseded attempt's fencing token."""
-
-
-class RemoteUndone(PermanentError):
-    """The remote service refused the call's effect: an undo of it is recorded for the order."""
-
-
-class RemoteRejected(PermanentError):
-    """The remote service refused the request itself (4xx): a contract bug, not bad luck."""
 
 
 def path_of(operation: str) -> str:

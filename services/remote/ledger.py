@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from shared.errors import StaleFencingToken, Undone
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS account_effects (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -135,14 +137,6 @@ class Attempt:
             "arrived_at": self.arrived_at,
             "answered_at": self.answered_at,
         }
-
-
-class StaleFencingToken(Exception):
-    """The request's attempt was superseded by a newer one for the same order."""
-
-
-class Undone(Exception):
-    """An undo of the operation is recorded for the order: the effect may no longer be made."""
 
 
 def attempt_of(fencing_token: str) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 
-from services.scheduler.context import AttemptContext, Superseded
+from services.scheduler.context import AttemptContext
 from shared.domain.compensation import finish_compensation, record_undo, start_undo
 from shared.domain.journal import AlertKind, CompensationEntry, UndoStatus
 from shared.domain.journal import HistoryEventType as H
@@ -28,6 +28,7 @@ from shared.domain.models import ErrorInfo, StateRecord
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.timing import utcnow
 from shared.domain.workflow import get_workflow
+from shared.errors import Superseded
 from shared.store.port import UndoMark
 from shared.telemetry import bind_log_fields
 

@@ -24,16 +24,12 @@ from shared.domain.messages import StepAction, StepReply, StepRequest
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.timing import utcnow
 from shared.domain.updates import RecoveryPolicy, Update, extend_deadline
-from shared.errors import PublishError
+from shared.errors import PublishError, Superseded
 from shared.metrics import STEP_OUTCOMES, STEP_SECONDS
 from shared.reporting import Reporter
 from shared.store.port import StateStore, UndoMark
 
 log = logging.getLogger(__name__)
-
-
-class Superseded(Exception):
-    """A fenced write matched nothing: another attempt owns the order now."""
 
 
 Renew = Callable[[], Awaitable[datetime]]

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from services.scheduler.compensator import Compensator
-from services.scheduler.context import AttemptContext, Superseded
+from services.scheduler.context import AttemptContext
 from shared.domain.journal import AlertKind, CompensationEntry, HistoryEvent, Severity
 from shared.domain.journal import HistoryEventType as H
 from shared.domain.messages import OrderStatus, StepAction, StepOutcome, StepReply
@@ -27,6 +27,7 @@ from shared.domain.workflow import (
     idempotency_key,
     unknown_version,
 )
+from shared.errors import Superseded
 from shared.telemetry import bind_log_fields, log_fields
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ import pytest
 
 from services.agents.agent import Agent
 from services.agents.attempts import InboxTickets
-from services.remote.client import RemoteClient, RemoteTransient
+from services.remote.client import RemoteClient
 from shared.broker.consumer import Delivery
 from shared.broker.private import PrivateQueue
 from shared.config import load_settings
@@ -31,7 +31,7 @@ from shared.domain.journal import InboxOutcome
 from shared.domain.messages import StepAction, StepOutcome, StepReply, StepRequest
 from shared.domain.states import ErrorKind
 from shared.domain.timing import utcnow
-from shared.errors import StoreUnavailable
+from shared.errors import RemoteTransient, StoreUnavailable
 from tests.support.broker_harness import Broker
 from tests.support.remote_service import InProcessRemote
 from tests.support.waiting import eventually

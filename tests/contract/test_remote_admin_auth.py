@@ -14,8 +14,9 @@ from aiohttp import web
 
 from services.remote.admin import admin_token, authorised, is_guarded
 from services.remote.app import Faults, RemoteService
-from services.remote.client import RemoteClient, RemoteRejected
+from services.remote.client import RemoteClient
 from services.remote.ledger import Ledger
+from shared.errors import RemoteRejected
 from tests.support.topology import free_port
 
 TOKEN = "s3cret-token-for-this-test"

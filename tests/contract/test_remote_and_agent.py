@@ -15,8 +15,8 @@ from aiohttp import web
 from services.agents.agent import Agent
 from services.agents.attempts import MemoryTickets
 from services.remote.app import Faults, RemoteService
-from services.remote.client import RemoteClient, RemoteDeclined, RemoteFenced, RemoteRejected
-from services.remote.ledger import Ledger, StaleFencingToken
+from services.remote.client import RemoteClient
+from services.remote.ledger import Ledger
 from shared.broker.connection import connect
 from shared.broker.consumer import Delivery
 from shared.broker.private import PrivateQueue
@@ -26,6 +26,7 @@ from shared.config import load_settings
 from shared.domain.messages import StepAction, StepOutcome, StepReply, StepRequest
 from shared.domain.states import ErrorKind
 from shared.domain.timing import utcnow
+from shared.errors import RemoteDeclined, RemoteFenced, RemoteRejected, StaleFencingToken
 from tests.conftest import RABBITMQ_URL, service_missing
 from tests.support.topology import free_port
 from tests.support.waiting import eventually

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from services.remote.client import (
-    RemoteClient,
+from services.remote.client import RemoteClient
+from shared.errors import (
     RemoteDeclined,
     RemoteFenced,
     RemoteRejected,

@@ -25,10 +25,11 @@ from typing import Any
 import pytest
 
 from services.nemesis.process import listening
-from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ, ServerMissing
+from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
 from shared.domain.journal import Alert, AlertKind
 from shared.domain.models import StateRecord
 from shared.domain.states import SETTLED_STATES, ProcessState
+from shared.errors import ServerMissing
 from tests.conftest import service_missing
 from tests.support.topology import Topology, all_orders, running_topology
 from tests.support.waiting import eventually

@@ -22,7 +22,8 @@ import aio_pika
 import asyncpg
 import pytest
 
-from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ, ServerMissing
+from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
+from shared.errors import ServerMissing
 from tests.conftest import service_missing
 from tests.support.waiting import eventually
 

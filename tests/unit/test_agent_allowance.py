@@ -21,12 +21,11 @@ from tenacity import wait_none
 import services.agents.agent as agent_module
 from services.agents.agent import Agent
 from services.agents.attempts import MemoryTickets
-from services.remote.client import RemoteDeclined, RemoteTransient
 from shared.broker.consumer import Delivery
 from shared.config import load_settings
 from shared.domain.messages import StepAction, StepReply, StepRequest
 from shared.domain.timing import utcnow
-from shared.errors import StoreUnavailable
+from shared.errors import RemoteDeclined, RemoteTransient, StoreUnavailable
 
 Answer = str  # "ok", "transient", "declined"
 Cut = str  # "none", "bug-after-call", "store-before-write", "store-after-write"

@@ -18,11 +18,16 @@ from services.agents.agent import Agent, attempt_outcome
 from services.agents.attempts import MemoryTickets
 from services.agents.breakers import Breakers
 from services.cli.up import metrics_ports, topology
-from services.remote.client import RemoteDeclined, RemoteFenced, RemoteTransient
 from services.scheduler.leader_watch import LeaderWatch
 from shared.config import load_settings
 from shared.domain.journal import Alert, AlertKind, ComponentStatus, Lease, Severity
-from shared.errors import ConfigurationError, ServiceUnavailable
+from shared.errors import (
+    ConfigurationError,
+    RemoteDeclined,
+    RemoteFenced,
+    RemoteTransient,
+    ServiceUnavailable,
+)
 from shared.heartbeat import Heartbeat, status_of
 from shared.metrics import REGISTRY, exposition
 from shared.telemetry import JsonFormatter, bind_log_fields, log_fields

@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.remote.app import UNDO_OF, Faults, RemoteCall, RemoteService
-from services.remote.ledger import Ledger, StaleFencingToken, Undone
+from services.remote.ledger import Ledger
+from shared.errors import StaleFencingToken, Undone
 
 STEPS = {
     "reserve": ("inventory.reserve", "inventory.release"),
