@@ -11,6 +11,12 @@ from importlib.metadata import version
 from typing import Any, TypeVar
 
 import click
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_before_delay,
+    wait_exponential_jitter,
+)
 
 from services.cli import order_actions
 from services.cli.bench import bench
@@ -103,17 +109,15 @@ def main(
 async def initialise_when_up(settings: Settings, wait_s: float) -> InitReport:
     """`initialise`, retried with backoff for up to `wait_s` while a server is unreachable
     (in a deployment, the servers may still be starting)."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + wait_s
-    delay = 0.5
-    while True:
-        try:
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(ServiceUnavailable),
+        stop=stop_before_delay(wait_s),
+        wait=wait_exponential_jitter(multiplier=0.5, max=5.0, jitter=0.5),
+        reraise=True,
+    ):
+        with attempt:
             return await initialise(settings)
-        except ServiceUnavailable:
-            if loop.time() + delay > give_up:
-                raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    raise AssertionError("unreachable: tenacity reraises")
 
 
 @main.command()

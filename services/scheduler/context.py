@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from shared.backoff import Backoff
 from shared.batching import GroupCommit
 from shared.broker.delivery import is_outage
 from shared.broker.private import Expected, ReplyRouter
@@ -168,7 +169,7 @@ class AttemptContext:
         loop = asyncio.get_running_loop()
         patience = loop.time() + self.settings.outage_patience_s
         told = False
-        delay = 0.2
+        pauses = Backoff(first=0.2, cap=2.0)
         while True:
             request = StepRequest(reply_to=self.reply_queue, **fields)
             try:
@@ -198,6 +199,5 @@ class AttemptContext:
                     )
                 elif not past:
                     log.warning("could not send a step request; holding the order", extra=context)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            await asyncio.sleep(pauses.next())
             fields["complete_by"] = await renew()

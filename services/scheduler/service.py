@@ -15,6 +15,7 @@ from services.scheduler.context import AttemptContext
 from services.scheduler.leader_watch import LeaderWatch
 from services.scheduler.runner import OrderRunner
 from shared import crash
+from shared.backoff import Backoff
 from shared.bootstrap import Runtime
 from shared.broker.private import PrivateQueue, ReplyRouter
 from shared.crash import crash_point
@@ -85,7 +86,7 @@ class Scheduler:
         backlog = False
         loop = asyncio.get_running_loop()
         undo_due = 0.0  # loop time of the next look for compensations
-        failures = 0
+        pauses = Backoff(first=0.4, cap=5.0)
         while not stop.is_set():
             self._room_wanted = gather if backlog else 1
             if limit - len(self._tasks) < self._room_wanted:
@@ -105,16 +106,14 @@ class Scheduler:
                 free -= len(undo)
                 want = min(free, batch)
                 claimed = await self._claim(want) if want else []
-                failures = 0
+                pauses.reset()
             except ServiceUnavailable as exc:
-                failures += 1
                 log.warning("the store is unavailable; backing off", extra={"error": str(exc)})
-                await _wait_any(stop, timeout=min(5.0, 0.2 * 2**failures))
+                await _wait_any(stop, timeout=pauses.next())
                 continue
             except Exception:
-                failures += 1
                 log.exception("claiming failed; backing off")
-                await _wait_any(stop, timeout=min(5.0, 0.2 * 2**failures))
+                await _wait_any(stop, timeout=pauses.next())
                 continue
             await self._started(claimed)
             for record in claimed:
