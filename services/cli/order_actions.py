@@ -36,11 +36,11 @@ from services.cli.orders import (
     orders,
 )
 from services.cli.render import plain
+from shared.domain.operator_actions import request_compensation, resubmit
 from shared.errors import BadInput
 
 __all__ = ["orders"]  # the `orders` group, with these commands registered on it
 from shared.config import Settings
-from shared.domain.compensation import request_compensation, resubmit
 from shared.domain.journal import HistoryEvent, HistoryEventType
 from shared.domain.models import StateRecord
 from shared.domain.states import ErrorKind, ProcessState

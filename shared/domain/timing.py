@@ -1,4 +1,4 @@
-"""Instance ids, deadlines and backoff: small pure functions with parametrized tests."""
+"""Times, deadlines and the recovery backoff: small pure functions with parametrized tests."""
 
 from __future__ import annotations
 
@@ -24,20 +24,6 @@ def in_range(at: datetime) -> datetime:
     if not EARLIEST <= at < LATEST:
         raise ValueError(f"{at.isoformat()} is outside {EARLIEST.year}-{LATEST.year - 1}")
     return at
-
-
-def instance_id(order_id: str, attempt: int) -> str:
-    """The attempt-specific id a claim writes into `locked_by`: it fences every later write."""
-    if attempt < 1:
-        raise ValueError("attempts are numbered from 1")
-    return f"{order_id}:{attempt}"
-
-
-def parse_instance_id(value: str) -> tuple[str, int]:
-    order_id, sep, attempt = value.rpartition(":")
-    if not sep or not order_id or not attempt.isdigit():
-        raise ValueError(f"not an instance id: {value!r}")
-    return order_id, int(attempt)
 
 
 def deadline(now: datetime, timeout: timedelta) -> datetime:

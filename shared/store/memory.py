@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
+from shared.domain.identity import instance_id
 from shared.domain.journal import (
     Alert,
     CompensationEntry,
@@ -186,7 +187,7 @@ class MemoryStore:
             fields = {
                 "process_state": target,
                 "attempt": attempt,
-                "locked_by": f"{record.order_id}:{attempt}",
+                "locked_by": instance_id(record.order_id, attempt),
                 "owner": owner,
                 "complete_by": complete_by,
                 "updated_at": now,

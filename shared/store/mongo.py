@@ -37,6 +37,7 @@ from pymongo.errors import (
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from shared.domain.identity import instance_id
 from shared.domain.journal import (
     Alert,
     CompensationEntry,
@@ -428,7 +429,7 @@ class MongoStore:
                     "$set": {
                         "process_state": target,
                         "attempt": attempt,
-                        "locked_by": f"{candidate['_id']}:{attempt}",
+                        "locked_by": instance_id(candidate["_id"], attempt),
                         "owner": owner,
                         "complete_by": complete_by,
                         "updated_at": now,
@@ -443,7 +444,7 @@ class MongoStore:
             # be read, it is given back, not left locked for the supervisor to recover.
             mine = {
                 "_id": candidate["_id"],
-                "locked_by": f"{candidate['_id']}:{candidate['attempt'] + 1}",
+                "locked_by": instance_id(candidate["_id"], candidate["attempt"] + 1),
                 "owner": owner,
             }
             try:

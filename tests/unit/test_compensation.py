@@ -10,11 +10,10 @@ from shared.domain.compensation import (
     finish_compensation,
     record_undo,
     recover_compensation,
-    request_compensation,
-    resubmit,
     start_undo,
 )
 from shared.domain.models import ErrorInfo, RetryBudget
+from shared.domain.operator_actions import request_compensation, resubmit
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
 from shared.domain.timing import utcnow
 from shared.domain.updates import RecoveryPolicy, apply, matches

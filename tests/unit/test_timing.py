@@ -5,14 +5,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.domain.timing import (
-    deadline,
-    instance_id,
-    is_expired,
-    parse_instance_id,
-    recovery_backoff,
-    utcnow,
-)
+from shared.domain.identity import instance_id, parse_instance_id
+from shared.domain.timing import deadline, is_expired, recovery_backoff, utcnow
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)

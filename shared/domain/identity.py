@@ -1,0 +1,18 @@
+"""The attempt's identity: `<order_id>:<attempt>`, the id a claim writes into `locked_by`, the
+fencing token of every write and remote call of that attempt."""
+
+from __future__ import annotations
+
+
+def instance_id(order_id: str, attempt: int) -> str:
+    """The attempt-specific id a claim writes into `locked_by`: it fences every later write."""
+    if attempt < 1:
+        raise ValueError("attempts are numbered from 1")
+    return f"{order_id}:{attempt}"
+
+
+def parse_instance_id(value: str) -> tuple[str, int]:
+    order_id, sep, attempt = value.rpartition(":")
+    if not sep or not order_id or not attempt.isdigit():
+        raise ValueError(f"not an instance id: {value!r}")
+    return order_id, int(attempt)
