@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
-from shared.domain.journal import ComponentStatus
+from shared.domain.coordination import ComponentStatus
 from shared.domain.timing import utcnow
 from shared.errors import ServiceUnavailable
 from shared.store.port import StateStore

@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Protocol
 
 from shared.batching import GroupCommit
-from shared.domain.journal import InboxOutcome
+from shared.domain.coordination import InboxOutcome
 from shared.domain.timing import utcnow
 from shared.store.port import InboxClaim
 

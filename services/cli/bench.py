@@ -44,7 +44,8 @@ from shared.bootstrap import initialise, open_broker
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names, delete_topology
 from shared.config import Settings
-from shared.domain.journal import ComponentStatus, HistoryEventType
+from shared.domain.coordination import ComponentStatus
+from shared.domain.journal import HistoryEventType
 from shared.domain.messages import SubmitOrder
 from shared.domain.models import StateRecord
 from shared.domain.states import SETTLED_STATES, ProcessState

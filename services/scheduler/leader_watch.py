@@ -16,7 +16,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from services.supervisor.service import LEASE
-from shared.domain.journal import AlertKind, Lease
+from shared.domain.coordination import Lease
+from shared.domain.journal import AlertKind
 from shared.domain.timing import utcnow
 from shared.reporting import Reporter
 from shared.store.port import StateStore

@@ -73,7 +73,7 @@ from shared.broker.envelope import (
 from shared.broker.publisher import Publisher
 from shared.broker.senders import Senders, queue_role, queue_senders
 from shared.broker.topology import Names
-from shared.domain.journal import InboxOutcome
+from shared.domain.coordination import InboxOutcome
 from shared.domain.messages import decode
 from shared.domain.timing import utcnow
 from shared.errors import (

@@ -1,4 +1,4 @@
-"""Records beside the state record: history, compensation log, alerts, leases (DESIGN §3)."""
+"""Records beside the state record: history, compensation log, alerts (DESIGN §3)."""
 
 from __future__ import annotations
 
@@ -153,33 +153,3 @@ class Alert(_Record):
     """The process that raised it."""
     data: JournalData = Field(default_factory=dict)
     schema_version: int = JOURNAL_SCHEMA_VERSION
-
-
-class Lease(_Record):
-    name: str
-    holder: str
-    expires_at: datetime
-    acquired_at: datetime
-
-
-class ComponentStatus(_Record):
-    """A running process's heartbeat: what it is and how it is doing (for `stats` and `watch`).
-    It expires when the process stops reporting; a clean stop removes it."""
-
-    name: Annotated[str, StringConstraints(min_length=1, max_length=128)]
-    kind: Annotated[str, StringConstraints(min_length=1, max_length=64)]
-    at: datetime
-    expires_at: datetime
-    data: dict[str, Any] = Field(default_factory=dict)
-    """Kind-specific: e.g. `open_breakers` of an agent, `inflight` of a scheduler, `leader`."""
-
-
-class InboxOutcome(StrEnum):
-    """What the inbox says about a message id a consumer is about to handle."""
-
-    CLAIMED = "claimed"
-    """New (or abandoned by a dead consumer): handle it."""
-    DUPLICATE = "duplicate"
-    """Already handled within the dedupe window: acknowledge and drop."""
-    BUSY = "busy"
-    """Another live consumer is handling it right now: try again after its claim expires."""

@@ -20,16 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
+from shared.domain.coordination import ComponentStatus, InboxOutcome, Lease
 from shared.domain.identity import instance_id
-from shared.domain.journal import (
-    Alert,
-    CompensationEntry,
-    ComponentStatus,
-    HistoryEvent,
-    InboxOutcome,
-    Lease,
-    UndoStatus,
-)
+from shared.domain.journal import Alert, CompensationEntry, HistoryEvent, UndoStatus
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.states import TERMINAL_STATES, ProcessState
 from shared.domain.updates import Changes, Expect, apply, matches

@@ -37,16 +37,9 @@ from pymongo.errors import (
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from shared.domain.coordination import ComponentStatus, InboxOutcome, Lease
 from shared.domain.identity import instance_id
-from shared.domain.journal import (
-    Alert,
-    CompensationEntry,
-    ComponentStatus,
-    HistoryEvent,
-    InboxOutcome,
-    Lease,
-    UndoStatus,
-)
+from shared.domain.journal import Alert, CompensationEntry, HistoryEvent, UndoStatus
 from shared.domain.models import STORED, OrderRecord, StateRecord
 from shared.domain.states import TERMINAL_STATES, ProcessState
 from shared.domain.updates import ANY, Changes, Expect

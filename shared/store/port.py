@@ -8,15 +8,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
 
-from shared.domain.journal import (
-    Alert,
-    CompensationEntry,
-    ComponentStatus,
-    HistoryEvent,
-    InboxOutcome,
-    Lease,
-    UndoStatus,
-)
+from shared.domain.coordination import ComponentStatus, InboxOutcome, Lease
+from shared.domain.journal import Alert, CompensationEntry, HistoryEvent, UndoStatus
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.updates import Changes, Expect

@@ -12,15 +12,8 @@ import asyncpg
 from pydantic import BaseModel
 
 from shared import crash
-from shared.domain.journal import (
-    Alert,
-    CompensationEntry,
-    ComponentStatus,
-    HistoryEvent,
-    InboxOutcome,
-    Lease,
-    UndoStatus,
-)
+from shared.domain.coordination import ComponentStatus, InboxOutcome, Lease
+from shared.domain.journal import Alert, CompensationEntry, HistoryEvent, UndoStatus
 from shared.domain.models import STORED, OrderRecord, StateRecord
 from shared.domain.states import TERMINAL_STATES, ProcessState
 from shared.domain.updates import ANY, Changes, Expect

@@ -27,7 +27,7 @@ from services.remote.client import RemoteClient
 from shared.broker.consumer import Delivery
 from shared.broker.private import PrivateQueue
 from shared.config import load_settings
-from shared.domain.journal import InboxOutcome
+from shared.domain.coordination import InboxOutcome
 from shared.domain.messages import StepAction, StepOutcome, StepReply, StepRequest
 from shared.domain.states import ErrorKind
 from shared.domain.timing import utcnow

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from shared.broker.consumer import Delivery
-from shared.domain.journal import InboxOutcome
+from shared.domain.coordination import InboxOutcome
 from shared.errors import StoreUnavailable
 from shared.store.port import InboxClaim
 from shared.store.postgres import PostgresStore

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timedelta
 
+from shared.domain.coordination import ComponentStatus, InboxOutcome
 from shared.domain.journal import (
     Alert,
     AlertKind,
     CompensationEntry,
-    ComponentStatus,
     HistoryEvent,
     HistoryEventType,
-    InboxOutcome,
     Severity,
     UndoStatus,
 )

@@ -13,13 +13,13 @@ from datetime import datetime, timedelta
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shared.domain.coordination import InboxOutcome
 from shared.domain.journal import (
     Alert,
     AlertKind,
     CompensationEntry,
     HistoryEvent,
     HistoryEventType,
-    InboxOutcome,
     Severity,
 )
 from shared.domain.states import TERMINAL_STATES, ProcessState

@@ -21,11 +21,11 @@ import pytest
 from shared.broker.connection import connect
 from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
 from shared.broker.topology import Names
+from shared.domain.coordination import ComponentStatus
 from shared.domain.journal import (
     Alert,
     AlertKind,
     CompensationEntry,
-    ComponentStatus,
     HistoryEvent,
     HistoryEventType,
     Severity,

@@ -17,7 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.broker.connection import connect
-from shared.domain.journal import Alert, AlertKind, ComponentStatus
+from shared.domain.coordination import ComponentStatus
+from shared.domain.journal import Alert, AlertKind
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from tests.conftest import RABBITMQ_URL, RABBITMQ_USER

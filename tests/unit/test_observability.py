@@ -20,7 +20,8 @@ from services.agents.breakers import Breakers
 from services.cli.up import metrics_ports, topology
 from services.scheduler.leader_watch import LeaderWatch
 from shared.config import load_settings
-from shared.domain.journal import Alert, AlertKind, ComponentStatus, Lease, Severity
+from shared.domain.coordination import ComponentStatus, Lease
+from shared.domain.journal import Alert, AlertKind, Severity
 from shared.errors import (
     ConfigurationError,
     RemoteDeclined,
