@@ -56,10 +56,17 @@ async def test_a_store_outage_many_holds_long_dead_letters_no_accepted_order(
 
         # More returns than the redelivery limit (5) allows deliveries: before, each return
         # counted, and these orders were dead-lettered `redelivery-limit`.
+        # (Or, as before the fix, dead-lettered: then this fails at once, on what it checks.)
+        def dead_lettered() -> bool:
+            listed = topo.cli("dlq", "list", "--json")
+            return listed.returncode == 0 and bool(json.loads(listed.stdout)["messages"])
+
         async def returned_often() -> bool:
-            return topo.logs("submission").count(RETURNED) >= 8
+            returns = topo.logs("submission").count(RETURNED)
+            return returns >= 8 or await asyncio.to_thread(dead_lettered)
 
         await eventually(returned_often, timeout=90, what="submission's messages returned 8 times")
+        assert not await asyncio.to_thread(dead_lettered), "accepted orders were dead-lettered"
         assert all(p.poll() is None for p in topo.procs.values())
     finally:
         await asyncio.to_thread(private_postgres.start)
