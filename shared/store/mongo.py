@@ -35,7 +35,12 @@ from pymongo.errors import (
     WriteConcernError,
 )
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
 
 from shared.domain.coordination import ComponentStatus, InboxOutcome, Lease
 from shared.domain.identity import instance_id
@@ -172,17 +177,21 @@ class MongoStore:
         self._client = client
         self._prefix = prefix
         self._recheck_s = recheck_s
-        self._orders = db[f"{prefix}orders"]
-        self._state = db[f"{prefix}state"]
-        self._history = db[f"{prefix}history"]
-        self._compensation = db[f"{prefix}compensation_log"]
-        self._counters = db[f"{prefix}counters"]
-        self._inbox = db[f"{prefix}inbox"]
-        self._lease = db[f"{prefix}lease"]
-        self._alerts = db[f"{prefix}alerts"]
-        self._components = db[f"{prefix}components"]
+        self._orders = self._named("orders")
+        self._state = self._named("state")
+        self._history = self._named("history")
+        self._compensation = self._named("compensation_log")
+        self._counters = self._named("counters")
+        self._inbox = self._named("inbox")
+        self._lease = self._named("lease")
+        self._alerts = self._named("alerts")
+        self._components = self._named("components")
         self._resume: dict[str, tuple[datetime, Any] | None] = {}
         """Where each journal purge goes on from (see `_expired_journal`)."""
+
+    def _named(self, name: str) -> Any:
+        """The hub's collection of that name (under the hub's prefix: `hub_location`)."""
+        return self._db[f"{self._prefix}{name}"]
 
     @classmethod
     async def connect(
@@ -308,7 +317,7 @@ class MongoStore:
         # Collection by collection: the application's user may drop collections of its
         # database (readWrite) but not the database itself.
         for name in sorted(COLLECTIONS):
-            await self._db[f"{self._prefix}{name}"].drop()
+            await self._named(name).drop()
 
     async def _settled(self, read: Callable[[], Awaitable[T]]) -> T:
         """A read of what an interrupted write left, retried through an outage (a failover
@@ -316,7 +325,7 @@ class MongoStore:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(is_outage),
             stop=stop_after_delay(self._recheck_s),
-            wait=wait_exponential(multiplier=0.05, max=1.0),
+            wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
             reraise=True,
         ):
             with attempt:
@@ -687,8 +696,7 @@ class MongoStore:
 
     async def record_counts(self) -> dict[str, int]:
         return {
-            name: int(await self._db[f"{self._prefix}{name}"].count_documents({}))
-            for name in sorted(COLLECTIONS)
+            name: int(await self._named(name).count_documents({})) for name in sorted(COLLECTIONS)
         }
 
     # -- inbox

@@ -222,6 +222,6 @@ async def test_a_completion_after_the_ttl_monitor_deleted_its_claim_leaves_a_ded
 async def test_an_index_with_other_options_is_a_configuration_error(
     bare: MongoStore, collection: str, keys: Any, options: dict[str, Any]
 ) -> None:
-    await bare._db[f"{bare._prefix}{collection}"].create_index(keys, **options)
+    await bare._named(collection).create_index(keys, **options)
     with pytest.raises(ConfigurationError, match="dropIndex"):
         await bare.init()
