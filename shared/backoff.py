@@ -9,6 +9,9 @@ in orderflow grows the same way, and processes that failed together do not retry
 from __future__ import annotations
 
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
+from tenacity.stop import stop_base
+
+from shared import clock
 
 
 class Backoff:
@@ -32,3 +35,14 @@ class Backoff:
     def reset(self) -> None:
         """After a success: the next failure waits `first` again."""
         self._state.attempt_number = 1
+
+
+class stop_after(stop_base):
+    """tenacity's `stop_after_delay`, timed by our clock (shared/clock.py) rather than the
+    host's: a simulated process's patience runs out in virtual time."""
+
+    def __init__(self, seconds: float) -> None:
+        self._until = clock.monotonic() + seconds
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return clock.monotonic() >= self._until

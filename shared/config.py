@@ -331,8 +331,9 @@ class Settings(BaseSettings):
         override = policies.get(workflow.name, policies.get(None))
         return workflow.compensates(kind, override)
 
-    def recovery_policy(self, rng: random.Random) -> RecoveryPolicy:
-        """When a recovered order may be claimed again, and what happens at the threshold."""
+    def recovery_policy(self, rng: random.Random | None = None) -> RecoveryPolicy:
+        """When a recovered order may be claimed again, and what happens at the threshold.
+        `rng` draws the jitter; None: the process's `random` (which a simulation seeds)."""
 
         def compensate_at_limit(record: StateRecord) -> bool:
             workflow = get_workflow(record.workflow, record.workflow_version)

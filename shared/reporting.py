@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
+from shared import clock
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
 from shared.domain.journal import Alert, AlertKind, HistoryEvent, HistoryEventType, Severity
@@ -170,7 +170,7 @@ class PoisonAlerts:
         queue: str,
         *,
         window_s: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = clock.monotonic,
     ) -> None:
         self._reporter = reporter
         self._queue = queue

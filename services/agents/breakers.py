@@ -9,16 +9,37 @@ whose id names the operation and the opening time).
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 
 import pybreaker
 
+from shared import clock
 from shared.errors import PermanentError
 from shared.metrics import CIRCUIT_STATE
 
 STATE_VALUE = {pybreaker.STATE_CLOSED: 0, pybreaker.STATE_OPEN: 1, pybreaker.STATE_HALF_OPEN: 2}
 """The gauge's encoding of a breaker's state."""
+
+
+class ClockedStorage(pybreaker.CircuitMemoryStorage):
+    """A breaker's state, its opening timed by our clock (shared/clock.py), not the host's:
+    pybreaker compares `opened_at` with the host's time, so this answers the host's time less
+    what our monotonic clock says has passed since the opening. On a real host that is when it
+    opened; in a simulation, virtual time decides when an open circuit lets a trial through."""
+
+    def __init__(self) -> None:
+        super().__init__(pybreaker.STATE_CLOSED)
+        self._opened: float | None = None
+
+    @property
+    def opened_at(self) -> datetime | None:
+        if self._opened is None:
+            return None
+        return datetime.now(UTC) - timedelta(seconds=clock.monotonic() - self._opened)
+
+    @opened_at.setter
+    def opened_at(self, _: datetime) -> None:
+        self._opened = clock.monotonic()
 
 
 class Breakers(pybreaker.CircuitBreakerListener):
@@ -29,7 +50,7 @@ class Breakers(pybreaker.CircuitBreakerListener):
         self._opened_at: dict[str, datetime] = {}
         """Operations whose circuit is not closed, and since when."""
         self._last_opened: dict[str, float] = {}
-        """`time.monotonic()` when each circuit last went open (a failed trial included)."""
+        """`clock.monotonic()` when each circuit last went open (a failed trial included)."""
 
     def get(self, operation: str) -> pybreaker.CircuitBreaker:
         if operation not in self._breakers:
@@ -38,6 +59,7 @@ class Breakers(pybreaker.CircuitBreakerListener):
                 reset_timeout=self._reset_s,
                 exclude=[PermanentError],
                 listeners=[self],
+                state_storage=ClockedStorage(),
                 name=operation,
             )
             CIRCUIT_STATE.labels(operation).set(0)
@@ -52,12 +74,12 @@ class Breakers(pybreaker.CircuitBreakerListener):
         operation = str(cb.name)
         CIRCUIT_STATE.labels(operation).set(STATE_VALUE.get(new_state.name, 1))
         if new_state.name == pybreaker.STATE_OPEN:
-            self._last_opened[operation] = time.monotonic()
+            self._last_opened[operation] = clock.monotonic()
         if new_state.name == pybreaker.STATE_CLOSED:
             self._opened_at.pop(operation, None)
         else:
             # To the microsecond (the time names the opening; it is never stored as a time).
-            self._opened_at.setdefault(operation, datetime.now(UTC))
+            self._opened_at.setdefault(operation, clock.now())
 
     def states(self) -> dict[str, str]:
         return {op: str(b.current_state) for op, b in sorted(self._breakers.items())}
@@ -68,7 +90,7 @@ class Breakers(pybreaker.CircuitBreakerListener):
         if self.get(operation).current_state != pybreaker.STATE_OPEN:
             return True
         opened = self._last_opened.get(operation)
-        return opened is None or time.monotonic() - opened >= self._reset_s
+        return opened is None or clock.monotonic() - opened >= self._reset_s
 
     def open(self) -> list[str]:
         """Operations whose circuit is open (failing fast) right now."""

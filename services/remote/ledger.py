@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
+from shared import clock
 from shared.errors import StaleFencingToken, Undone
 
 SCHEMA = """
@@ -139,6 +139,11 @@ class Attempt:
         }
 
 
+def _now() -> str:
+    """The service's clock, to the microsecond (shared/clock.py)."""
+    return clock.now().isoformat()
+
+
 def attempt_of(fencing_token: str) -> int:
     _, _, attempt = fencing_token.rpartition(":")
     return int(attempt) if attempt.isdigit() else 0
@@ -225,7 +230,7 @@ class Ledger:
                 "DO UPDATE SET attempt = max(attempt, excluded.attempt)",
                 (account, order_id, attempt),
             )
-            at = datetime.now(UTC).isoformat()
+            at = _now()
             cur = db.execute(
                 "INSERT INTO account_effects (account, idempotency_key, operation, order_id, "
                 "fencing_token, outcome, result, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -283,7 +288,7 @@ class Ledger:
                 idempotency_key,
                 fencing_token,
                 UNANSWERED,
-                datetime.now(UTC).isoformat(),
+                _now(),
             ),
         )
         return cur.lastrowid or 0
@@ -291,7 +296,7 @@ class Ledger:
     def attempt_answered(self, seq: int, outcome: str, *, hung: bool) -> None:
         self._db.execute(
             "UPDATE account_attempts SET outcome = ?, hung = ?, answered_at = ? WHERE seq = ?",
-            (outcome, int(hung), datetime.now(UTC).isoformat(), seq),
+            (outcome, int(hung), _now(), seq),
         )
 
     def attempts_of(self, account: str | None, order_id: str) -> list[Attempt]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,8 +35,6 @@ log = logging.getLogger(__name__)
 Renew = Callable[[], Awaitable[datetime]]
 """Extends the attempt's deadline (a fenced write) and returns the new one."""
 
-_RNG = random.Random()
-
 ORDER_READ_BATCH = 100
 """Order records one read fetches at most."""
 
@@ -65,7 +62,7 @@ class AttemptContext:
     def policy(self) -> RecoveryPolicy:
         """How long a released order rests before it may be claimed again, as the supervisor's
         recoveries do, and what happens at the failure threshold."""
-        return self.settings.recovery_policy(_RNG)
+        return self.settings.recovery_policy()
 
     async def write(
         self,

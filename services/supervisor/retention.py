@@ -22,12 +22,12 @@ batch is a conditional delete of what has expired, which two supervisors may run
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from shared import clock
 from shared.config import Settings
 from shared.domain.timing import utcnow
 from shared.metrics import RETENTION_BATCHES, RETENTION_DELETED
@@ -72,7 +72,7 @@ class Retention:
         store: StateStore,
         settings: Settings,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = clock.monotonic,
     ) -> None:
         self._store = store
         self._s = settings

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from datetime import timedelta
 from typing import Any
 
@@ -48,8 +47,7 @@ class Supervisor:
         self.leader = False
         self.recoveries = 0
         self._report = runtime.reporter()
-        self._rng = random.Random()
-        self._policy = self._s.recovery_policy(self._rng)
+        self._policy = self._s.recovery_policy()
         self._wait = self._s.supervisor_interval_s
         """Until the next round: the interval, or less for a standby whose leader's lease
         expires sooner, so a dead leader is replaced as its lease runs out."""

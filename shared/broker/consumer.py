@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-import time
 import uuid
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
@@ -44,6 +43,7 @@ from typing import Any, TypeVar
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
+from shared import clock
 from shared.batching import GroupCommit
 from shared.broker.delivery import (
     ConsumerPolicy,
@@ -156,7 +156,7 @@ class Consumer:
             on_poison=on_poison,
         )
         self.last_taken: float | None = None
-        """`time.monotonic()` of the last delivery taken (None: none yet)."""
+        """`clock.monotonic()` of the last delivery taken (None: none yet)."""
         self.subscribed_at: float | None = None
         # Messages handled side by side share their inbox round trips (group commit).
         self._claims: GroupCommit[InboxClaim, InboxOutcome] = GroupCommit(
@@ -188,7 +188,7 @@ class Consumer:
     async def _subscribe(self) -> None:
         assert self._queue is not None
         self._tag = await self._queue.consume(self._on_message, no_ack=False)
-        self.subscribed_at = time.monotonic()
+        self.subscribed_at = clock.monotonic()
 
     @property
     def paused(self) -> bool:
@@ -217,7 +217,7 @@ class Consumer:
         is its queue's depth, read by the caller on a channel of its own (a passive declare of
         a queue that is gone closes the channel it runs on, and must not close this one's)."""
         since = self.last_taken or self.subscribed_at
-        idle_s = time.monotonic() - since if since is not None else 0.0
+        idle_s = clock.monotonic() - since if since is not None else 0.0
         state = intake_state(
             started=self._queue is not None,
             paused=self._tag is None,
@@ -260,7 +260,7 @@ class Consumer:
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
-        self.last_taken = time.monotonic()
+        self.last_taken = clock.monotonic()
         envelope = Envelope.of(message)
         # The block scopes this delivery's fields, and the order fields `_process` binds once
         # the body is decoded (leaving the block restores what was there before both).

@@ -12,11 +12,11 @@ from aio_pika.abc import AbstractIncomingMessage
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
-    stop_after_delay,
     wait_exponential,
     wait_random,
 )
 
+from shared.backoff import stop_after
 from shared.domain.messages import (
     AlertMessage,
     Contract,
@@ -170,7 +170,7 @@ async def held(operation: Callable[[], Awaitable[R]], *, patience: float, backof
     async for attempt in AsyncRetrying(
         retry=retry_if_exception(is_outage),
         wait=wait_exponential(multiplier=0.1, max=backoff_cap) + wait_random(0, 0.5),
-        stop=stop_after_delay(patience),
+        stop=stop_after(patience),
         reraise=True,
     ):
         with attempt:

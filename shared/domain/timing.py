@@ -5,12 +5,10 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
+from shared import clock
 
-def utcnow() -> datetime:
-    """Now, in UTC, to the millisecond: the precision every store keeps, so a time read back
-    from any store compares equal to the one written."""
-    now = datetime.now(UTC)
-    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+utcnow = clock.utcnow
+"""Now, in UTC, to the millisecond, by the clock of the process asking (shared/clock.py)."""
 
 
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
