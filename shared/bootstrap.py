@@ -101,20 +101,33 @@ class Runtime:
             await store.close()
             raise
         try:
-            publisher = await Publisher.open(
-                connection,
-                timeout=settings.publish_timeout_s,
-                duplicate_rate=settings.fault_duplicate_rate,
-                seed=settings.fault_seed,
-            )
             metrics = await serve_metrics(settings.metrics_port)
+            return await cls.on(settings, name, store, connection, metrics=metrics)
         except BaseException:
             with contextlib.suppress(Exception):
                 await connection.close()
             await store.close()
             raise
-        names = Names(settings.hub)
-        runtime = cls(settings, name, store, connection, publisher, names, metrics)
+
+    @classmethod
+    async def on(
+        cls,
+        settings: Settings,
+        name: str,
+        store: StateStore,
+        connection: AbstractRobustConnection,
+        *,
+        metrics: MetricsEndpoint | None = None,
+    ) -> Runtime:
+        """A runtime on a store and a broker connection already open (the memory adapters of
+        a simulation or a test, or the real ones `open` connects)."""
+        publisher = await Publisher.open(
+            connection,
+            timeout=settings.publish_timeout_s,
+            duplicate_rate=settings.fault_duplicate_rate,
+            seed=settings.fault_seed,
+        )
+        runtime = cls(settings, name, store, connection, publisher, Names(settings.hub), metrics)
         if metrics is not None:
             metrics.set_health(runtime.health)
         return runtime

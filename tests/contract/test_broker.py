@@ -22,6 +22,7 @@ from shared.broker.topology import QueuePolicy, declare_topology
 from shared.errors import (
     InvalidMessage,
     PermanentError,
+    PublishError,
     PublishRejected,
     PublishUnroutable,
     StoreRefused,
@@ -406,3 +407,45 @@ async def test_an_outage_after_the_handler_succeeded_does_not_run_it_again(
         return consumer.stats.duplicates == 1
 
     await eventually(dropped, what="the copy dropped as a duplicate")
+
+
+# -- what the broker itself does, which the consumer relies on (both brokers alike)
+
+
+async def test_the_broker_counts_returns_and_dead_letters_past_its_delivery_limit(
+    broker: Broker,
+) -> None:
+    """A quorum queue counts every return in `x-delivery-count` (what `delivery_count` reads),
+    and past `x-delivery-limit` (one above ours) dead-letters the message itself."""
+    queue = broker.names.agent("inventory")
+    await send(broker, queue, message_id="returned")
+    channel = await broker.connection.channel()
+    taken = await channel.get_queue(queue)
+    counts = []
+    for _ in range(LIMIT + 2):
+        message = await eventually(
+            lambda: taken.get(no_ack=False, fail=False), what="the message back in its queue"
+        )
+        counts.append((message.headers or {}).get("x-delivery-count", 0))
+        assert message.redelivered is (len(counts) > 1)
+        await message.reject(requeue=True)
+    assert counts == list(range(LIMIT + 2))
+    (dead,) = await eventually(lambda: broker.dead_letters(queue), what="the broker's dead letter")
+    assert dead.message_id == "returned"
+    assert [d["reason"] for d in dead.headers["x-death"]] == ["delivery_limit"]
+    await channel.close()
+
+
+async def test_a_message_naming_another_user_is_refused_by_the_broker(broker: Broker) -> None:
+    """The broker checks `user_id` against the publishing connection's user: what makes a
+    receiver's check of the sender (shared/broker/senders.py) worth anything."""
+    publisher = await Publisher.open(broker.connection, timeout=5)
+    forged = aio_pika.Message(reply().to_json(), message_id="forged", user_id="someone-else")
+    with pytest.raises(PublishError):
+        await publisher.publish_raw(
+            forged, exchange=broker.names.exchange, routing_key=broker.names.agent("payment")
+        )
+    channel = await broker.connection.channel()
+    queue = await channel.get_queue(broker.names.agent("payment"))
+    assert await queue.get(no_ack=True, fail=False) is None
+    await channel.close()

@@ -276,7 +276,8 @@ async def test_the_runtime_reads_a_fresh_depth_every_time(broker: Broker) -> Non
     settings = load_settings(
         hub=broker.names.hub, store_url=POSTGRES_URL, rabbitmq_url=RABBITMQ_URL
     )
-    runtime = await Runtime.open(settings, "intake-probe")
+    connection = await broker.connect("intake-probe")
+    runtime = await Runtime.on(settings, "intake-probe", broker.store, connection)
     try:
         queue = broker.names.agent("shipping")
         assert await runtime._ready(queue) == 0
@@ -290,7 +291,7 @@ async def test_the_runtime_reads_a_fresh_depth_every_time(broker: Broker) -> Non
         assert await runtime._ready(f"{broker.names.hub}.no-such-queue") is None
         assert await runtime._ready(queue) == 2  # the probe channel is redone after a 404
     finally:
-        await runtime.close()
+        await connection.close()  # the store is the fixture's
 
 
 async def test_routing_headers_a_sender_wrote_never_carry_our_copies_elsewhere(

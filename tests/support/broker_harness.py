@@ -1,5 +1,10 @@
-"""The broker harness of the contract tests: the real RabbitMQ, the inbox on the real PostgreSQL,
-a hub of the test's own, and real consumers that the fixture stops at the end."""
+"""The broker harness of the contract tests: every case runs once on each broker.
+
+- `rabbitmq`: the real RabbitMQ, the inbox on the real PostgreSQL.
+- `memory`: the reference broker in memory (shared/broker/memory), the inbox in the reference
+  store in memory: the semantics the processes rely on, without a server.
+
+Either way a hub of the test's own, and real consumers that the fixture stops at the end."""
 
 from __future__ import annotations
 
@@ -7,15 +12,19 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import aio_pika
 import pytest
 
 from shared.broker.connection import connect, quorum_available
 from shared.broker.consumer import Consumer, ConsumerPolicy
+from shared.broker.memory import MemoryBroker, MemoryConnection
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names, QueuePolicy, declare_topology, delete_topology
 from shared.domain.messages import StepAction, StepOutcome, StepReply
+from shared.store.memory import MemoryStore
+from shared.store.port import StateStore
 from shared.store.postgres import PostgresStore
 from tests.conftest import POSTGRES_URL, RABBITMQ_URL, RABBITMQ_USER, service_missing
 
@@ -28,8 +37,15 @@ class Broker:
     names: Names
     connection: aio_pika.abc.AbstractRobustConnection
     publisher: Publisher
-    store: PostgresStore
+    store: StateStore
     consumers: list[Consumer] = field(default_factory=list)
+    kind: str = "rabbitmq"
+
+    async def connect(self, name: str) -> aio_pika.abc.AbstractRobustConnection:
+        """Another connection to the same broker, as the same user."""
+        if isinstance(self.connection, MemoryConnection):
+            return MemoryConnection(self.connection.broker, RABBITMQ_USER, name=name)  # type: ignore[return-value]
+        return await connect(RABBITMQ_URL, timeout=5, name=name)
 
     async def consume(
         self, queue: str, handler, *, dead_letters=None, store=None, **policy
@@ -70,8 +86,16 @@ class Broker:
         return got
 
 
-@pytest.fixture
-async def broker(hub: str) -> AsyncIterator[Broker]:
+BROKER_KINDS = [
+    pytest.param("rabbitmq", marks=[pytest.mark.rabbitmq, pytest.mark.postgres], id="rabbitmq"),
+    pytest.param("memory", marks=pytest.mark.memory, id="memory"),
+]
+
+
+async def _open(kind: str, hub: str) -> tuple[aio_pika.abc.AbstractRobustConnection, StateStore]:
+    if kind == "memory":
+        connection: Any = MemoryConnection(MemoryBroker(), RABBITMQ_USER, name="contract-tests")
+        return connection, MemoryStore()
     try:
         connection = await connect(RABBITMQ_URL, timeout=5, name="contract-tests")
     except Exception as exc:
@@ -83,6 +107,12 @@ async def broker(hub: str) -> AsyncIterator[Broker]:
     except Exception as exc:
         await connection.close()
         service_missing("PostgreSQL", exc)
+    return connection, store
+
+
+@pytest.fixture(params=BROKER_KINDS)
+async def broker(request: pytest.FixtureRequest, hub: str) -> AsyncIterator[Broker]:
+    connection, store = await _open(request.param, hub)
     await store.init()
     names = Names(hub)
     policy = QueuePolicy(
@@ -90,7 +120,8 @@ async def broker(hub: str) -> AsyncIterator[Broker]:
     )
     channel = await connection.channel()
     await declare_topology(channel, names, policy)
-    b = Broker(names, connection, await Publisher.open(connection, timeout=5), store)
+    publisher = await Publisher.open(connection, timeout=5)
+    b = Broker(names, connection, publisher, store, kind=request.param)
     try:
         yield b
     finally:

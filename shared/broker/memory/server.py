@@ -1,0 +1,414 @@
+"""The reference broker in memory: RabbitMQ's semantics that orderflow's processes rely on.
+
+Exchanges (direct, fanout, topic, and the default exchange), bindings, and queues with the
+arguments `shared/broker/topology.py` declares: quorum queues that count returned deliveries
+(`x-delivery-count`) and dead-letter past `x-delivery-limit`; dead-letter exchanges and routing
+keys; per-message TTL dead-lettered on expiry (the retry queues); `x-max-length` with
+`reject-publish` (the publisher sees a nack) or `drop-head`. Consumers get each delivery as a
+task of its own, at most their prefetch unacknowledged; an ack, a nack or a reject settles a
+delivery, and a closed channel or connection returns what it held (redelivered, counted).
+Exclusive queues die with their connection, auto-delete queues with their last consumer.
+Every message's `user_id`, when set, must be the publishing connection's user, as RabbitMQ
+checks it.
+
+What it does not model: permissions, vhosts, a broker restart's loss of non-durable queues
+beyond what `outage` says, priorities, transactions. It is exercised by the broker contract
+suite (tests/contract, as `[memory]`) beside the real RabbitMQ, and is what
+`orderflow simulate` runs every process on.
+
+`Network` is the simulation's hand on the wire: it may hold a message back before it reaches
+its queue (reordering what was sent close together) or deliver it twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import fnmatch
+import itertools
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pamqp.commands import Basic
+from pamqp.header import ContentHeader
+
+from shared import clock
+
+Properties = Basic.Properties
+
+
+class Network(Protocol):
+    def delay(self, queue: str) -> float:
+        """Seconds a message takes to reach `queue` (0: at once)."""
+
+    def duplicate(self, queue: str) -> bool:
+        """Whether `queue` gets this message twice (a publisher that sent it again)."""
+
+
+def encode(props: Properties, body_size: int) -> bytes:
+    """Properties as they travel: the content header frame, encoded by pamqp as a client's."""
+    return ContentHeader(0, body_size, props).marshal()
+
+
+def decode(header: bytes) -> Properties:
+    """Properties as a client reads them off the wire (with orderflow's tolerant decoding)."""
+    frame = ContentHeader()
+    frame.unmarshal(header)
+    return frame.properties
+
+
+@dataclass
+class Stored:
+    """A message in a queue: what was published, and what the queue knows of it."""
+
+    body: bytes
+    header: bytes
+    """Its properties as they were sent (`encode`)."""
+    exchange: str
+    routing_key: str
+    returned: int = 0
+    """Times it came back to the queue unsettled (a quorum queue's delivery count)."""
+    redelivered: bool = False
+    expires_at: float | None = None
+
+
+@dataclass
+class Consumer:
+    tag: str
+    queue: str
+    owner: Any
+    """The client channel it consumes on (shared/broker/memory/client.py)."""
+    callback: Callable[[Stored, int], Coroutine[Any, Any, None]]
+    prefetch: int
+    no_ack: bool
+    context: contextvars.Context
+    in_hand: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Queue:
+    name: str
+    durable: bool
+    auto_delete: bool
+    exclusive_to: Any
+    """The connection that owns an exclusive queue (None: not exclusive)."""
+    arguments: dict[str, Any]
+    ready: deque[Stored] = field(default_factory=deque)
+    consumers: list[Consumer] = field(default_factory=list)
+    next_consumer: int = 0
+    had_consumers: bool = False
+
+    @property
+    def quorum(self) -> bool:
+        return self.arguments.get("x-queue-type") == "quorum"
+
+    def settings(self) -> tuple[bool, bool, Any, dict[str, Any]]:
+        return (self.durable, self.auto_delete, self.exclusive_to is not None, self.arguments)
+
+
+@dataclass
+class Exchange:
+    name: str
+    kind: str
+    bindings: list[tuple[str, str]] = field(default_factory=list)
+    """(queue, routing key) in the order they were made."""
+
+    def routes(self, routing_key: str) -> list[str]:
+        if self.kind == "fanout":
+            targets = [queue for queue, _ in self.bindings]
+        elif self.kind == "topic":
+            targets = [q for q, key in self.bindings if _topic_match(key, routing_key)]
+        else:
+            targets = [q for q, key in self.bindings if key == routing_key]
+        return list(dict.fromkeys(targets))
+
+
+def _topic_match(pattern: str, key: str) -> bool:
+    """AMQP topic matching: `*` one word, `#` zero or more."""
+    if "#" not in pattern and "*" not in pattern:
+        return pattern == key
+    return _words(pattern.split("."), key.split("."))
+
+
+def _words(pattern: list[str], key: list[str]) -> bool:
+    if not pattern:
+        return not key
+    head, rest = pattern[0], pattern[1:]
+    if head == "#":
+        return any(_words(rest, key[i:]) for i in range(len(key) + 1))
+    if not key:
+        return False
+    return (head == "*" or fnmatch.fnmatchcase(key[0], head)) and _words(rest, key[1:])
+
+
+class Refused(Exception):
+    """What the broker answers an operation it refuses: the AMQP reply code and text."""
+
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(f"{code} {text}")
+        self.code = code
+        self.text = text
+
+
+NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED = 404, 406, 405
+
+
+class MemoryBroker:
+    """One broker: exchanges and queues shared by every connection made to it."""
+
+    VERSION = "3.10.0 (orderflow memory broker)"
+
+    def __init__(self, network: Network | None = None) -> None:
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, Queue] = {}
+        self.network = network
+        self.down = False
+        """A broker outage: nothing is taken or delivered until it ends."""
+        self._tags = itertools.count(1)
+        self._connections: list[Any] = []
+
+    # -- topology
+    def declare_exchange(self, name: str, kind: str) -> Exchange:
+        existing = self.exchanges.get(name)
+        if existing is not None:
+            if existing.kind != kind:
+                raise Refused(PRECONDITION_FAILED, f"exchange {name} is a {existing.kind}")
+            return existing
+        self.exchanges[name] = Exchange(name, kind)
+        return self.exchanges[name]
+
+    def exchange(self, name: str) -> Exchange:
+        if name not in self.exchanges:
+            raise Refused(NOT_FOUND, f"no exchange '{name}'")
+        return self.exchanges[name]
+
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        owner: Any,
+        durable: bool = False,
+        auto_delete: bool = False,
+        exclusive: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> Queue:
+        wanted = Queue(name, durable, auto_delete, owner if exclusive else None, arguments or {})
+        existing = self.queues.get(name)
+        if existing is None:
+            self.queues[name] = wanted
+            return wanted
+        self._check_access(existing, owner)
+        if existing.settings() != wanted.settings():
+            raise Refused(PRECONDITION_FAILED, f"inequivalent arguments for queue '{name}'")
+        return existing
+
+    def queue(self, name: str, owner: Any = None) -> Queue:
+        if name not in self.queues:
+            raise Refused(NOT_FOUND, f"no queue '{name}'")
+        queue = self.queues[name]
+        self._check_access(queue, owner)
+        return queue
+
+    @staticmethod
+    def _check_access(queue: Queue, owner: Any) -> None:
+        if queue.exclusive_to is not None and queue.exclusive_to is not owner:
+            raise Refused(RESOURCE_LOCKED, f"queue '{queue.name}' is exclusive to another")
+
+    def bind(self, queue: str, exchange: str, routing_key: str, owner: Any = None) -> None:
+        self.queue(queue, owner)
+        bindings = self.exchange(exchange).bindings
+        if (queue, routing_key) not in bindings:
+            bindings.append((queue, routing_key))
+
+    def delete_queue(self, name: str) -> int:
+        queue = self.queues.pop(name, None)
+        if queue is None:
+            return 0
+        for exchange in self.exchanges.values():
+            exchange.bindings = [(q, k) for q, k in exchange.bindings if q != name]
+        for consumer in queue.consumers:  # the broker cancels them
+            consumer.in_hand.clear()
+            consumer.owner.consumers.pop(consumer.tag, None)
+        return len(queue.ready)
+
+    def delete_exchange(self, name: str) -> None:
+        self.exchanges.pop(name, None)
+
+    # -- publishing
+    def publish(self, exchange: str, routing_key: str, body: bytes, header: bytes) -> str:
+        """Route a message; 'ok', 'unroutable', or 'rejected' (a full reject-publish queue)."""
+        if exchange == "":
+            targets = [routing_key] if routing_key in self.queues else []
+        else:
+            targets = self.exchange(exchange).routes(routing_key)
+        if not targets:
+            return "unroutable"
+        outcome = "ok"
+        for name in targets:
+            message = Stored(body, header, exchange, routing_key)
+            if not self._offer(self.queues[name], message):
+                outcome = "rejected"
+        return outcome
+
+    def _offer(self, queue: Queue, message: Stored) -> bool:
+        """Whether `queue` takes the message (False: full, and it refuses publishers)."""
+        limit = queue.arguments.get("x-max-length")
+        if limit is not None and len(queue.ready) >= limit:
+            if queue.arguments.get("x-overflow") == "reject-publish":
+                return False
+            queue.ready.popleft()  # drop-head: the newest are kept
+        copies = 2 if self.network is not None and self.network.duplicate(queue.name) else 1
+        delay = self.network.delay(queue.name) if self.network is not None else 0.0
+        for _ in range(copies):
+            if delay > 0:
+                asyncio.get_running_loop().call_later(delay, self._arrive, queue, _again(message))
+            else:
+                self._arrive(queue, _again(message))
+        return True
+
+    def _arrive(self, queue: Queue, message: Stored) -> None:
+        if self.queues.get(queue.name) is not queue:
+            return  # deleted meanwhile
+        ttl = _ttl_seconds(decode(message.header).expiration)
+        if ttl is not None:
+            message.expires_at = clock.monotonic() + ttl
+            asyncio.get_running_loop().call_later(ttl, self._expire, queue, message)
+        queue.ready.append(message)
+        self.wake(queue)
+
+    def _expire(self, queue: Queue, message: Stored) -> None:
+        if message in queue.ready:
+            queue.ready.remove(message)
+            self.dead_letter(queue, message, "expired")
+
+    def dead_letter(self, queue: Queue, message: Stored, reason: str) -> None:
+        """To the queue's dead-letter exchange, with an `x-death` record (or dropped)."""
+        exchange = queue.arguments.get("x-dead-letter-exchange")
+        if exchange is None or exchange not in self.exchanges:
+            return
+        key = queue.arguments.get("x-dead-letter-routing-key", message.routing_key)
+        props = decode(message.header)
+        props.expiration = None
+        death: dict[str, Any] = {
+            "reason": reason,
+            "queue": queue.name,
+            "count": 1,
+            "exchange": message.exchange,
+        }
+        props.headers = {**(props.headers or {}), "x-death": [death]}
+        props.headers.pop("x-delivery-count", None)
+        self.publish(exchange, key, message.body, encode(props, len(message.body)))
+
+    # -- delivering
+    def subscribe(self, consumer: Consumer) -> None:
+        queue = self.queue(consumer.queue, getattr(consumer.owner, "connection", None))
+        queue.consumers.append(consumer)
+        queue.had_consumers = True
+        self.wake(queue)
+
+    def unsubscribe(self, consumer: Consumer) -> None:
+        queue = self.queues.get(consumer.queue)
+        if queue is None or consumer not in queue.consumers:
+            return
+        queue.consumers.remove(consumer)
+        if queue.auto_delete and not queue.consumers and queue.had_consumers:
+            self.delete_queue(queue.name)
+
+    def wake(self, queue: Queue) -> None:
+        asyncio.get_running_loop().call_soon(self._dispatch, queue)
+
+    def _dispatch(self, queue: Queue) -> None:
+        if self.down or self.queues.get(queue.name) is not queue:
+            return
+        while queue.ready:
+            consumer = self._next_consumer(queue)
+            if consumer is None:
+                return
+            message = queue.ready.popleft()
+            tag = next(self._tags)
+            if not consumer.no_ack:
+                consumer.in_hand.add(tag)
+                consumer.owner.hold(tag, queue, consumer, message)
+            asyncio.get_running_loop().create_task(
+                consumer.callback(message, tag), context=consumer.context.copy()
+            )
+
+    def _next_consumer(self, queue: Queue) -> Consumer | None:
+        """Round robin over the consumers with room under their prefetch."""
+        count = len(queue.consumers)
+        for i in range(count):
+            consumer = queue.consumers[(queue.next_consumer + i) % count]
+            if consumer.no_ack or len(consumer.in_hand) < consumer.prefetch:
+                queue.next_consumer = (queue.next_consumer + i + 1) % count
+                return consumer
+        return None
+
+    def settle(self, queue: Queue, consumer: Consumer, message: Stored, tag: int, how: str) -> None:
+        """An ack (`ack`), or a return to the queue (`requeue`), or a rejection without one
+        (`drop`), of the delivery `tag`."""
+        consumer.in_hand.discard(tag)
+        if how == "requeue":
+            self.give_back(queue, message)
+        elif how == "drop":
+            self.dead_letter(queue, message, "rejected")
+        self.wake(queue)
+
+    def give_back(self, queue: Queue, message: Stored) -> None:
+        """A delivery returned unsettled: counted, and dead-lettered past the delivery limit."""
+        if self.queues.get(queue.name) is not queue:
+            return
+        message.returned += 1
+        message.redelivered = True
+        limit = queue.arguments.get("x-delivery-limit")
+        if queue.quorum and limit is not None and message.returned > limit:
+            self.dead_letter(queue, message, "delivery_limit")
+            return
+        queue.ready.appendleft(message)
+
+    # -- connections and outages
+    def attach(self, connection: Any) -> None:
+        self._connections.append(connection)
+
+    def detach(self, connection: Any) -> None:
+        """A connection closed: its exclusive queues go with it."""
+        if connection in self._connections:
+            self._connections.remove(connection)
+        for name in [n for n, q in self.queues.items() if q.exclusive_to is connection]:
+            self.delete_queue(name)
+
+    def outage(self, down: bool) -> None:
+        """The broker goes away (every connection drops, returning what it held; transient
+        queues lose their messages) or comes back (connections recover, consumers resume)."""
+        self.down = down
+        for connection in list(self._connections):
+            connection.link(not down)
+        if down:
+            for queue in self.queues.values():
+                if not queue.durable:
+                    queue.ready.clear()
+        else:
+            for queue in list(self.queues.values()):
+                self.wake(queue)
+
+    def delivered(self, message: Stored) -> Properties:
+        """The properties a delivery carries: a quorum queue adds its count of returns."""
+        props = decode(message.header)
+        if message.returned:
+            props.headers = {**(props.headers or {}), "x-delivery-count": message.returned}
+        return props
+
+
+def _again(message: Stored) -> Stored:
+    return Stored(message.body, message.header, message.exchange, message.routing_key)
+
+
+def _ttl_seconds(expiration: Any) -> float | None:
+    """A per-message TTL (milliseconds, as text on the wire)."""
+    if expiration in (None, ""):
+        return None
+    try:
+        return max(0.0, float(expiration) / 1000)
+    except (TypeError, ValueError):
+        return None
