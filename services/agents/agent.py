@@ -38,7 +38,7 @@ from tenacity.wait import wait_base
 
 from services.agents.attempts import Allowance, InboxTickets, Tickets
 from services.agents.breakers import Breakers
-from services.remote.client import RemoteClient
+from services.remote.client import RemoteCalls, RemoteClient
 from shared.bootstrap import Runtime
 from shared.broker.consumer import Delivery, inbox_key
 from shared.broker.publisher import Publisher
@@ -151,7 +151,7 @@ class Agent:
     def __init__(
         self,
         name: str,
-        client: RemoteClient,
+        client: RemoteCalls,
         publisher: Publisher,
         settings: Settings,
         *,
@@ -375,12 +375,16 @@ def attempt_outcome(exc: Exception, *, called: bool) -> str:
     return "transient"
 
 
-async def serve_agent(name: str, runtime: Runtime, stop: asyncio.Event) -> None:
-    """Consume `<hub>.agent.<name>` until `stop`, then drain."""
+async def serve_agent(
+    name: str, runtime: Runtime, stop: asyncio.Event, *, client: RemoteCalls | None = None
+) -> None:
+    """Consume `<hub>.agent.<name>` until `stop`, then drain. `client`: how the remote service
+    is reached (by default over HTTP at `ORDERFLOW_REMOTE_URL`)."""
     settings = runtime.settings
-    client = RemoteClient.open(
-        settings.remote_url, pool=max(10, settings.prefetch * 2), account=settings.hub
-    )
+    if client is None:
+        client = RemoteClient.open(
+            settings.remote_url, pool=max(10, settings.prefetch * 2), account=settings.hub
+        )
     tickets = InboxTickets(runtime.store, runtime.names.agent(name))
     agent = Agent(name, client, runtime.publisher, settings, tickets=tickets)
     report = runtime.reporter()

@@ -204,21 +204,28 @@ class RemoteService:
         return web.json_response({"attempts": [a.to_json() for a in attempts]})
 
     async def call(self, request: web.Request) -> web.Response:
-        response = await self._call(request)
-        self.calls[str(response.status)] += 1
-        return response
-
-    async def _call(self, request: web.Request) -> web.Response:
         operation = f"{request.match_info['service']}.{request.match_info['action']}"
-        if operation not in OPERATIONS:
-            return web.json_response({"error": f"no operation {operation}"}, status=404)
         account = request.headers.get(ACCOUNT_HEADER, "")
-        if not ACCOUNT.fullmatch(account):
-            return web.json_response({"error": f"{ACCOUNT_HEADER} must be a hub name"}, status=400)
-        try:
-            body = RemoteCall.model_validate_json(await request.read())
-        except ValidationError as exc:
-            return web.json_response({"error": str(exc.errors()[:3])}, status=400)
+        if operation not in OPERATIONS:
+            status, payload = 404, {"error": f"no operation {operation}"}
+        elif not ACCOUNT.fullmatch(account):
+            status, payload = 400, {"error": f"{ACCOUNT_HEADER} must be a hub name"}
+        else:
+            try:
+                body = RemoteCall.model_validate_json(await request.read())
+            except ValidationError as exc:
+                status, payload = 400, {"error": str(exc.errors()[:3])}
+            else:
+                answer, status = await self.answer(account, operation, body)
+                return web.json_response(answer, status=status)
+        self.calls[str(status)] += 1
+        return web.json_response(payload, status=status)
+
+    async def answer(
+        self, account: str, operation: str, body: RemoteCall
+    ) -> tuple[dict[str, Any], int]:
+        """The answer to one call of a known operation, as (payload, HTTP status): what the
+        service does, whichever way the call came (HTTP, or in process: services/remote/local)."""
         # Counted as it arrives, before anything may delay it: an attempt is spent even if
         # this service dies, or the caller gives up, before it is answered.
         seq = self.ledger.attempt_arrived(
@@ -230,24 +237,26 @@ class RemoteService:
         )
         answer = Answered()
         try:
-            return await self._respond(account, operation, body, answer)
+            payload, status = await self._respond(account, operation, body, answer)
         finally:
             self.ledger.attempt_answered(seq, answer.outcome, hung=answer.hung)
+        self.calls[str(status)] += 1
+        return payload, status
 
     async def _respond(
         self, account: str, operation: str, body: RemoteCall, answer: Answered
-    ) -> web.Response:
+    ) -> tuple[dict[str, Any], int]:
         if self.faults.outage or operation in self.faults.fail_operations:
             answer.outcome = "outage"
-            return web.json_response({"error": "outage"}, status=503)
+            return {"error": "outage"}, 503
         if operation in self.faults.reject_operations:
             answer.outcome = "rejected"
-            return web.json_response({"outcome": "rejected", "error": "rejected"}, status=400)
+            return {"outcome": "rejected", "error": "rejected"}, 400
         if self.faults.latency_ms:
             await asyncio.sleep(self.faults.latency_ms / 1000)
         if self.rng.random() < self.faults.transient_error_rate:
             answer.outcome = "transient"
-            return web.json_response({"error": "transient"}, status=503)
+            return {"error": "transient"}, 503
         try:
             if self.rng.random() < self.faults.hang_rate:
                 self.ledger.observe_fence(account, body.order_id, body.fencing_token)
@@ -256,12 +265,10 @@ class RemoteService:
             effect, made = self._apply(account, operation, body)
         except StaleFencingToken as exc:
             answer.outcome = "fenced"
-            return web.json_response(
-                {"outcome": "stale-fencing-token", "error": str(exc)}, status=409
-            )
+            return {"outcome": "stale-fencing-token", "error": str(exc)}, 409
         except Undone as exc:
             answer.outcome = "undone"
-            return web.json_response({"outcome": "undone", "error": str(exc)}, status=410)
+            return {"outcome": "undone", "error": str(exc)}, 410
         answer.outcome = effect.outcome if made else "replayed"
         return _answer(effect, replayed=not made)
 
@@ -319,15 +326,14 @@ def _page_query(request: web.Request) -> tuple[int, int, str | None, str | None]
     return after, limit, account, request.query.get("order_id") or None
 
 
-def _answer(effect: Effect, *, replayed: bool) -> web.Response:
+def _answer(effect: Effect, *, replayed: bool) -> tuple[dict[str, Any], int]:
     payload = {
         "outcome": effect.outcome,
         "result": effect.result,
         "seq": effect.seq,
         "replayed": replayed,
     }
-    status = 422 if effect.outcome == "declined" else 200
-    return web.json_response(payload, status=status)
+    return payload, 422 if effect.outcome == "declined" else 200
 
 
 async def serve_remote(settings: Settings, stop: asyncio.Event) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -20,6 +20,25 @@ ACCOUNT_HEADER = "X-Orderflow-Account"
 """Who calls: the calling deployment's task hub. The remote service scopes idempotency keys,
 orders and fencing tokens by it, as a payment provider scopes them by API key, so two hubs that
 share one remote service never share an effect. No header: the unnamed account."""
+
+
+class RemoteCalls(Protocol):
+    """What an agent needs of the remote service: one call (over HTTP, `RemoteClient`, or in
+    process, services/remote/local.py)."""
+
+    async def call(
+        self,
+        operation: str,
+        *,
+        order_id: str,
+        idempotency_key: str,
+        fencing_token: str,
+        payload: dict[str, Any],
+        timeout: float,
+    ) -> dict[str, Any]:
+        """The effect's result; a `RemoteError` subclass says why there is none."""
+
+    async def close(self) -> None: ...
 
 
 def path_of(operation: str) -> str:
@@ -83,7 +102,7 @@ class RemoteClient:
                 text = await response.text()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise RemoteTransient(f"{operation}: {type(exc).__name__} {one_line(exc)}") from exc
-        return _interpret(operation, status, text)
+        return interpret(operation, status, _json(text))
 
     async def ledger(
         self, *, order_id: str | None = None, account: str | None = None
@@ -160,11 +179,16 @@ def _refused(status: int, path: str, data: dict[str, Any]) -> None:
         )
 
 
-def _interpret(operation: str, status: int, text: str) -> dict[str, Any]:
+def _json(text: str) -> dict[str, Any]:
     try:
         data = json.loads(text) if text else {}
     except json.JSONDecodeError:
-        data = {"error": text[:200]}
+        return {"error": text[:200]}
+    return data if isinstance(data, dict) else {"error": text[:200]}
+
+
+def interpret(operation: str, status: int, data: dict[str, Any]) -> dict[str, Any]:
+    """A call's answer as its result, or the error that says what the agent makes of it."""
     if status == 200:
         return dict(data)
     if status == 422:
