@@ -25,7 +25,7 @@ import aio_pika
 from services.cli.audit import all_states
 from services.nemesis.fleet import Fleet, environment
 from services.nemesis.process import free_port, listening
-from services.nemesis.schedule import AGENT_PROCESSES, Fault, Kind, draw
+from services.nemesis.schedule import AGENT_PROCESSES, POISON_BODIES, Fault, Kind, draw
 from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
 from services.remote.client import RemoteClient
 from shared.broker.topology import Names
@@ -349,9 +349,8 @@ class Nemesis:
             channel = await connection.channel()
             submit = await channel.get_exchange(names.submit)
             direct = await channel.get_exchange(names.exchange)
-            bodies = [b"{not json", b"[]", b'{"schema_version": 1}', b"\xff\xfe", b"{}" * 40]
             for i in range(count):
-                body = bodies[i % len(bodies)]
+                body = POISON_BODIES[i % len(POISON_BODIES)]
                 message = aio_pika.Message(
                     body,
                     message_id=f"poison-{self.seed}-{i}",

@@ -79,21 +79,33 @@ class Fault:
         return asdict(self)
 
 
-def draw(seed: int, faults: int, *, span_s: float, clock_skew_s: float) -> list[Fault]:
-    """`faults` faults from the catalogue, struck within `span_s` seconds, in time order. Every
-    kind is drawn alike; the first ones cover the catalogue when there are enough of them, so
-    a schedule of nine faults or more tries each kind at least once."""
-    rng = random.Random(seed)
+POISON_BODIES = (b"{not json", b"[]", b'{"schema_version": 1}', b"\xff\xfe", b"{}" * 40)
+"""What a POISON fault publishes, in turn: bodies no contract accepts."""
+
+
+def draw(
+    seed: int | random.Random,
+    faults: int,
+    *,
+    span_s: float,
+    clock_skew_s: float,
+    longest_s: float = 6.0,
+) -> list[Fault]:
+    """`faults` faults from the catalogue, struck within `span_s` seconds, each lasting up to
+    `longest_s`, in time order. Every kind is drawn alike; the first ones cover the catalogue
+    when there are enough of them, so a schedule of nine faults or more tries each kind at
+    least once."""
+    rng = seed if isinstance(seed, random.Random) else random.Random(seed)
     kinds = list(CATALOGUE)
     rng.shuffle(kinds)
     chosen = kinds[:faults] + [rng.choice(CATALOGUE) for _ in range(faults - len(kinds))]
-    schedule = [_one(rng, kind, span_s, clock_skew_s) for kind in chosen]
+    schedule = [_one(rng, kind, span_s, clock_skew_s, longest_s) for kind in chosen]
     return sorted(schedule, key=lambda f: (f.at_s, f.kind))
 
 
-def _one(rng: random.Random, kind: Kind, span_s: float, skew: float) -> Fault:
+def _one(rng: random.Random, kind: Kind, span_s: float, skew: float, longest_s: float) -> Fault:
     at = round(rng.uniform(0, span_s), 1)
-    duration = round(rng.uniform(0.5, 6.0), 1)
+    duration = round(rng.uniform(0.5, longest_s), 1)
     if kind is Kind.KILL:
         return Fault(at, kind, duration, target=rng.choice(KILLABLE))
     if kind is Kind.REMOTE_HANGS:

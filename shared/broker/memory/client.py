@@ -17,11 +17,11 @@ import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import aio_pika
 import aiormq.exceptions as amqp
-from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
@@ -56,6 +56,13 @@ class Declared:
 
     message_count: int
     consumer_count: int
+
+
+def connect(broker: MemoryBroker, user: str, *, name: str = "") -> AbstractRobustConnection:
+    """A connection to `broker` as `user`, typed as what orderflow's broker layer takes: the
+    part of aio-pika's robust connection it uses is what `MemoryConnection` answers (mypy
+    cannot check that; the broker contract suite, run on both brokers, does)."""
+    return cast(AbstractRobustConnection, MemoryConnection(broker, user, name=name))
 
 
 class MemoryConnection:
@@ -357,7 +364,8 @@ class MemoryChannel:
             )
         header = encode(props, len(body))  # before the round trip, as a client sends it
         await self._round_trip()
-        outcome = self._call(self.broker.publish, exchange, routing_key, body, header)
+        sender = self.connection.user
+        outcome = self._call(self.broker.publish, exchange, routing_key, body, header, sender)
         if outcome == "unroutable" and mandatory:
             returned = Basic.Return(312, "NO_ROUTE", exchange, routing_key)
             content = ContentHeader(body_size=len(body), properties=props)

@@ -40,10 +40,10 @@ Properties = Basic.Properties
 
 
 class Network(Protocol):
-    def delay(self, queue: str) -> float:
-        """Seconds a message takes to reach `queue` (0: at once)."""
+    def delay(self, queue: str, sender: str) -> float:
+        """Seconds a message from user `sender` takes to reach `queue` (0: at once)."""
 
-    def duplicate(self, queue: str) -> bool:
+    def duplicate(self, queue: str, sender: str) -> bool:
         """Whether `queue` gets this message twice (a publisher that sent it again)."""
 
 
@@ -237,8 +237,11 @@ class MemoryBroker:
         self.exchanges.pop(name, None)
 
     # -- publishing
-    def publish(self, exchange: str, routing_key: str, body: bytes, header: bytes) -> str:
-        """Route a message; 'ok', 'unroutable', or 'rejected' (a full reject-publish queue)."""
+    def publish(
+        self, exchange: str, routing_key: str, body: bytes, header: bytes, sender: str = ""
+    ) -> str:
+        """Route a message from user `sender`; 'ok', 'unroutable', or 'rejected' (a full
+        reject-publish queue)."""
         if exchange == "":
             targets = [routing_key] if routing_key in self.queues else []
         else:
@@ -248,19 +251,20 @@ class MemoryBroker:
         outcome = "ok"
         for name in targets:
             message = Stored(body, header, exchange, routing_key)
-            if not self._offer(self.queues[name], message):
+            if not self._offer(self.queues[name], message, sender):
                 outcome = "rejected"
         return outcome
 
-    def _offer(self, queue: Queue, message: Stored) -> bool:
+    def _offer(self, queue: Queue, message: Stored, sender: str) -> bool:
         """Whether `queue` takes the message (False: full, and it refuses publishers)."""
         limit = queue.arguments.get("x-max-length")
         if limit is not None and len(queue.ready) >= limit:
             if queue.arguments.get("x-overflow") == "reject-publish":
                 return False
             queue.ready.popleft()  # drop-head: the newest are kept
-        copies = 2 if self.network is not None and self.network.duplicate(queue.name) else 1
-        delay = self.network.delay(queue.name) if self.network is not None else 0.0
+        network = self.network
+        copies = 2 if network is not None and network.duplicate(queue.name, sender) else 1
+        delay = network.delay(queue.name, sender) if network is not None else 0.0
         for _ in range(copies):
             if delay > 0:
                 asyncio.get_running_loop().call_later(delay, self._arrive, queue, _again(message))
