@@ -38,6 +38,7 @@ from rich.table import Table
 
 from services.cli.audit import all_states
 from services.cli.explain import plain_console
+from services.cli.settings import pass_settings
 from services.cli.soak import Soak, print_soak, soak_env
 from services.cli.submit import generated_order, message_id_of
 from shared.bootstrap import initialise, open_broker
@@ -486,9 +487,9 @@ def print_report(result: dict[str, Any]) -> None:
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the run.")
 @click.option("--keep", is_flag=True, help="Keep the benchmark's task hub (default: drop it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.pass_context
+@pass_settings("store_url")
 def bench(
-    ctx: click.Context,
+    base: Settings,
     count: int,
     rate: float,
     attach: bool,
@@ -496,7 +497,6 @@ def bench(
     agents: int,
     transient_error_rate: float,
     remote_latency_ms: float,
-    store_url: str | None,
     recovery: bool,
     soak: bool,
     seed: int,
@@ -505,10 +505,7 @@ def bench(
     as_json: bool,
 ) -> None:
     """Measure end-to-end throughput and latency (or, with --recovery, recovery time)."""
-    base: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
     changes: dict[str, Any] = {}
-    if store_url:
-        changes["store_url"] = store_url
     if not attach:
         changes["hub"] = f"bench{uuid.uuid4().hex[:8]}"
         changes["remote_url"] = f"http://127.0.0.1:{_free_port()}"

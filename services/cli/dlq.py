@@ -28,6 +28,7 @@ from rich.table import Table
 
 from services.cli.explain import add_columns, human_age, plain_console
 from services.cli.render import plain, shorten_tokens, shown
+from services.cli.settings import pass_settings
 from shared.bootstrap import open_broker
 from shared.broker.connection import login_user
 from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
@@ -43,11 +44,6 @@ from shared.errors import BadInput
 REPLAYED_AT = "x-orderflow-replayed-at"
 REPLAYED_BY = "x-orderflow-replayed-by"
 BODY_SHOWN = 4000
-
-
-def _settings(ctx: click.Context) -> Settings:
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
-    return settings
 
 
 def source_queues(names: Names, queue: str | None) -> list[str]:
@@ -166,10 +162,9 @@ def dlq() -> None:
 @dlq.command("list")
 @click.option("--queue", help="One input queue (orders, payment, …); default all.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def list_cmd(ctx: click.Context, queue: str | None, as_json: bool) -> None:
+@pass_settings()
+def list_cmd(settings: Settings, queue: str | None, as_json: bool) -> None:
     """Dead-lettered messages with their reasons (the messages stay where they are)."""
-    settings = _settings(ctx)
     sources = source_queues(Names(settings.hub), queue)
     rows = asyncio.run(dead_letters(settings, sources))
     if as_json:
@@ -193,10 +188,9 @@ def list_cmd(ctx: click.Context, queue: str | None, as_json: bool) -> None:
 @click.argument("message_id")
 @click.option("--queue", help="One input queue (orders, payment, …); default all.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def show_cmd(ctx: click.Context, message_id: str, queue: str | None, as_json: bool) -> None:
+@pass_settings()
+def show_cmd(settings: Settings, message_id: str, queue: str | None, as_json: bool) -> None:
     """One dead-lettered message: its reason, headers and body."""
-    settings = _settings(ctx)
     sources = source_queues(Names(settings.hub), queue)
 
     async def find() -> list[dict[str, Any]]:
@@ -252,9 +246,9 @@ def _body(body: bytes) -> str:
 @click.option("--queue", help="One input queue (orders, payment, …); default all.")
 @click.option("--by", default="operator", show_default=True, help="Recorded in a header.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
+@pass_settings()
 def replay_cmd(
-    ctx: click.Context,
+    settings: Settings,
     message_ids: tuple[str, ...],
     replay_all: bool,
     queue: str | None,
@@ -264,7 +258,6 @@ def replay_cmd(
     """Send dead-lettered messages back to their source queue, with their original message id."""
     if bool(message_ids) == replay_all:
         raise BadInput("name the messages to replay, or give --all")
-    settings = _settings(ctx)
     names = Names(settings.hub)
     sources = source_queues(names, queue)
     wanted = set(message_ids)
@@ -366,10 +359,9 @@ def _replayable(message: AbstractIncomingMessage, by: str) -> aio_pika.Message:
 @click.option("--queue", help="One input queue (orders, payment, …); default all.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: the messages deleted per DLQ.")
-@click.pass_context
-def purge_cmd(ctx: click.Context, queue: str | None, yes: bool, as_json: bool) -> None:
+@pass_settings()
+def purge_cmd(settings: Settings, queue: str | None, yes: bool, as_json: bool) -> None:
     """Delete dead-lettered messages for good (asks first, on stderr, unless --yes)."""
-    settings = _settings(ctx)
     sources = source_queues(Names(settings.hub), queue)
     dlqs = [Names.dlq(s) for s in sources]
     if not yes:

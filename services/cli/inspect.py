@@ -22,6 +22,7 @@ from services.cli.audit import check_dead_letters
 from services.cli.dlq import dead_letters
 from services.cli.explain import add_columns, human_age, parse_duration, plain_console
 from services.cli.render import plain, shown
+from services.cli.settings import pass_settings
 from services.remote.admin import admin_token
 from services.remote.client import RemoteClient
 from services.supervisor.service import LEASE
@@ -178,12 +179,11 @@ def render_stats(result: dict[str, Any]) -> Group:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def stats(ctx: click.Context, as_json: bool) -> None:
+@pass_settings()
+def stats(settings: Settings, as_json: bool) -> None:
     """Orders per state, stuck and overdue orders, queue depths, processes, open breakers, the
     leader. Stuck and overdue orders are counted up to 1000 (`1000+` beyond; in JSON,
     `stuck_pending_capped` / `overdue_capped`)."""
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
     result = asyncio.run(gather_stats(settings))
     if as_json:
         click.echo(json.dumps(result))
@@ -202,10 +202,9 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     is_flag=True,
     help="Print one JSON object per line per refresh (as `stats --json`) instead of a live view.",
 )
-@click.pass_context
-def watch(ctx: click.Context, interval: float, count: int | None, as_json: bool) -> None:
+@pass_settings()
+def watch(settings: Settings, interval: float, count: int | None, as_json: bool) -> None:
     """A live view of `stats` that refreshes until Ctrl-C (or `--count` refreshes)."""
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
 
     async def snapshots() -> AsyncIterator[dict[str, Any]]:
         n = 0
@@ -238,10 +237,9 @@ def alerts() -> None:
 @click.option("--since", help="Only alerts younger than this (90s, 15m, 2h, 1d).")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def alerts_list(ctx: click.Context, since: str | None, limit: int, as_json: bool) -> None:
+@pass_settings()
+def alerts_list(settings: Settings, since: str | None, limit: int, as_json: bool) -> None:
     """Alerts, newest first."""
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
     try:
         after = None if since is None else utcnow() - parse_duration(since)
     except ValueError as exc:
@@ -275,12 +273,11 @@ def alerts_list(ctx: click.Context, since: str | None, limit: int, as_json: bool
 @alerts.command("follow")
 @click.option("--burst", is_flag=True, help="Exit once the queue is empty (else until Ctrl-C).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per alert and line.")
-@click.pass_context
-def alerts_follow(ctx: click.Context, burst: bool, as_json: bool) -> None:
+@pass_settings()
+def alerts_follow(settings: Settings, burst: bool, as_json: bool) -> None:
     """Take alert notifications from <hub>.alerts.feed as they come, oldest first (each one is
     acknowledged once printed: the queue's reader, for a pager integration to pipe from; the
     queue keeps the newest ORDERFLOW_ALERTS_QUEUE_MAX_LENGTH while nobody reads)."""
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
 
     def show(alert: Alert) -> None:
         if as_json:
@@ -340,8 +337,8 @@ async def _audit(settings: Settings, grace: float) -> dict[str, Any]:
     help="Seconds a live attempt may be past its deadline before it counts as lost.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def audit(ctx: click.Context, grace: float, as_json: bool) -> None:
+@pass_settings()
+def audit(settings: Settings, grace: float, as_json: bool) -> None:
     """Check DESIGN §8's invariants against the store, the remote ledger and the dead-letter
     queues (exit 1 on any violation): 1 every order settled or recoverable; 2 one effect per
     step, every effect of a compensated order undone; 3 no write or effect by a superseded
@@ -349,7 +346,6 @@ def audit(ctx: click.Context, grace: float, as_json: bool) -> None:
     reason; 6 no order's remote attempts beyond its retry budget, nor an undo request's beyond
     ORDERFLOW_UNDO_ATTEMPTS. (That each process keeps running after bad input is for the fault
     suite to show.)"""
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
     result = asyncio.run(_audit(settings, grace))
     if as_json:
         click.echo(json.dumps(result))

@@ -27,11 +27,12 @@ from services.cli.inspect import alerts, audit, stats, watch
 from services.cli.nemesis import nemesis
 from services.cli.render import PlainFormatter, plain
 from services.cli.serve import serve
+from services.cli.settings import LoadedSettings, pass_settings
 from services.cli.submit import submit
 from services.cli.up import up
 from services.cli.workflows import workflows
 from shared.bootstrap import InitReport, initialise
-from shared.config import Settings, load_settings
+from shared.config import Settings
 from shared.errors import ConfigurationError, OrderflowError, ServiceUnavailable, one_line
 
 T = TypeVar("T")
@@ -75,13 +76,6 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-def settings_from(ctx: click.Context) -> Settings:
-    settings = ctx.find_object(Settings)
-    if settings is None:  # pragma: no cover - the group always sets it
-        raise ConfigurationError("settings were not loaded")
-    return settings
-
-
 @click.group(cls=OrderflowGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version("orderflow"), prog_name="orderflow")
 @click.option("--hub", help="Task hub name (overrides ORDERFLOW_HUB).")
@@ -102,8 +96,8 @@ def main(
     logging.basicConfig(level=logging.WARNING, handlers=[stderr])
     for chatty in ("aio_pika", "aiormq"):
         logging.getLogger(chatty).setLevel(logging.CRITICAL)
-    overrides = {"hub": hub, "store_url": store_url, "rabbitmq_url": rabbitmq_url}
-    ctx.obj = load_settings(**{k: v for k, v in overrides.items() if v is not None})
+    # Read once, here, so that a bad setting fails every command alike: `@pass_settings`.
+    ctx.obj = LoadedSettings.load(hub=hub, store_url=store_url, rabbitmq_url=rabbitmq_url)
 
 
 async def initialise_when_up(settings: Settings, wait_s: float) -> InitReport:
@@ -129,10 +123,10 @@ async def initialise_when_up(settings: Settings, wait_s: float) -> InitReport:
     show_default=True,
     help="Retry for up to this many seconds while a server is unreachable.",
 )
-@click.pass_context
-def init(ctx: click.Context, wait_s: float) -> None:
+@pass_settings()
+def init(settings: Settings, wait_s: float) -> None:
     """Create the store's schema and indexes and declare the hub's queues. Idempotent."""
-    report = run(initialise_when_up(settings_from(ctx), wait_s))
+    report = run(initialise_when_up(settings, wait_s))
     kind = "quorum" if report.quorum else "classic"
     click.echo(f"store: {report.store_kind}, hub {report.hub!r}: schema and indexes ready")
     click.echo(

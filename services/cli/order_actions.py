@@ -29,13 +29,13 @@ from services.cli.explain import (
 )
 from services.cli.orders import (
     check_ids,
-    cli_settings,
     duration_seconds,
     kind_choice,
     matching,
     orders,
 )
 from services.cli.render import plain
+from services.cli.settings import pass_settings
 from shared.domain.operator_actions import request_compensation, resubmit
 from shared.errors import BadInput
 
@@ -301,9 +301,9 @@ def _queried(query: StateQuery, step: str | None) -> Chooser:
 @click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @by_option
-@click.pass_context
+@pass_settings()
 def resubmit_cmd(
-    ctx: click.Context,
+    settings: Settings,
     order_ids: tuple[str, ...],
     state: str | None,
     error_kind: str | None,
@@ -321,7 +321,6 @@ def resubmit_cmd(
     Each order is changed only if it is still as it was selected: an order selected by query
     that changed since, or no longer matches the query, is refused (run the command again).
     The change and its history event are one conditional write."""
-    settings = cli_settings(ctx)
     check_ids(order_ids)
     if order_ids and (state or error_kind or older_than or step):
         raise BadInput("name orders or select them with --state/--error-kind/…, not both")
@@ -350,16 +349,15 @@ def resubmit_cmd(
 @click.option("--dry-run", is_flag=True, help="Print the undo plan; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @by_option
-@click.pass_context
+@pass_settings()
 def compensate_cmd(
-    ctx: click.Context, order_ids: tuple[str, ...], dry_run: bool, as_json: bool, by: str
+    settings: Settings, order_ids: tuple[str, ...], dry_run: bool, as_json: bool, by: str
 ) -> None:
     """Undo the completed steps of orders in Error or CompensationFailed, newest first.
 
     Prints the undo plan (steps, order, idempotency keys) first; undos already done are
     skipped, and each undo's idempotency key makes a repeat harmless. The change and its
     history event are one conditional write."""
-    settings = cli_settings(ctx)
     check_ids(order_ids)
 
     async def plans() -> dict[str, list[dict[str, Any]]]:

@@ -29,6 +29,7 @@ from services.cli.explain import (
     undo_plan,
 )
 from services.cli.render import short_token, shown
+from services.cli.settings import pass_settings
 from shared.config import Settings
 from shared.domain.journal import HistoryEvent
 from shared.domain.models import OrderId, StateRecord
@@ -42,11 +43,6 @@ SCAN_CAP = 100_000
 """The most records one listing or bulk action reads; it says so when it stops there."""
 
 _ORDER_ID: TypeAdapter[str] = TypeAdapter(OrderId)
-
-
-def cli_settings(ctx: click.Context) -> Settings:
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
-    return settings
 
 
 def check_ids(order_ids: tuple[str, ...]) -> None:
@@ -130,9 +126,9 @@ def orders() -> None:
     help="Group failed orders by error kind and message fingerprint instead of listing them.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
+@pass_settings()
 def list_cmd(
-    ctx: click.Context,
+    settings: Settings,
     states: tuple[str, ...],
     older_than: str | None,
     step: str | None,
@@ -143,7 +139,6 @@ def list_cmd(
     as_json: bool,
 ) -> None:
     """Orders, most recently changed first; filter by state, age, step and error kind."""
-    settings = cli_settings(ctx)
     now = utcnow()
     age = duration_seconds(older_than)
     wanted = _states(states)
@@ -246,11 +241,10 @@ def _print_groups(records: list[StateRecord], now: datetime, *, as_json: bool) -
 @orders.command("show")
 @click.argument("order_id")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def show_cmd(ctx: click.Context, order_id: str, as_json: bool) -> None:
+@pass_settings()
+def show_cmd(settings: Settings, order_id: str, as_json: bool) -> None:
     """An order: its data, state, steps, retry budget, lease, and what happens next."""
     check_ids((order_id,))
-    settings = cli_settings(ctx)
 
     async def fetch() -> dict[str, Any]:
         store = await open_store(settings)
@@ -384,11 +378,10 @@ def _print_show(result: dict[str, Any]) -> None:
 @orders.command("history")
 @click.argument("order_id")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def history_cmd(ctx: click.Context, order_id: str, as_json: bool) -> None:
+@pass_settings()
+def history_cmd(settings: Settings, order_id: str, as_json: bool) -> None:
     """The order's timeline in the task hub, with the time between events."""
     check_ids((order_id,))
-    settings = cli_settings(ctx)
 
     async def fetch() -> tuple[list[HistoryEvent], StateRecord | None]:
         store = await open_store(settings)

@@ -17,6 +17,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from pydantic import ValidationError
 
 from services.cli.render import plain
+from services.cli.settings import pass_settings
 from shared.bootstrap import open_broker
 from shared.broker.connection import login_user
 from shared.broker.envelope import user_of
@@ -330,9 +331,9 @@ async def _publish_all(
     "[default: the user in ORDERFLOW_RABBITMQ_URL].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.pass_context
+@pass_settings()
 def submit(
-    ctx: click.Context,
+    settings: Settings,
     /,
     file_: Path | None,
     count: int | None,
@@ -359,7 +360,6 @@ def submit(
     publish was refused (e.g. the orders queue is full) or, with --wait, when an order failed
     or did not finish in time.
     """
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
     orders = orders_to_submit(file_, count, seed, order_flags)
     echo = (lambda _: None) if as_json else click.echo
     result = asyncio.run(

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from services.cli.explain import add_columns, plain_console
 from services.cli.render import shown
+from services.cli.settings import pass_settings
 from shared.config import Settings
 from shared.domain.states import TERMINAL_STATES
 from shared.domain.workflow import WORKFLOWS, current_workflow
@@ -88,12 +89,11 @@ def version_reports(usage: list[WorkflowUse], current_version: int | None) -> li
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def workflows(ctx: click.Context, as_json: bool) -> None:
+@pass_settings()
+def workflows(settings: Settings, as_json: bool) -> None:
     """Workflow versions: registered, current, and the orders still using each.
 
     Exits 1 when orders use a version this build does not have."""
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
 
     async def fetch() -> list[WorkflowUse]:
         store = await open_store(settings)
