@@ -26,8 +26,7 @@ import click
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 from rich.table import Table
 
-from services.cli.explain import add_columns, human_age, plain_console
-from services.cli.render import plain, shorten_tokens, shown
+from services.cli.render import add_columns, plain, plain_console, shorten_tokens, shown
 from services.cli.settings import pass_settings
 from shared.bootstrap import open_broker
 from shared.broker.connection import login_user
@@ -37,6 +36,7 @@ from shared.broker.publisher import Publisher
 from shared.broker.senders import Senders
 from shared.broker.topology import Names
 from shared.config import Settings
+from shared.domain.durations import human_age
 from shared.domain.redaction import redact_body
 from shared.domain.timing import utcnow
 from shared.errors import BadInput

@@ -21,7 +21,7 @@ from aio_pika.abc import AbstractRobustConnection
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from services.cli.explain import plain_console
+from services.cli.render import plain_console
 from shared.bootstrap import open_broker
 from shared.broker.topology import Names
 from shared.config import Settings

@@ -19,12 +19,12 @@ from rich.console import Console
 from rich.table import Table
 
 from services.cli import up
-from services.cli.explain import plain_console
 from services.cli.inspect import render_stats
 from services.cli.main import OrderflowGroup
 from services.cli.order_actions import report
 from services.cli.orders import _print_groups, _print_show
-from services.cli.render import PlainFormatter, plain, shown
+from services.cli.render import PlainFormatter, plain, plain_console, shown
+from services.operator.explain import group_failures
 from shared.domain.models import ErrorInfo
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.text import unsafe_characters
@@ -186,7 +186,7 @@ def test_failure_groups_write_no_control_of_the_data(capsys: pytest.CaptureFixtu
     _, record = order_pair("o-1")
     error = ErrorInfo.model_construct(kind=ErrorKind.PERMANENT, message=HOSTILE, at=utcnow())
     parked = record.model_copy(update={"process_state": ProcessState.ERROR, "error": error})
-    _print_groups([parked], utcnow() + timedelta(seconds=1), as_json=False)
+    _print_groups(group_failures([parked]), utcnow() + timedelta(seconds=1), as_json=False)
     out = capsys.readouterr().out
     assert_harmless(out, styled=True)
     # Fingerprinted first (its digits are `#`), escaped as it is shown.
