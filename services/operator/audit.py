@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from services.cli.dlq import dead_letters
+from services.operator.dead_letters import list_dead_letters
 from services.operator.invariants import AuditReport, audit, check_dead_letters
 from services.remote.admin import admin_token
 from services.remote.client import RemoteClient
-from shared.broker.topology import Names
 from shared.config import Settings
 from shared.domain.timing import utcnow
 from shared.store.factory import open_store
@@ -36,6 +35,5 @@ async def audit_hub(settings: Settings, grace: float) -> AuditReport:
         )
     finally:
         await store.close()
-    # The dead letters are still read by the CLI's module: they move to shared/broker next.
-    check_dead_letters(report, await dead_letters(settings, Names(settings.hub).input_queues()))
+    check_dead_letters(report, await list_dead_letters(settings, None))
     return report
