@@ -39,8 +39,8 @@ from rich.table import Table
 from services.cli.render import plain_console
 from services.cli.settings import pass_settings
 from services.cli.soak import Soak, print_soak, soak_env
-from services.cli.submit import generated_order, message_id_of
 from services.operator.views import all_states
+from services.shop.orders import generated_order, message_id_of
 from shared.bootstrap import initialise, open_broker
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names, delete_topology
