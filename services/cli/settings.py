@@ -8,9 +8,10 @@ argument through `@pass_settings()`. A command whose own options override settin
 value given is read in its place and validated like the environment's (the option itself is not
 passed on).
 
-`orderflow health` is the one command without settings: it is the container healthcheck, run as
-`python -m services.cli.health` every few seconds, and reads its port the way click reads an
-option's environment variable, so that it starts without loading them.
+One command reads a setting another way, on purpose: `orderflow health`, the container
+healthcheck run as `python -m services.cli.health` every few seconds, takes its port from
+ORDERFLOW_METRICS_PORT as click reads an option's environment variable, so that it starts in tens
+of milliseconds (importing the settings alone takes about 0.2 s here).
 """
 
 from __future__ import annotations
