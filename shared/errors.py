@@ -138,6 +138,11 @@ class BadInput(OrderflowError):
     """The operator gave something that cannot be an answerable question."""
 
 
+class BenchFailed(OrderflowError):
+    """A benchmark run could not be measured: its topology exited or never reported ready, or
+    the run went wrong (the message says how, with the topology's last words)."""
+
+
 # -- the remote service, as its clients see it
 
 

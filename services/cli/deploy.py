@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from services.cli.settings import pass_settings
 from services.deploy.envfile import compose_settings, env_example
 from services.deploy.files import generated_files
 from services.deploy.mongodb import init_script
@@ -22,11 +23,6 @@ from shared.broker.topology import APP_NAME
 from shared.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _hub(ctx: click.Context, hub: str | None) -> str:
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
-    return hub or settings.hub
 
 
 def _apps(_: click.Context, __: click.Parameter, apps: tuple[str, ...]) -> tuple[str, ...]:
@@ -67,11 +63,10 @@ def _limit_options(command: Callable[..., Any]) -> Callable[..., Any]:
 )
 @click.option("--user-prefix", help="Prefix of the services' user names [default: '<hub>-'].")
 @_limit_options
-@click.pass_context
+@pass_settings("hub")
 def rabbitmq_definitions(
-    ctx: click.Context,
+    settings: Settings,
     /,
-    hub: str | None,
     vhost: str | None,
     apps: tuple[str, ...],
     user_prefix: str | None,
@@ -80,7 +75,7 @@ def rabbitmq_definitions(
     """Vhost, users and least-privilege permissions, with password placeholders
     (infra/rabbitmq/render-definitions.sh fills in hashes from the environment), and the
     vhost's and each user's connection, channel and queue limits."""
-    the_hub = _hub(ctx, hub)
+    the_hub = settings.hub
     try:
         document = definitions(
             the_hub,
@@ -96,10 +91,10 @@ def rabbitmq_definitions(
 
 @deploy.command("mongodb-init")
 @click.option("--hub", help="Task hub, the database [default: ORDERFLOW_HUB].")
-@click.pass_context
-def mongodb_init(ctx: click.Context, hub: str | None) -> None:
+@pass_settings("hub")
+def mongodb_init(settings: Settings) -> None:
     """The mongo image's init script: the application user and MongoStore's indexes."""
-    click.echo(init_script(_hub(ctx, hub)), nl=False)
+    click.echo(init_script(settings.hub), nl=False)
 
 
 @deploy.command("env-example")

@@ -1,161 +1,35 @@
 """`orderflow dlq list|show|replay|purge`: the dead-lettered messages of each input queue.
 
-Reading never loses a message: the messages are fetched unacknowledged and go back to their
-dead-letter queue when the command's channel closes, except those a replay or a purge removes.
-A replay publishes the message, with its original `message_id`, to the queue it came from
-(through that queue's replay exchange, the only way the operator's user has into it) and removes
-it from the dead-letter queue only once the broker confirmed the publish; so dedupe still holds
-(a message whose id was handled already is dropped as a duplicate, not handled twice). The
-queue's consumer accepts a replay only with the seal it put on the dead letter, as the message of
-its original sender; a message the broker dead-lettered on its own (its delivery limit) has no
-seal, and its replay is refused (`unauthorised`) unless the operator runs as the consumer's
-user.
+What each does to the queues (reading never loses a message; a replay goes back through the
+queue's replay exchange with its original message id, removed from the DLQ once confirmed) is
+`shared/broker/dead_letters.py`; this module prints it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from datetime import datetime
-from typing import Any
 
-import aio_pika
 import click
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 from rich.table import Table
 
-from services.cli.explain import add_columns, human_age, plain_console
-from services.cli.render import plain, shorten_tokens, shown
-from shared.bootstrap import open_broker
-from shared.broker.connection import login_user
-from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
-from shared.broker.envelope import SEAL, SENDER, carried_headers
-from shared.broker.publisher import Publisher
-from shared.broker.senders import Senders
-from shared.broker.topology import Names
+from services.cli.render import add_columns, plain, plain_console, shorten_tokens, shown
+from services.cli.settings import pass_settings
+from services.operator.dead_letters import (
+    dead_letter_queues,
+    find_dead_letter,
+    list_dead_letters,
+    purge_dead_letters,
+    replay_dead_letters,
+)
+from shared.broker.dead_letters import Replayed
 from shared.config import Settings
 from shared.domain.redaction import redact_body
-from shared.domain.timing import utcnow
 from shared.errors import BadInput
 
-REPLAYED_AT = "x-orderflow-replayed-at"
-REPLAYED_BY = "x-orderflow-replayed-by"
 BODY_SHOWN = 4000
 
-
-def _settings(ctx: click.Context) -> Settings:
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
-    return settings
-
-
-def source_queues(names: Names, queue: str | None) -> list[str]:
-    """The input queues asked for: all, or one named `orders`, `payment`, `agent.payment` or in
-    full (`<hub>.agent.payment`, with or without `.dlq`)."""
-    queues = names.input_queues()
-    if queue is None:
-        return queues
-    wanted = queue.removesuffix(".dlq")
-    for q in queues:
-        short = q.removeprefix(f"{names.hub}.")
-        if wanted in (q, short, short.removeprefix("agent.")):
-            return [q]
-    choices = ", ".join(q.removeprefix(f"{names.hub}.") for q in queues)
-    raise BadInput(f"no input queue {queue!r} in hub {names.hub} (one of: {choices})")
-
-
-def _header_value(value: Any) -> Any:
-    """A header as JSON can hold it: a value that is not text (bytes a sender wrote, which the
-    broker kept) as its escaped text, so no listing fails on it."""
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    if isinstance(value, bytes | bytearray):
-        return plain(bytes(value).decode("utf-8", "backslashreplace"))
-    return plain(repr(value))
-
-
-def broker_made(message: AbstractIncomingMessage) -> dict[str, Any] | None:
-    """The broker's own record of dead-lettering this message (its `x-death` header), when the
-    broker put it in the DLQ itself (its delivery limit, a message's TTL), not our consumer: the
-    message is then as its sender wrote it, and its `x-orderflow-…` headers are the sender's."""
-    deaths = (message.headers or {}).get("x-death")
-    if not isinstance(deaths, list):
-        return None
-    first = deaths[0] if deaths and isinstance(deaths[0], dict) else {}
-    at = first.get("time")
-    shown = {k: _header_value(v) for k, v in first.items()}
-    return shown | {"time": at if isinstance(at, datetime) else None}
-
-
-def describe(source: str, message: AbstractIncomingMessage, now: datetime) -> dict[str, Any]:
-    headers = {k: _header_value(v) for k, v in (message.headers or {}).items()}
-    death = broker_made(message)
-    if death is not None:
-        # None of our headers on it are ours: what the broker says instead.
-        at = death.get("time")
-        return {
-            "queue": source,
-            "message_id": message.message_id,
-            "type": message.type,
-            "reason": f"broker-{death.get('reason')}",
-            "error": "dead-lettered by the broker itself, as its sender wrote it "
-            "(its x-orderflow headers, if any, are the sender's)",
-            "dead_lettered_at": at.isoformat() if at is not None else None,
-            "age": human_age(at, now),
-            "deliveries": death.get("count"),
-            "source_queue": source,
-            "bytes": len(message.body),
-        }
-    at = headers.get(DEAD_LETTERED_AT)
-    try:
-        when = datetime.fromisoformat(str(at)) if at else None
-    except ValueError:
-        when = None
-    return {
-        "queue": source,
-        "message_id": message.message_id,
-        "type": message.type,
-        "reason": headers.get(REASON),
-        "error": headers.get(ERROR),
-        "dead_lettered_at": at,
-        "age": human_age(when, now),
-        "deliveries": headers.get(DELIVERIES),
-        "source_queue": headers.get(SOURCE_QUEUE) or source,
-        "bytes": len(message.body),
-    }
-
-
-@asynccontextmanager
-async def _broker(settings: Settings) -> AsyncIterator[AbstractRobustConnection]:
-    connection = await open_broker(settings, name="orderflow-dlq")
-    try:
-        yield connection
-    finally:
-        await connection.close()
-
-
-async def _fetch(channel: AbstractChannel, source: str) -> list[AbstractIncomingMessage]:
-    """Every message of the source queue's DLQ, unacknowledged (they return on channel close)."""
-    queue = await channel.declare_queue(Names.dlq(source), passive=True)
-    got: list[AbstractIncomingMessage] = []
-    while (message := await queue.get(no_ack=False, fail=False)) is not None:
-        got.append(message)
-    return got
-
-
-async def dead_letters(settings: Settings, sources: list[str]) -> list[dict[str, Any]]:
-    """Every dead letter of these input queues, described (they stay where they are)."""
-    now = utcnow()
-    rows: list[dict[str, Any]] = []
-    async with _broker(settings) as connection:
-        for source in sources:
-            channel = await connection.channel()
-            try:
-                rows += [describe(source, m, now) for m in await _fetch(channel, source)]
-            finally:
-                await channel.close()
-    return rows
+queue_option = click.option("--queue", help="One input queue (orders, payment, …); default all.")
 
 
 @click.group()
@@ -164,14 +38,12 @@ def dlq() -> None:
 
 
 @dlq.command("list")
-@click.option("--queue", help="One input queue (orders, payment, …); default all.")
+@queue_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def list_cmd(ctx: click.Context, queue: str | None, as_json: bool) -> None:
+@pass_settings()
+def list_cmd(settings: Settings, queue: str | None, as_json: bool) -> None:
     """Dead-lettered messages with their reasons (the messages stay where they are)."""
-    settings = _settings(ctx)
-    sources = source_queues(Names(settings.hub), queue)
-    rows = asyncio.run(dead_letters(settings, sources))
+    rows = asyncio.run(list_dead_letters(settings, queue))
     if as_json:
         click.echo(json.dumps({"messages": rows}))
         return
@@ -191,36 +63,15 @@ def list_cmd(ctx: click.Context, queue: str | None, as_json: bool) -> None:
 
 @dlq.command("show")
 @click.argument("message_id")
-@click.option("--queue", help="One input queue (orders, payment, …); default all.")
+@queue_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def show_cmd(ctx: click.Context, message_id: str, queue: str | None, as_json: bool) -> None:
+@pass_settings()
+def show_cmd(settings: Settings, message_id: str, queue: str | None, as_json: bool) -> None:
     """One dead-lettered message: its reason, headers and body."""
-    settings = _settings(ctx)
-    sources = source_queues(Names(settings.hub), queue)
-
-    async def find() -> list[dict[str, Any]]:
-        now = utcnow()
-        found: list[dict[str, Any]] = []
-        async with _broker(settings) as connection:
-            for source in sources:
-                channel = await connection.channel()
-                try:
-                    for m in await _fetch(channel, source):
-                        if m.message_id == message_id:
-                            row = describe(source, m, now)
-                            row["headers"] = {
-                                k: _header_value(v) for k, v in (m.headers or {}).items()
-                            }
-                            row["body"] = _body(m.body)
-                            found.append(row)
-                finally:
-                    await channel.close()
-        return found
-
-    found = asyncio.run(find())
-    if not found:
+    letters = asyncio.run(find_dead_letter(settings, message_id, queue))
+    if not letters:
         raise BadInput(f"no dead-lettered message {message_id!r} in hub {settings.hub}")
+    found = [letter.row | {"body": _body(letter.body)} for letter in letters]
     if as_json:
         click.echo(json.dumps({"messages": found}))
         return
@@ -249,12 +100,12 @@ def _body(body: bytes) -> str:
 @dlq.command("replay")
 @click.argument("message_ids", nargs=-1)
 @click.option("--all", "replay_all", is_flag=True, help="Every message of the queue(s).")
-@click.option("--queue", help="One input queue (orders, payment, …); default all.")
+@queue_option
 @click.option("--by", default="operator", show_default=True, help="Recorded in a header.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
+@pass_settings()
 def replay_cmd(
-    ctx: click.Context,
+    settings: Settings,
     message_ids: tuple[str, ...],
     replay_all: bool,
     queue: str | None,
@@ -264,130 +115,47 @@ def replay_cmd(
     """Send dead-lettered messages back to their source queue, with their original message id."""
     if bool(message_ids) == replay_all:
         raise BadInput("name the messages to replay, or give --all")
-    settings = _settings(ctx)
-    names = Names(settings.hub)
-    sources = source_queues(names, queue)
-    wanted = set(message_ids)
-
-    # Under the operator's own user, a consumer takes only sealed dead letters (the broker's
-    # own, and those from before seals, are refused): say so here, and leave them in place.
-    senders = Senders.of(
-        settings.hub, settings.broker_user_prefix, login_user(settings.rabbitmq_url), "operator"
-    )
-    unsealed: list[dict[str, Any]] = []
-
-    async def replay() -> list[dict[str, Any]]:
-        done: list[dict[str, Any]] = []
-        async with _broker(settings) as connection:
-            publisher = await Publisher.open(connection, timeout=settings.publish_timeout_s)
-            try:
-                for source in sources:
-                    channel = await connection.channel()
-                    try:
-                        for m in await _fetch(channel, source):
-                            if not (replay_all or m.message_id in wanted):
-                                continue
-                            ours = SEAL in (m.headers or {}) and broker_made(m) is None
-                            if senders.strict and not ours:
-                                unsealed.append({"message_id": m.message_id, "queue": source})
-                                continue
-                            # Back to the queue whose DLQ holds it, through its replay
-                            # exchange (the operator's only way into an input queue), never
-                            # to the one a header names.
-                            await publisher.publish_raw(
-                                _replayable(m, by),
-                                exchange=names.replay(source),
-                                routing_key=source,
-                            )
-                            await m.ack()  # only once the broker confirmed the copy
-                            done.append({"message_id": m.message_id, "queue": source})
-                    finally:
-                        await channel.close()
-            finally:
-                await publisher.close()
-        return done
-
-    done = asyncio.run(replay())
-    kept = {str(u["message_id"]) for u in unsealed}
-    missing = sorted(wanted - {str(d["message_id"]) for d in done} - kept)
-    _report_replay(done, unsealed, missing, as_json=as_json)
-    if missing or unsealed:
+    wanted = None if replay_all else set(message_ids)
+    outcome = asyncio.run(replay_dead_letters(settings, wanted, queue, by))
+    _report_replay(outcome, as_json=as_json)
+    if outcome.not_found or outcome.unsealed:
         raise SystemExit(1)
 
 
-def _report_replay(
-    done: list[dict[str, Any]],
-    unsealed: list[dict[str, Any]],
-    missing: list[str],
-    *,
-    as_json: bool,
-) -> None:
+def _report_replay(outcome: Replayed, *, as_json: bool) -> None:
+    done, unsealed, missing = outcome.replayed, outcome.unsealed, outcome.not_found
     if as_json:
         click.echo(json.dumps({"replayed": done, "not_found": missing, "unsealed": unsealed}))
-    else:
-        for d in done:
-            click.echo(plain(f"{d['message_id']}: replayed to {d['queue']}"))
-        for u in unsealed:
-            click.echo(
-                plain(
-                    f"{u['message_id']}: not replayed, left in {u['queue']}.dlq: it has no seal "
-                    "of its consumer's (the broker dead-lettered it, or an older release did), "
-                    "and its consumer takes no unsealed message from the operator; resubmit it "
-                    "from its sender"
-                ),
-                err=True,
-            )
-        for message_id in missing:
-            click.echo(plain(f"{message_id}: not found in a dead-letter queue"), err=True)
-        click.echo(f"{len(done)} replayed")
-
-
-def _replayable(message: AbstractIncomingMessage, by: str) -> aio_pika.Message:
-    # A replay starts afresh: of our headers only the sender and the seal its consumer put on
-    # it (without which the consumer refuses it: shared/broker/seal.py), of the sender's only
-    # those a copy carries; and every property the seal covers exactly as it was.
-    original = dict(message.headers or {})
-    headers = carried_headers(original)
-    headers |= {k: original[k] for k in (SENDER, SEAL) if isinstance(original.get(k), str)}
-    headers |= {REPLAYED_AT: utcnow().isoformat(), REPLAYED_BY: by}
-    return aio_pika.Message(
-        message.body,
-        headers=headers,
-        message_id=message.message_id,
-        correlation_id=message.correlation_id,
-        reply_to=message.reply_to,
-        type=message.type,
-        content_type=message.content_type,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-    )
+        return
+    for d in done:
+        click.echo(plain(f"{d['message_id']}: replayed to {d['queue']}"))
+    for u in unsealed:
+        click.echo(
+            plain(
+                f"{u['message_id']}: not replayed, left in {u['queue']}.dlq: it has no seal "
+                "of its consumer's (the broker dead-lettered it, or an older release did), "
+                "and its consumer takes no unsealed message from the operator; resubmit it "
+                "from its sender"
+            ),
+            err=True,
+        )
+    for message_id in missing:
+        click.echo(plain(f"{message_id}: not found in a dead-letter queue"), err=True)
+    click.echo(f"{len(done)} replayed")
 
 
 @dlq.command("purge")
-@click.option("--queue", help="One input queue (orders, payment, …); default all.")
+@queue_option
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: the messages deleted per DLQ.")
-@click.pass_context
-def purge_cmd(ctx: click.Context, queue: str | None, yes: bool, as_json: bool) -> None:
+@pass_settings()
+def purge_cmd(settings: Settings, queue: str | None, yes: bool, as_json: bool) -> None:
     """Delete dead-lettered messages for good (asks first, on stderr, unless --yes)."""
-    settings = _settings(ctx)
-    sources = source_queues(Names(settings.hub), queue)
-    dlqs = [Names.dlq(s) for s in sources]
+    dlqs = dead_letter_queues(settings, queue)
     if not yes:
         # The question goes to stderr: stdout stays the report (JSON with --json).
         click.confirm(f"Delete every message in {', '.join(dlqs)} for good?", abort=True, err=True)
-
-    async def purge() -> dict[str, int]:
-        purged: dict[str, int] = {}
-        async with _broker(settings) as connection:
-            channel = await connection.channel()
-            for name in dlqs:
-                declared = await channel.declare_queue(name, passive=True)
-                result = await declared.purge()
-                purged[name] = int(result.message_count or 0)
-            await channel.close()
-        return purged
-
-    purged = asyncio.run(purge())
+    purged = asyncio.run(purge_dead_letters(settings, queue))
     if as_json:
         click.echo(json.dumps({"purged": purged}))
         return

@@ -1,4 +1,5 @@
-"""Operator commands that read: `stats`, `watch`, `alerts list|follow`, `audit`."""
+"""Operator commands that read: `stats`, `watch`, `alerts list|follow`, `audit` (what they
+read: `services/operator/stats.py`, `alerts.py`, `audit.py`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import contextlib
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator
-from datetime import timedelta
 from typing import Any
 
 import click
@@ -16,103 +15,17 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from services.cli.alert_feed import Feed, follow_alerts
-from services.cli.audit import audit as run_audit
-from services.cli.audit import check_dead_letters
-from services.cli.dlq import dead_letters
-from services.cli.explain import add_columns, human_age, parse_duration, plain_console
-from services.cli.render import plain, shown
-from services.remote.admin import admin_token
-from services.remote.client import RemoteClient
-from services.supervisor.service import LEASE
-from shared.bootstrap import open_broker
+from services.cli.render import add_columns, plain, plain_console, shown
+from services.cli.settings import pass_settings
+from services.operator.alerts import Feed, follow_alerts, recent_alerts
+from services.operator.audit import audit_hub
+from services.operator.stats import gather_stats, stats_every
 from shared.broker.delivery import INTAKE_HEALTHY
-from shared.broker.topology import Names
 from shared.config import Settings
+from shared.domain.durations import human_age, parse_duration
 from shared.domain.journal import Alert
-from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.errors import BadInput
-from shared.store.factory import open_store
-
-COUNT_CAP = 1000
-"""The most stuck Pending and overdue orders `stats` reads; beyond it, it says `1000+`."""
-
-
-async def gather_stats(settings: Settings) -> dict[str, Any]:
-    """Orders per state, stuck and overdue orders, queue depths, running processes, open
-    circuit breakers and the supervisor leader: one snapshot for `stats` and `watch`."""
-    now = utcnow()
-    store = await open_store(settings)
-    try:
-        by_state = await store.count_by_state()
-        lease = await store.lease_get(LEASE)
-        # One more than the cap, to tell "exactly the cap" from "more than the cap".
-        stuck = await store.find_stuck_pending(
-            due_before=now - timedelta(seconds=settings.stuck_pending_s), limit=COUNT_CAP + 1
-        )
-        overdue = await store.scan_expired(
-            now=now - timedelta(seconds=settings.step_timeout_s),
-            states=frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING}),
-            limit=COUNT_CAP + 1,
-        )
-        components = await store.list_status(now=now)
-    finally:
-        await store.close()
-    names = Names(settings.hub)
-    queues: dict[str, int | None] = {}
-    connection = await open_broker(settings, name="orderflow-stats")
-    try:
-        for base in names.input_queues():
-            for queue in (base, names.dlq(base), names.retry(base)):
-                channel = await connection.channel()
-                try:
-                    declared = await channel.declare_queue(queue, passive=True)
-                    queues[queue] = declared.declaration_result.message_count
-                except Exception:
-                    queues[queue] = None  # not declared: run `orderflow init`
-                finally:
-                    if not channel.is_closed:
-                        await channel.close()
-    finally:
-        await connection.close()
-    leader = lease.holder if lease is not None and lease.expires_at > now else None
-    breakers = sorted(
-        {f"{c.name}: {op}" for c in components for op in c.data.get("open_breakers", [])}
-    )
-    return {
-        "hub": settings.hub,
-        "at": now.isoformat(),
-        "by_state": {state.value: n for state, n in by_state.items()},
-        "stuck_pending": [r.order_id for r in stuck[:COUNT_CAP]],
-        "stuck_pending_capped": len(stuck) > COUNT_CAP,
-        "overdue": [r.order_id for r in overdue.records[:COUNT_CAP]],
-        "overdue_capped": len(overdue.records) > COUNT_CAP,
-        "count_cap": COUNT_CAP,
-        "queues": queues,
-        "processes": [
-            {
-                "name": c.name,
-                "kind": c.kind,
-                "seen": human_age(c.at, now),
-                "data": c.data,
-            }
-            for c in components
-        ],
-        "open_breakers": breakers,
-        "leader": leader,
-        "intake": intake_of(components),
-    }
-
-
-def intake_of(components: list[Any]) -> list[dict[str, Any]]:
-    """Every consumer's intake as its process last reported it (the heartbeat's `intake`)."""
-    return [
-        {"process": c.name, **consumer}
-        for c in components
-        for consumer in c.data.get("intake") or []
-        if isinstance(consumer, dict)
-    ]
 
 
 def _intake_line(intake: list[dict[str, Any]]) -> str:
@@ -178,12 +91,11 @@ def render_stats(result: dict[str, Any]) -> Group:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def stats(ctx: click.Context, as_json: bool) -> None:
+@pass_settings()
+def stats(settings: Settings, as_json: bool) -> None:
     """Orders per state, stuck and overdue orders, queue depths, processes, open breakers, the
     leader. Stuck and overdue orders are counted up to 1000 (`1000+` beyond; in JSON,
     `stuck_pending_capped` / `overdue_capped`)."""
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
     result = asyncio.run(gather_stats(settings))
     if as_json:
         click.echo(json.dumps(result))
@@ -202,26 +114,17 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     is_flag=True,
     help="Print one JSON object per line per refresh (as `stats --json`) instead of a live view.",
 )
-@click.pass_context
-def watch(ctx: click.Context, interval: float, count: int | None, as_json: bool) -> None:
+@pass_settings()
+def watch(settings: Settings, interval: float, count: int | None, as_json: bool) -> None:
     """A live view of `stats` that refreshes until Ctrl-C (or `--count` refreshes)."""
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
-
-    async def snapshots() -> AsyncIterator[dict[str, Any]]:
-        n = 0
-        while count is None or n < count:
-            if n:
-                await asyncio.sleep(interval)
-            yield await gather_stats(settings)
-            n += 1
 
     async def live_view() -> None:
         with Live(console=plain_console(), auto_refresh=False) as live:
-            async for result in snapshots():
+            async for result in stats_every(settings, interval, count):
                 live.update(render_stats(result), refresh=True)
 
     async def json_lines() -> None:
-        async for result in snapshots():
+        async for result in stats_every(settings, interval, count):
             click.echo(json.dumps(result))
             sys.stdout.flush()  # a reader of a pipe sees each refresh as it comes
 
@@ -238,23 +141,15 @@ def alerts() -> None:
 @click.option("--since", help="Only alerts younger than this (90s, 15m, 2h, 1d).")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def alerts_list(ctx: click.Context, since: str | None, limit: int, as_json: bool) -> None:
+@pass_settings()
+def alerts_list(settings: Settings, since: str | None, limit: int, as_json: bool) -> None:
     """Alerts, newest first."""
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
     try:
         after = None if since is None else utcnow() - parse_duration(since)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
 
-    async def fetch() -> list[Alert]:
-        store = await open_store(settings)
-        try:
-            return await store.list_alerts(since=after, limit=limit)
-        finally:
-            await store.close()
-
-    found = asyncio.run(fetch())
+    found = asyncio.run(recent_alerts(settings, after, limit))
     if as_json:
         click.echo(json.dumps({"alerts": [a.model_dump(mode="json") for a in found]}))
         return
@@ -275,12 +170,11 @@ def alerts_list(ctx: click.Context, since: str | None, limit: int, as_json: bool
 @alerts.command("follow")
 @click.option("--burst", is_flag=True, help="Exit once the queue is empty (else until Ctrl-C).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per alert and line.")
-@click.pass_context
-def alerts_follow(ctx: click.Context, burst: bool, as_json: bool) -> None:
+@pass_settings()
+def alerts_follow(settings: Settings, burst: bool, as_json: bool) -> None:
     """Take alert notifications from <hub>.alerts.feed as they come, oldest first (each one is
     acknowledged once printed: the queue's reader, for a pager integration to pipe from; the
     queue keeps the newest ORDERFLOW_ALERTS_QUEUE_MAX_LENGTH while nobody reads)."""
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
 
     def show(alert: Alert) -> None:
         if as_json:
@@ -309,29 +203,6 @@ def alerts_follow(ctx: click.Context, burst: bool, as_json: bool) -> None:
         click.echo(f"{taken} alert(s) taken", err=True)
 
 
-async def _audit(settings: Settings, grace: float) -> dict[str, Any]:
-    client = RemoteClient.open(settings.remote_url, admin_token=admin_token())
-    try:
-        effects = await client.ledger(account=settings.hub)  # this hub's effects only
-        attempts = await client.attempts(account=settings.hub)
-    finally:
-        await client.close()
-    store = await open_store(settings)
-    try:
-        report = await run_audit(
-            store,
-            effects,
-            now=utcnow(),
-            grace=timedelta(seconds=grace),
-            attempts=attempts,
-            undo_attempts=settings.undo_attempts,
-        )
-    finally:
-        await store.close()
-    check_dead_letters(report, await dead_letters(settings, Names(settings.hub).input_queues()))
-    return report.to_json()
-
-
 @click.command()
 @click.option(
     "--grace",
@@ -340,8 +211,8 @@ async def _audit(settings: Settings, grace: float) -> dict[str, Any]:
     help="Seconds a live attempt may be past its deadline before it counts as lost.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def audit(ctx: click.Context, grace: float, as_json: bool) -> None:
+@pass_settings()
+def audit(settings: Settings, grace: float, as_json: bool) -> None:
     """Check DESIGN §8's invariants against the store, the remote ledger and the dead-letter
     queues (exit 1 on any violation): 1 every order settled or recoverable; 2 one effect per
     step, every effect of a compensated order undone; 3 no write or effect by a superseded
@@ -349,8 +220,7 @@ def audit(ctx: click.Context, grace: float, as_json: bool) -> None:
     reason; 6 no order's remote attempts beyond its retry budget, nor an undo request's beyond
     ORDERFLOW_UNDO_ATTEMPTS. (That each process keeps running after bad input is for the fault
     suite to show.)"""
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
-    result = asyncio.run(_audit(settings, grace))
+    result = asyncio.run(audit_hub(settings, grace)).to_json()
     if as_json:
         click.echo(json.dumps(result))
     else:

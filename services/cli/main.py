@@ -2,39 +2,29 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
-from collections.abc import Coroutine
 from importlib.metadata import version
-from typing import Any, TypeVar
+from typing import Any
 
 import click
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_before_delay,
-    wait_exponential_jitter,
-)
 
-from services.cli import order_actions
 from services.cli.bench import bench
 from services.cli.deploy import deploy
 from services.cli.dlq import dlq
 from services.cli.health import health
+from services.cli.init import init
 from services.cli.inspect import alerts, audit, stats, watch
 from services.cli.nemesis import nemesis
+from services.cli.order_actions import orders  # the group, with its actions registered
 from services.cli.render import PlainFormatter, plain
 from services.cli.serve import serve
+from services.cli.settings import LoadedSettings
 from services.cli.submit import submit
 from services.cli.up import up
 from services.cli.workflows import workflows
-from shared.bootstrap import InitReport, initialise
-from shared.config import Settings, load_settings
 from shared.errors import ConfigurationError, OrderflowError, ServiceUnavailable, one_line
-
-T = TypeVar("T")
 
 EXIT_FAILURE = 1
 EXIT_CONFIGURATION = 2
@@ -71,17 +61,6 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
-
-
-def settings_from(ctx: click.Context) -> Settings:
-    settings = ctx.find_object(Settings)
-    if settings is None:  # pragma: no cover - the group always sets it
-        raise ConfigurationError("settings were not loaded")
-    return settings
-
-
 @click.group(cls=OrderflowGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version("orderflow"), prog_name="orderflow")
 @click.option("--hub", help="Task hub name (overrides ORDERFLOW_HUB).")
@@ -102,61 +81,23 @@ def main(
     logging.basicConfig(level=logging.WARNING, handlers=[stderr])
     for chatty in ("aio_pika", "aiormq"):
         logging.getLogger(chatty).setLevel(logging.CRITICAL)
-    overrides = {"hub": hub, "store_url": store_url, "rabbitmq_url": rabbitmq_url}
-    ctx.obj = load_settings(**{k: v for k, v in overrides.items() if v is not None})
+    # Read once, here, so that a bad setting fails every command alike: `@pass_settings`.
+    ctx.obj = LoadedSettings.load(hub=hub, store_url=store_url, rabbitmq_url=rabbitmq_url)
 
 
-async def initialise_when_up(settings: Settings, wait_s: float) -> InitReport:
-    """`initialise`, retried with backoff for up to `wait_s` while a server is unreachable
-    (in a deployment, the servers may still be starting)."""
-    async for attempt in AsyncRetrying(
-        retry=retry_if_exception_type(ServiceUnavailable),
-        stop=stop_before_delay(wait_s),
-        wait=wait_exponential_jitter(multiplier=0.5, max=5.0, jitter=0.5),
-        reraise=True,
-    ):
-        with attempt:
-            return await initialise(settings)
-    raise AssertionError("unreachable: tenacity reraises")
-
-
-@main.command()
-@click.option(
-    "--wait",
-    "wait_s",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    help="Retry for up to this many seconds while a server is unreachable.",
-)
-@click.pass_context
-def init(ctx: click.Context, wait_s: float) -> None:
-    """Create the store's schema and indexes and declare the hub's queues. Idempotent."""
-    report = run(initialise_when_up(settings_from(ctx), wait_s))
-    kind = "quorum" if report.quorum else "classic"
-    click.echo(f"store: {report.store_kind}, hub {report.hub!r}: schema and indexes ready")
-    click.echo(
-        plain(f"broker: RabbitMQ {report.broker_version}, {len(report.queues)} {kind} queues ready")
-    )
-    if report.retired_alerts:
-        click.echo(
-            f"deleted the unbounded queue of an older release, {report.hub}.alerts, with "
-            f"{report.retired_alerts} notifications (every alert stays stored: `orderflow alerts "
-            f"list`; they now go to {report.hub}.alerts.feed)"
-        )
-
-
-main.add_command(serve)
-main.add_command(submit)
-main.add_command(stats)
-main.add_command(audit)
-main.add_command(up)
-main.add_command(order_actions.orders)  # the group, its actions registered
-main.add_command(dlq)
+# Every command, one line each (`orderflow --help` lists them in alphabetical order).
 main.add_command(alerts)
-main.add_command(watch)
+main.add_command(audit)
 main.add_command(bench)
-main.add_command(health)
 main.add_command(deploy)
-main.add_command(workflows)
+main.add_command(dlq)
+main.add_command(health)
+main.add_command(init)
 main.add_command(nemesis)
+main.add_command(orders)
+main.add_command(serve)
+main.add_command(stats)
+main.add_command(submit)
+main.add_command(up)
+main.add_command(watch)
+main.add_command(workflows)

@@ -1,8 +1,8 @@
 """`orderflow orders resubmit|compensate`: act on orders, as the operator selected them.
 
-Every action is conditional on the order as it was selected (an order that changed since, or
-that no longer matches the query that selected it, is refused, never overwritten) and recorded
-in the order's history, with who asked, by the same conditional write.
+The actions themselves (selection, conditional writes, pacing, refusals) are
+`services/operator/actions.py`; this module parses the options, shows progress on a terminal and
+reports what changed and what was refused (exit 1 if any was).
 """
 
 from __future__ import annotations
@@ -12,44 +12,25 @@ import getpass
 import json
 import re
 import sys
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from collections import defaultdict
 from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from services.cli.explain import (
-    count_by,
-    current_step,
-    plain_console,
-    undo_plan,
-    unselected_because,
-)
-from services.cli.orders import (
-    check_ids,
-    cli_settings,
-    duration_seconds,
-    kind_choice,
-    matching,
-    orders,
-)
-from services.cli.render import plain
-from shared.domain.operator_actions import request_compensation, resubmit
+from services.cli.orders import check_ids, duration_of, kind_choice, kind_of, orders
+from services.cli.render import plain, progress_bar
+from services.cli.settings import pass_settings
+from services.operator import actions
+from services.operator.actions import COMPENSATE, Action, Chooser, Outcome, refused
+from services.operator.explain import Undo
+from services.operator.views import state_query
+from shared.config import Settings
+from shared.domain.states import ProcessState
+from shared.domain.timing import utcnow
 from shared.errors import BadInput
+from shared.store.port import StateQuery
 
 __all__ = ["orders"]  # the `orders` group, with these commands registered on it
-from shared.config import Settings
-from shared.domain.journal import HistoryEvent, HistoryEventType
-from shared.domain.models import StateRecord
-from shared.domain.states import ErrorKind, ProcessState
-from shared.domain.timing import utcnow
-from shared.domain.updates import Update
-from shared.domain.workflow import get_workflow
-from shared.errors import IllegalTransition
-from shared.store.factory import open_store
-from shared.store.port import StateQuery, StateStore
 
 by_option = click.option(
     "--by",
@@ -59,179 +40,40 @@ by_option = click.option(
 )
 
 
-@dataclass(frozen=True)
-class Selection:
-    """The orders an action is for, as the operator selected them."""
-
-    orders: Sequence[tuple[str, datetime | None]]
-    """(order_id, its `updated_at` when the query selected it); None for an order named by id,
-    which the action takes as it finds it."""
-    query: StateQuery | None = None
-    step: str | None = None
-
-
-Chooser = Callable[[StateStore], Awaitable[Selection]]
-"""Selects the orders an action is for (named, or by query), once, before acting."""
-
-
-@dataclass(frozen=True)
-class Action:
-    """An operator's action: the conditional update of one record and what its history says."""
-
-    event: HistoryEventType
-    plan: Callable[[StateRecord, datetime, datetime], Update]
-    """(record, the `updated_at` the update must find, now) -> the update."""
-    details: Callable[[StateRecord], dict[str, Any]] = lambda _record: {}
-    """What the history event records besides who asked and the state it left."""
-
-
-def resubmit_action(from_step: str | None, *, keep_failures: bool) -> Action:
-    def plan(record: StateRecord, seen: datetime, now: datetime) -> Update:
-        workflow = get_workflow(record.workflow, record.workflow_version)
-        if workflow is None:
-            raise ValueError(f"unknown workflow {record.workflow} v{record.workflow_version}")
-        return resubmit(
-            record,
-            workflow,
-            now=now,
-            from_step=from_step,
-            reset_failures=not keep_failures,
-            seen_updated_at=seen,
-        )
-
-    def details(record: StateRecord) -> dict[str, Any]:
-        return {"from_step": from_step or current_step(record), "reset_failures": not keep_failures}
-
-    return Action(HistoryEventType.RESUBMITTED, plan, details)
-
-
-COMPENSATE = Action(
-    HistoryEventType.COMPENSATION_STARTED,
-    lambda record, seen, now: request_compensation(record, now=now, seen_updated_at=seen),
-)
-
-
-def selection_query(
-    state: str, error_kind: str | None, older_than: str | None, *, now: datetime
-) -> StateQuery:
-    age = duration_seconds(older_than)
-    return StateQuery(
-        states=frozenset({ProcessState(state)}),
-        changed_before=None if age is None else now - timedelta(seconds=age),
-        error_kind=None if error_kind is None else ErrorKind(error_kind),
-    )
-
-
-async def select(store: StateStore, query: StateQuery, step: str | None) -> Selection:
-    """The orders the query (and step) select now, each with its last change as seen."""
-    found = [(r.order_id, r.updated_at) async for r in matching(store, query, step, None)]
-    return Selection(found, query, step)
-
-
-async def act(
-    store: StateStore,
-    selection: Selection,
-    action: Action,
-    by: str,
-    *,
-    dry_run: bool,
-    rate: float | None,
-    progress: Progress | None = None,
-) -> list[tuple[str, str]]:
-    """Apply the action to each selected order conditionally, at most `rate` per second;
-    (order, outcome) for each."""
-    outcomes: list[tuple[str, str]] = []
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    task = progress.add_task("orders", total=len(selection.orders)) if progress else None
-    for n, (order_id, seen) in enumerate(selection.orders):
-        if rate and not dry_run:
-            # Pace the actions so a just-recovered remote service is not flooded.
-            delay = started + n / rate - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-        outcome = await _act_one(store, order_id, seen, selection, action, by, dry_run)
-        outcomes.append((order_id, outcome))
-        if progress is not None and task is not None:
-            progress.advance(task)
-    return outcomes
-
-
-async def _act_one(
-    store: StateStore,
-    order_id: str,
-    seen: datetime | None,
-    selection: Selection,
-    action: Action,
-    by: str,
-    dry_run: bool,
-) -> str:
-    record = await store.get_state(order_id)
-    if record is None:
-        return "refused: no such order"
-    if seen is not None and (stale := _changed_since_selected(record, seen, selection)):
-        return f"refused: changed since it was selected (now {record.process_state}){stale}"
-    now = utcnow()
-    try:
-        update = action.plan(record, record.updated_at if seen is None else seen, now)
-    except (IllegalTransition, ValueError) as exc:
-        return f"refused: {exc}"
-    target = update.changes.fields.get("process_state", record.process_state)
-    if dry_run:
-        return f"would go {record.process_state} -> {target}"
-    event = HistoryEvent(
-        order_id=order_id,
-        type=action.event,
-        at=now,
-        attempt=record.attempt,
-        data={"by": by, "from": record.process_state.value, **action.details(record)},
-    )
-    # The event is written by the same conditional write: both or neither.
-    after = await store.update_state(order_id, update.expect, update.changes, history=[event])
-    if after is None:
-        if seen is not None:
-            return "refused: changed since it was selected; select it again"
-        return "refused: the order changed meanwhile; look again"
-    return f"{record.process_state} -> {after.process_state}"
-
-
-def _changed_since_selected(record: StateRecord, seen: datetime, selection: Selection) -> str:
-    """Why a record selected by query must not be acted on now ('' if it may): it no longer
-    matches the query, or it changed at all since (the conditional write expects `seen`)."""
-    if selection.query is not None:
-        why = unselected_because(record, selection.query, selection.step)
-        if why is not None:
-            return f": {why}"
-    return "" if record.updated_at == seen else "; select it again"
-
-
 def _reason(outcome: str) -> str:
     """A refusal without its order-specific details, to count refusals by cause."""
     return re.sub(r"\b(?:ord|o)-[A-Za-z0-9._-]+", "#", outcome)
 
 
-def report(outcomes: list[tuple[str, str]], *, as_json: bool, dry_run: bool) -> None:
+def count_by(items: list[str]) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for item in items:
+        counts[item] += 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def report(outcomes: list[Outcome], *, as_json: bool, dry_run: bool) -> None:
     """What changed and what was refused and why; exit 1 if any was refused."""
-    done = [(o, r) for o, r in outcomes if not r.startswith("refused")]
-    refused = [(o, r) for o, r in outcomes if r.startswith("refused")]
+    done = [(o, r) for o, r in outcomes if not refused(r)]
+    refusals = [(o, r) for o, r in outcomes if refused(r)]
     if as_json:
         click.echo(
             json.dumps(
                 {
                     "dry_run": dry_run,
                     "done": [{"order_id": o, "outcome": r} for o, r in done],
-                    "refused": [{"order_id": o, "reason": r} for o, r in refused],
+                    "refused": [{"order_id": o, "reason": r} for o, r in refusals],
                 }
             )
         )
     else:
-        for order_id, outcome in outcomes if len(outcomes) <= 50 else refused[:50]:
+        for order_id, outcome in outcomes if len(outcomes) <= 50 else refusals[:50]:
             click.echo(plain(f"{order_id}: {outcome}"))
         verb = "would be changed" if dry_run else "changed"
-        click.echo(f"{len(done)} {verb}, {len(refused)} refused")
-        for reason, n in count_by([_reason(r) for _, r in refused]).items():
+        click.echo(f"{len(done)} {verb}, {len(refusals)} refused")
+        for reason, n in count_by([_reason(r) for _, r in refusals]).items():
             click.echo(plain(f"  {n} x {reason}"))
-    if refused:
+    if refusals:
         sys.exit(1)
 
 
@@ -245,38 +87,20 @@ def _run_actions(
     rate: float | None,
     as_json: bool,
     bar: bool,
-) -> list[tuple[str, str]]:
+) -> list[Outcome]:
     """Select the orders, then act on them as selected, with a progress bar on a terminal."""
 
-    async def run(progress: Progress | None) -> list[tuple[str, str]]:
-        store = await open_store(settings)
-        try:
-            selection = await choose(store)
-            return await act(
-                store, selection, action, by, dry_run=dry_run, rate=rate, progress=progress
+    def run(progress: actions.Progress | None) -> list[Outcome]:
+        return asyncio.run(
+            actions.run_action(
+                settings, choose, action, by, dry_run=dry_run, rate=rate, progress=progress
             )
-        finally:
-            await store.close()
+        )
 
     if as_json or not bar or not sys.stderr.isatty():
-        return asyncio.run(run(None))
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeElapsedColumn(), console=plain_console(stderr=True)) as progress:
-        return asyncio.run(run(progress))
-
-
-def _named(order_ids: tuple[str, ...]) -> Chooser:
-    async def choose(store: StateStore) -> Selection:
-        return Selection([(order_id, None) for order_id in order_ids])
-
-    return choose
-
-
-def _queried(query: StateQuery, step: str | None) -> Chooser:
-    async def choose(store: StateStore) -> Selection:
-        return await select(store, query, step)
-
-    return choose
+        return run(None)
+    with progress_bar() as update:
+        return run(lambda done, total: update("orders", done, total))
 
 
 @orders.command("resubmit")
@@ -301,9 +125,9 @@ def _queried(query: StateQuery, step: str | None) -> Chooser:
 @click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @by_option
-@click.pass_context
+@pass_settings()
 def resubmit_cmd(
-    ctx: click.Context,
+    settings: Settings,
     order_ids: tuple[str, ...],
     state: str | None,
     error_kind: str | None,
@@ -321,21 +145,20 @@ def resubmit_cmd(
     Each order is changed only if it is still as it was selected: an order selected by query
     that changed since, or no longer matches the query, is refused (run the command again).
     The change and its history event are one conditional write."""
-    settings = cli_settings(ctx)
     check_ids(order_ids)
     if order_ids and (state or error_kind or older_than or step):
         raise BadInput("name orders or select them with --state/--error-kind/…, not both")
     if not order_ids and state is None:
         raise BadInput("name the orders, or select them with --state")
     choose = (
-        _named(order_ids)
+        actions.named(order_ids)
         if state is None
-        else _queried(selection_query(state, error_kind, older_than, now=utcnow()), step)
+        else actions.queried(_selection(state, error_kind, older_than), step)
     )
     outcomes = _run_actions(
         settings,
         choose,
-        resubmit_action(from_step, keep_failures=keep_failures),
+        actions.resubmit_action(from_step, keep_failures=keep_failures),
         by,
         dry_run=dry_run,
         rate=rate,
@@ -350,38 +173,17 @@ def resubmit_cmd(
 @click.option("--dry-run", is_flag=True, help="Print the undo plan; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @by_option
-@click.pass_context
+@pass_settings()
 def compensate_cmd(
-    ctx: click.Context, order_ids: tuple[str, ...], dry_run: bool, as_json: bool, by: str
+    settings: Settings, order_ids: tuple[str, ...], dry_run: bool, as_json: bool, by: str
 ) -> None:
     """Undo the completed steps of orders in Error or CompensationFailed, newest first.
 
     Prints the undo plan (steps, order, idempotency keys) first; undos already done are
     skipped, and each undo's idempotency key makes a repeat harmless. The change and its
     history event are one conditional write."""
-    settings = cli_settings(ctx)
     check_ids(order_ids)
-
-    async def plans() -> dict[str, list[dict[str, Any]]]:
-        store = await open_store(settings)
-        try:
-            return {
-                order_id: [
-                    {
-                        "step": u.step,
-                        "undo": u.operation,
-                        "idempotency_key": u.idempotency_key,
-                        "status": u.status.value,
-                        "will_run": u.will_run,
-                    }
-                    for u in undo_plan(await store.read_compensation(order_id))
-                ]
-                for order_id in order_ids
-            }
-        finally:
-            await store.close()
-
-    undo = asyncio.run(plans())
+    undo = _plans_shown(asyncio.run(actions.undo_plans(settings, order_ids)))
     if not as_json:
         for order_id, steps in undo.items():
             click.echo(f"{order_id}: undo plan" + ("" if steps else ": nothing to undo"))
@@ -393,7 +195,7 @@ def compensate_cmd(
 
     outcomes = _run_actions(
         settings,
-        _named(order_ids),
+        actions.named(order_ids),
         COMPENSATE,
         by,
         dry_run=dry_run,
@@ -404,7 +206,29 @@ def compensate_cmd(
     if as_json:
         done = [{"order_id": o, "outcome": r, "plan": undo[o]} for o, r in outcomes]
         click.echo(json.dumps({"dry_run": dry_run, "orders": done}))
-        if any(r.startswith("refused") for _, r in outcomes):
+        if any(refused(r) for _, r in outcomes):
             sys.exit(1)
         return
     report(outcomes, as_json=False, dry_run=dry_run)
+
+
+def _selection(state: str, error_kind: str | None, older_than: str | None) -> StateQuery:
+    return state_query(
+        frozenset({ProcessState(state)}), kind_of(error_kind), duration_of(older_than), now=utcnow()
+    )
+
+
+def _plans_shown(plans: dict[str, list[Undo]]) -> dict[str, list[dict[str, Any]]]:
+    return {
+        order_id: [
+            {
+                "step": u.step,
+                "undo": u.operation,
+                "idempotency_key": u.idempotency_key,
+                "status": u.status.value,
+                "will_run": u.will_run,
+            }
+            for u in undo
+        ]
+        for order_id, undo in plans.items()
+    }

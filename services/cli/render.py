@@ -20,8 +20,20 @@ non-ASCII character and control (its default `ensure_ascii=True`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
 from rich.text import Text
 
 from shared.domain.text import printable
@@ -39,6 +51,56 @@ def plain(value: object, *, keep_lines: bool = False) -> str:
 def shown(value: object, *, keep_lines: bool = False) -> Text:
     """`value` for rich: `plain` text, as a `Text` that rich never parses."""
     return Text(plain(value, keep_lines=keep_lines))
+
+
+def plain_console(*, stderr: bool = False) -> Console:
+    """Rich output with no markup, emoji or highlighting: order ids, keys and error messages
+    are printed exactly as they are (`o-1:ship:undo` is not an emoji, `[x]` not markup).
+    Values from data reach it through `shown` all the same, which escapes what would drive
+    the terminal (and is literal text on any console)."""
+    return Console(stderr=stderr, emoji=False, markup=False, highlight=False)
+
+
+WHOLE = frozenset(
+    {"order", "message id", "idempotency key", "examples", "process", "step"}
+    | {"kind", "state", "severity", "reason", "type", "count", "changed", "when"}
+)
+"""Columns whose values an operator copies or reads at a glance: never wrapped or cut short
+(long free text such as error messages wraps instead)."""
+
+
+def add_columns(table: Table, *names: str) -> None:
+    for name in names:
+        if name in WHOLE:
+            table.add_column(name, no_wrap=True, overflow="fold")
+        else:
+            table.add_column(name, overflow="fold")
+
+
+@contextmanager
+def progress_bar(
+    *, shown: bool = True, transient: bool = False
+) -> Iterator[Callable[[str, int, int], None]]:
+    """A progress bar on stderr while the block runs, told (what is counted, how many so far,
+    how many in all): one bar per thing counted, added when first told. Not `shown`: nothing."""
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=plain_console(stderr=True),
+        transient=transient,
+        disable=not shown,
+    )
+    tasks: dict[str, TaskID] = {}
+
+    def update(description: str, done: int, total: int) -> None:
+        if description not in tasks:
+            tasks[description] = bar.add_task(description, total=total)
+        bar.update(tasks[description], completed=done)
+
+    with bar:
+        yield update
 
 
 class PlainFormatter(logging.Formatter):

@@ -21,6 +21,7 @@ from tenacity import (
 )
 
 from services.agents.agent import serve_agent
+from services.cli.settings import pass_settings
 from services.remote.app import serve_remote
 from services.scheduler.service import serve_scheduler
 from services.submission.service import serve_submission
@@ -105,8 +106,7 @@ async def _run(settings: Settings, kind: str, name: str, service: Service) -> No
         log.info("stopped", extra={"kind": kind})
 
 
-def _serve(ctx: click.Context, kind: str, name: str | None, service: Service) -> None:
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
+def _serve(settings: Settings, kind: str, name: str | None, service: Service) -> None:
     pname = process_name(kind, name)
     configure_logging(level=settings.log_level, process=pname, hub=settings.hub)
     run_loop(_run(settings, kind, pname, service))
@@ -122,47 +122,46 @@ def serve() -> None:
 
 @serve.command()
 @name_option
-@click.pass_context
-def submission(ctx: click.Context, name: str | None) -> None:
+@pass_settings()
+def submission(settings: Settings, name: str | None) -> None:
     """Record orders from <hub>.orders."""
-    _serve(ctx, "submission", name, serve_submission)
+    _serve(settings, "submission", name, serve_submission)
 
 
 @serve.command()
 @name_option
-@click.pass_context
-def scheduler(ctx: click.Context, name: str | None) -> None:
+@pass_settings()
+def scheduler(settings: Settings, name: str | None) -> None:
     """Claim orders and run their workflows."""
-    _serve(ctx, "scheduler", name, serve_scheduler)
+    _serve(settings, "scheduler", name, serve_scheduler)
 
 
 @serve.command()
 @name_option
-@click.pass_context
-def supervisor(ctx: click.Context, name: str | None) -> None:
+@pass_settings()
+def supervisor(settings: Settings, name: str | None) -> None:
     """Recover attempts whose deadline passed (one leader at a time)."""
-    _serve(ctx, "supervisor", name, serve_supervisor)
+    _serve(settings, "supervisor", name, serve_supervisor)
 
 
 @serve.command()
 @click.argument("agent_name", type=click.Choice(AGENTS))
 @name_option
-@click.pass_context
-def agent(ctx: click.Context, agent_name: str, name: str | None) -> None:
+@pass_settings()
+def agent(settings: Settings, agent_name: str, name: str | None) -> None:
     """Run one agent: inventory, payment or shipping."""
 
     async def service(runtime: Runtime, stop: asyncio.Event) -> None:
         await serve_agent(agent_name, runtime, stop)
 
-    _serve(ctx, f"agent-{agent_name}", name, service)
+    _serve(settings, f"agent-{agent_name}", name, service)
 
 
 @serve.command()
 @name_option
-@click.pass_context
-def remote(ctx: click.Context, name: str | None) -> None:
+@pass_settings()
+def remote(settings: Settings, name: str | None) -> None:
     """Run the simulated remote service (inventory, payment, shipping) on ORDERFLOW_REMOTE_URL."""
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
     configure_logging(
         level=settings.log_level, process=process_name("remote", name), hub=settings.hub
     )

@@ -17,6 +17,7 @@ import sys
 import click
 
 from services.cli.render import plain
+from services.cli.settings import pass_settings
 from shared.bootstrap import initialise
 from shared.config import Settings
 from shared.domain.workflow import AGENTS
@@ -164,20 +165,11 @@ async def _stop_all(children: dict[str, asyncio.subprocess.Process], *, timeout:
     help="First metrics port: each process serves Prometheus metrics on its own port, this one "
     "upwards in start order [default: ORDERFLOW_METRICS_PORT; 0: no metrics endpoints].",
 )
-@click.pass_context
-def up(
-    ctx: click.Context,
-    schedulers: int,
-    supervisors: int,
-    agents: int,
-    remote: bool,
-    metrics_port: int | None,
-) -> None:
+@pass_settings("metrics_port")
+def up(settings: Settings, schedulers: int, supervisors: int, agents: int, remote: bool) -> None:
     """Initialise, then run the whole topology as separate processes until Ctrl-C/SIGTERM."""
-    settings: Settings = ctx.find_object(Settings)  # type: ignore[assignment]
     procs = topology(schedulers, supervisors, agents, remote)
-    base = settings.metrics_port if metrics_port is None else metrics_port
-    ports = metrics_ports(procs, base)
+    ports = metrics_ports(procs, settings.metrics_port)
     report = asyncio.run(initialise(settings))
     click.echo(
         plain(f"up: hub {report.hub!r} on {report.store_kind}, RabbitMQ {report.broker_version}")

@@ -22,11 +22,11 @@ from typing import Any
 
 import aio_pika
 
-from services.cli.audit import all_states
 from services.nemesis.fleet import Fleet, environment
 from services.nemesis.process import free_port, listening
 from services.nemesis.schedule import AGENT_PROCESSES, POISON_BODIES, Fault, Kind, draw
 from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
+from services.operator.views import all_states
 from services.remote.client import RemoteClient
 from shared.broker.topology import Names
 from shared.domain.states import SETTLED_STATES, ProcessState

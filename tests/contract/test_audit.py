@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from services.cli.audit import audit
+from services.operator.invariants import audit
 from shared.domain.journal import Alert, AlertKind, HistoryEvent, HistoryEventType, Severity
 from shared.domain.models import OrderRecord
 from shared.domain.timing import utcnow

@@ -24,7 +24,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from services.cli.submit import message_id_of as submit_message_id
+from services.shop.orders import message_id_of as submit_message_id
 from services.supervisor.service import LEASE
 from shared.broker.connection import connect
 from shared.domain.journal import HistoryEventType

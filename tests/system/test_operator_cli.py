@@ -13,8 +13,10 @@ from typing import Any
 import aio_pika
 import pytest
 
-from services.cli import order_actions as cli_orders
-from services.cli.explain import current_step
+from services.cli import order_actions as cli_actions
+from services.operator import actions
+from services.operator.explain import current_step
+from services.operator.views import state_query
 from shared.broker.connection import connect
 from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
 from shared.broker.topology import Names
@@ -113,8 +115,9 @@ async def test_find_an_error_order_show_it_and_resubmit_it_once_the_remote_is_ba
 
     # The selection `resubmit --state Error --error-kind recovery-limit` makes; then two of its
     # orders change (through the store, as another writer would) before the action runs.
-    query = cli_orders.selection_query("Error", "recovery-limit", None, now=utcnow())
-    selection = await cli_orders.select(topo.store, query, None)
+    error = frozenset({ProcessState.ERROR})
+    query = state_query(error, ErrorKind.RECOVERY_LIMIT, None, now=utcnow())
+    selection = await actions.select(topo.store, query, None)
     assert sorted(o for o, _ in selection.orders) == sorted(ids)
     _, old, declined = ids
     await _change(topo, old, updated_at=utcnow() - timedelta(hours=2))
@@ -126,10 +129,8 @@ async def test_find_an_error_order_show_it_and_resubmit_it_once_the_remote_is_ba
     assert _listed(topo, "--state", "Error", "--error-kind", "recovery-limit") == {order_id, old}
 
     await topo.remote.set_faults(outage=False)
-    action = cli_orders.resubmit_action(None, keep_failures=False)
-    outcomes = await cli_orders.act(
-        topo.store, selection, action, "alice", dry_run=False, rate=None
-    )
+    action = actions.resubmit_action(None, keep_failures=False)
+    outcomes = await actions.act(topo.store, selection, action, "alice", dry_run=False, rate=None)
     assert dict(outcomes) == {
         order_id: "Error -> Pending",
         old: "refused: changed since it was selected (now Error); select it again",
@@ -137,7 +138,7 @@ async def test_find_an_error_order_show_it_and_resubmit_it_once_the_remote_is_ba
         "error kind permanent, not recovery-limit",
     }
     with pytest.raises(SystemExit) as exited:
-        cli_orders.report(outcomes, as_json=False, dry_run=False)
+        cli_actions.report(outcomes, as_json=False, dry_run=False)
     assert exited.value.code == 1
     assert "1 changed, 2 refused" in capsys.readouterr().out
     for refused_id in (old, declined):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.cli.audit import AuditReport, check_dead_letters
+from services.operator.invariants import AuditReport, check_dead_letters
 
 
 def test_a_dead_letter_without_a_reason_violates_invariant_5() -> None:

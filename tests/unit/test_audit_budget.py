@@ -8,7 +8,12 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.cli.audit import BUDGET, AuditReport, _effects_after_undo, check_retry_budget
+from services.operator.invariants import (
+    BUDGET,
+    AuditReport,
+    _effects_after_undo,
+    check_retry_budget,
+)
 from shared.domain.journal import HistoryEvent, HistoryEventType
 from shared.domain.models import StateRecord
 from shared.domain.timing import utcnow

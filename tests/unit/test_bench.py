@@ -9,19 +9,16 @@ from datetime import timedelta
 
 import pytest
 
-from services.cli.bench import (
+from services.bench.load import Run
+from services.bench.procfs import (
     MachineUsage,
     ProcUsage,
-    Run,
     children,
-    latency_summary,
-    machine_report,
     machine_usage,
-    percentile,
     proc_usage,
-    report,
     servers,
 )
+from services.bench.report import latency_summary, machine_report, percentile, report
 from shared.config import Settings
 from shared.domain.states import ProcessState, StepStatus
 from shared.domain.timing import utcnow
@@ -108,7 +105,7 @@ def test_servers_are_found_by_name_and_children_by_parent() -> None:
         [
             sys.executable,
             "-c",
-            "import os; from services.cli.bench import children; print(children(os.getpid()))",
+            "import os; from services.bench.procfs import children; print(children(os.getpid()))",
         ],
         capture_output=True,
         text=True,

@@ -6,17 +6,16 @@ from datetime import timedelta
 
 import pytest
 
-from services.cli.explain import (
+from services.operator.explain import (
     current_step,
     fingerprint,
     group_failures,
-    human_age,
     next_action,
-    parse_duration,
     undo_plan,
     unselected_because,
 )
 from shared.config import Settings
+from shared.domain.durations import human_age, parse_duration
 from shared.domain.journal import CompensationEntry, UndoStatus
 from shared.domain.models import ErrorInfo, StateRecord
 from shared.domain.states import ErrorKind, ProcessState, StepStatus

@@ -19,12 +19,12 @@ from rich.console import Console
 from rich.table import Table
 
 from services.cli import up
-from services.cli.explain import plain_console
 from services.cli.inspect import render_stats
 from services.cli.main import OrderflowGroup
 from services.cli.order_actions import report
 from services.cli.orders import _print_groups, _print_show
-from services.cli.render import PlainFormatter, plain, shown
+from services.cli.render import PlainFormatter, plain, plain_console, shown
+from services.operator.explain import group_failures
 from shared.domain.models import ErrorInfo
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.text import unsafe_characters
@@ -186,7 +186,7 @@ def test_failure_groups_write_no_control_of_the_data(capsys: pytest.CaptureFixtu
     _, record = order_pair("o-1")
     error = ErrorInfo.model_construct(kind=ErrorKind.PERMANENT, message=HOSTILE, at=utcnow())
     parked = record.model_copy(update={"process_state": ProcessState.ERROR, "error": error})
-    _print_groups([parked], utcnow() + timedelta(seconds=1), as_json=False)
+    _print_groups(group_failures([parked]), utcnow() + timedelta(seconds=1), as_json=False)
     out = capsys.readouterr().out
     assert_harmless(out, styled=True)
     # Fingerprinted first (its digits are `#`), escaped as it is shown.
@@ -269,7 +269,7 @@ async def test_up_goes_on_after_a_line_longer_than_its_reader_takes(
 def test_dead_letter_headers_a_sender_wrote_as_bytes_are_listed_and_replayed_as_text() -> None:
     from types import SimpleNamespace
 
-    from services.cli import dlq
+    from shared.broker import dead_letters
 
     message = SimpleNamespace(
         headers={
@@ -284,10 +284,10 @@ def test_dead_letter_headers_a_sender_wrote_as_bytes_are_listed_and_replayed_as_
         reply_to=None,
         content_type=None,
     )
-    row = dlq.describe("h.orders", message, utcnow())  # type: ignore[arg-type]
+    row = dead_letters.describe("h.orders", message, utcnow())  # type: ignore[arg-type]
     assert row["error"] == "\\xff\\x1b[2J"
     json.dumps(row)  # a bytes value made the listing fail with a TypeError
-    replay = dlq._replayable(message, "alice")  # type: ignore[arg-type]
+    replay = dead_letters.replayable(message, "alice")  # type: ignore[arg-type]
     assert "x-note" not in replay.headers and replay.headers["traceparent"].startswith("00-")
 
 
@@ -297,6 +297,7 @@ def test_a_dead_letter_the_broker_made_itself_is_described_by_the_broker_not_its
     from types import SimpleNamespace
 
     from services.cli import dlq
+    from shared.broker import dead_letters
 
     at = utcnow()
     message = SimpleNamespace(
@@ -310,7 +311,7 @@ def test_a_dead_letter_the_broker_made_itself_is_described_by_the_broker_not_its
         type="order.submit",
         body=b'{"card": "4111 1111 1111 1111"}',
     )
-    row = dlq.describe("h.orders", message, utcnow())  # type: ignore[arg-type]
+    row = dead_letters.describe("h.orders", message, utcnow())  # type: ignore[arg-type]
     assert row["reason"] == "broker-expired" and row["source_queue"] == "h.orders"
     assert "nothing wrong" not in str(row) and row["dead_lettered_at"] == at.isoformat()
     assert "4111 1111" not in dlq._body(message.body)

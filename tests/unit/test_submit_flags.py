@@ -10,7 +10,8 @@ from typing import Any
 import click
 import pytest
 
-from services.cli.submit import generated_order, line_of, order_from_flags, orders_to_submit
+from services.cli.submit import line_of, order_from_flags, orders_to_submit
+from services.shop.orders import generated_order
 from shared.domain.models import Address, OrderData, OrderLine
 from shared.errors import ConfigurationError
 

@@ -1,4 +1,4 @@
-"""What the operator's commands say about orders: pure functions over records, unit-tested.
+"""What the operator is told about orders: pure functions over records, unit-tested.
 
 Where an order stands, what the system will do with it next and when, which failures share a
 cause, and what an undo would do.
@@ -7,77 +7,17 @@ cause, and what an undo would do.
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from shared.config import Settings
+from shared.domain.durations import human_age
 from shared.domain.journal import CompensationEntry, UndoStatus
 from shared.domain.models import StateRecord
 from shared.domain.states import ProcessState, StepStatus
 from shared.domain.workflow import get_workflow
 from shared.store.port import StateQuery
-
-
-def plain_console(*, stderr: bool = False) -> Console:
-    """Rich output with no markup, emoji or highlighting: order ids, keys and error messages
-    are printed exactly as they are (`o-1:ship:undo` is not an emoji, `[x]` not markup).
-    Values from data reach it through `render.shown` all the same, which escapes what would
-    drive the terminal (and is literal text on any console)."""
-    return Console(stderr=stderr, emoji=False, markup=False, highlight=False)
-
-
-WHOLE = frozenset(
-    {"order", "message id", "idempotency key", "examples", "process", "step"}
-    | {"kind", "state", "severity", "reason", "type", "count", "changed", "when"}
-)
-"""Columns whose values an operator copies or reads at a glance: never wrapped or cut short
-(long free text such as error messages wraps instead)."""
-
-
-def add_columns(table: Table, *names: str) -> None:
-    for name in names:
-        if name in WHOLE:
-            table.add_column(name, no_wrap=True, overflow="fold")
-        else:
-            table.add_column(name, overflow="fold")
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> timedelta:
-    """`90`, `90s`, `15m`, `2h`, `1d`, `250ms`."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise ValueError(f"not a duration: {text!r} (try 90s, 15m, 2h or 1d)")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
-
-
-def human_age(then: datetime | None, now: datetime) -> str:
-    """`12s ago`, `in 3m`, `-` for no time."""
-    if then is None:
-        return "-"
-    seconds = (now - then).total_seconds()
-    text = human_duration(abs(seconds))
-    return f"{text} ago" if seconds >= 0 else f"in {text}"
-
-
-def human_duration(seconds: float) -> str:
-    if seconds < 1:
-        return f"{seconds * 1000:.0f}ms"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
-    if seconds < 86400:
-        return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
-    return f"{seconds // 86400:.0f}d{seconds % 86400 // 3600:02.0f}h"
 
 
 def current_step(record: StateRecord) -> str | None:
@@ -268,10 +208,3 @@ def step_rows(record: StateRecord) -> list[dict[str, Any]]:
             }
         )
     return rows
-
-
-def count_by(items: list[str]) -> dict[str, int]:
-    counts: dict[str, int] = defaultdict(int)
-    for item in items:
-        counts[item] += 1
-    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))

@@ -1,5 +1,6 @@
-"""`orderflow audit`: check the invariants of DESIGN §8 against the store and the remote ledger,
-and the retry budget against the remote service's count of attempts.
+"""The checks of `orderflow audit`: the invariants of DESIGN §8 against the store and the remote
+ledger, and the retry budget against the remote service's count of attempts (`audit.py`
+gathers them from a hub).
 
 Violations are numbered by DESIGN §8 (1-5); `6` is the retry budget (DESIGN §6, §9): an order
 whose remote calls exceed what it was granted. Forward calls (every operation of the order that
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from services.operator.views import all_states
 from services.remote.ledger import attempt_of
 from shared.domain.journal import AlertKind, HistoryEvent, HistoryEventType
 from shared.domain.models import OrderRecord, StateRecord
@@ -63,15 +65,6 @@ class AuditReport:
         }
 
 
-async def all_states(store: StateStore) -> list[StateRecord]:
-    states: list[StateRecord] = []
-    after: str | None = None
-    while batch := await store.list_states(after=after, limit=PAGE):
-        states += batch
-        after = batch[-1].order_id
-    return states
-
-
 async def _all_order_ids(store: StateStore) -> list[str]:
     ids: list[str] = []
     after: str | None = None
@@ -94,7 +87,7 @@ async def audit(
     (the retry budget is then not checked); `undo_attempts`: what one undo request may spend
     (`ORDERFLOW_UNDO_ATTEMPTS`), None to leave undo requests unchecked."""
     report = AuditReport(effects=len(effects), attempts=len(attempts or []))
-    states = {s.order_id: s for s in await all_states(store)}
+    states = {s.order_id: s for s in await all_states(store, PAGE)}
     order_ids = await _all_order_ids(store)
     report.orders = len(order_ids)
     counts: dict[str, int] = defaultdict(int)

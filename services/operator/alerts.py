@@ -1,4 +1,5 @@
-"""Reading `<hub>.alerts.feed`: the bounded hand-off of alert notifications to their reader.
+"""Alerts for the operator: those stored (`orderflow alerts list`), and the notifications of
+`<hub>.alerts.feed`, the bounded hand-off of alert notifications to their reader.
 
 Every alert is stored (`orderflow alerts list` reads the store) and published on the fanout
 exchange `<hub>.alerts`, whose queue `<hub>.alerts.feed` keeps the newest
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from aio_pika.abc import AbstractIncomingMessage
 from aiormq.exceptions import ChannelNotFoundEntity
@@ -28,11 +30,21 @@ from shared.domain.journal import Alert
 from shared.domain.messages import AlertMessage, decode
 from shared.domain.workflow import AGENTS
 from shared.errors import ConfigurationError, ContractViolation
+from shared.store.factory import open_store
 
 ALERT_SENDERS = frozenset(
     {"submission", "scheduler", "supervisor", *(agent_role(a) for a in AGENTS)}
 )
 """The processes that raise alerts (shared/broker/access.py lets them write `<hub>.alerts`)."""
+
+
+async def recent_alerts(settings: Settings, since: datetime | None, limit: int) -> list[Alert]:
+    """Stored alerts, newest first: those raised after `since` (None: any), `limit` at most."""
+    store = await open_store(settings)
+    try:
+        return await store.list_alerts(since=since, limit=limit)
+    finally:
+        await store.close()
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aio_pika.abc import AbstractRobustConnection
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from services.cli.explain import plain_console
+from services.bench.load import Progress, raise_if_failed
 from shared.bootstrap import open_broker
 from shared.broker.topology import Names
 from shared.config import Settings
@@ -112,7 +110,7 @@ class Soak:
         self,
         orders: int,
         timeout: float,
-        progress: bool,
+        progress: Progress | None = None,
         publishing: asyncio.Task[None] | None = None,
     ) -> int:
         """Until every order published has settled or been purged, sampling the sizes; how
@@ -120,35 +118,24 @@ class Soak:
         heartbeats are read before the states, so no order is counted twice. A publisher that
         failed ends the wait with its error."""
         connection = await open_broker(self._settings, name="orderflow-soak")
-        bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=plain_console(stderr=True),
-            transient=True,
-            disable=not progress,
-        )
         give_up = time.monotonic() + timeout
         next_sample = 0.0
         try:
-            with bar:
-                task = bar.add_task("orders settled or purged", total=orders)
-                while True:
-                    if time.monotonic() >= next_sample:
-                        await self.sample(connection)
-                        next_sample = time.monotonic() + SAMPLE_S
-                    purged = (await retention_totals(self._store))["deleted"].get("orders", 0)
-                    counts = await self._store.count_by_state()
-                    done = purged + sum(counts[s] for s in SETTLED_STATES)
-                    bar.update(task, completed=done)
-                    live = sum(counts[s] for s in LIVE)
-                    if (done >= orders and not live) or time.monotonic() > give_up:
-                        await self.sample(connection)
-                        return done
-                    if publishing is not None and publishing.done() and publishing.exception():
-                        publishing.result()
-                    await asyncio.sleep(POLL_S)
+            while True:
+                if time.monotonic() >= next_sample:
+                    await self.sample(connection)
+                    next_sample = time.monotonic() + SAMPLE_S
+                purged = (await retention_totals(self._store))["deleted"].get("orders", 0)
+                counts = await self._store.count_by_state()
+                done = purged + sum(counts[s] for s in SETTLED_STATES)
+                if progress is not None:
+                    progress("orders settled or purged", done, orders)
+                live = sum(counts[s] for s in LIVE)
+                if (done >= orders and not live) or time.monotonic() > give_up:
+                    await self.sample(connection)
+                    return done
+                raise_if_failed(publishing)
+                await asyncio.sleep(POLL_S)
         finally:
             await connection.close()
 
@@ -162,32 +149,3 @@ class Soak:
             "samples": self.sizes.samples,
             "retention": await retention_totals(self._store),
         }
-
-
-def print_soak(result: dict[str, Any]) -> None:
-    console = plain_console()
-    soak = result["soak"]
-    rows = Table(title="tables at the end (rows)")
-    for column in ("table", "rows", "peak"):
-        rows.add_column(column, justify="right")
-    for name, n in sorted(soak["rows"].items()):
-        rows.add_row(name, str(n), str(soak["rows_peak"].get(name, n)))
-    console.print(rows)
-    queues = Table(title="durable queues at the end (messages ready)")
-    for column in ("queue", "messages", "peak"):
-        queues.add_column(column, justify="right")
-    for name, n in sorted(soak["queues"].items()):
-        queues.add_row(name, str(n), str(soak["queues_peak"].get(name, n)))
-    console.print(queues)
-    retention = soak["retention"]
-    purges = Table(title="retention (supervisor heartbeats)")
-    for column in ("purge", "passes", "batches"):
-        purges.add_column(column, justify="right")
-    for name in sorted(retention["passes"]):
-        purges.add_row(name, str(retention["passes"][name]), str(retention["batches"].get(name, 0)))
-    console.print(purges)
-    deleted = ", ".join(f"{n} {kind}" for kind, n in sorted(retention["deleted"].items()))
-    console.print(f"deleted: {deleted or 'nothing'}; sizes sampled {soak['samples']} times")
-    console.print(
-        "retention: " + ", ".join(f"{k}={v}" for k, v in soak["retention_settings"].items())
-    )

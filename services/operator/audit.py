@@ -1,0 +1,39 @@
+"""`orderflow audit` of a hub: its store, the remote service's ledger and attempts, and its
+dead-letter queues, read and checked against DESIGN §8 (the checks: `invariants.py`)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from services.operator.dead_letters import list_dead_letters
+from services.operator.invariants import AuditReport, audit, check_dead_letters
+from services.remote.admin import admin_token
+from services.remote.client import RemoteClient
+from shared.config import Settings
+from shared.domain.timing import utcnow
+from shared.store.factory import open_store
+
+
+async def audit_hub(settings: Settings, grace: float) -> AuditReport:
+    """The audit of the settings' hub: `grace` seconds a live attempt may be past its deadline
+    before it counts as lost."""
+    client = RemoteClient.open(settings.remote_url, admin_token=admin_token())
+    try:
+        effects = await client.ledger(account=settings.hub)  # this hub's effects only
+        attempts = await client.attempts(account=settings.hub)
+    finally:
+        await client.close()
+    store = await open_store(settings)
+    try:
+        report = await audit(
+            store,
+            effects,
+            now=utcnow(),
+            grace=timedelta(seconds=grace),
+            attempts=attempts,
+            undo_attempts=settings.undo_attempts,
+        )
+    finally:
+        await store.close()
+    check_dead_letters(report, await list_dead_letters(settings, None))
+    return report

@@ -1,0 +1,119 @@
+"""`orderflow stats` and `watch`: one snapshot of a hub across the store and the broker.
+
+Orders per state, stuck Pending and overdue running orders (counted up to COUNT_CAP), queue
+depths, the processes reporting, their open circuit breakers and intake, the supervisor leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from typing import Any
+
+from services.supervisor.service import LEASE
+from shared.bootstrap import open_broker
+from shared.broker.topology import Names
+from shared.config import Settings
+from shared.domain.coordination import ComponentStatus
+from shared.domain.durations import human_age
+from shared.domain.states import ProcessState
+from shared.domain.timing import utcnow
+from shared.store.factory import open_store
+
+COUNT_CAP = 1000
+"""The most stuck Pending and overdue orders `stats` reads; beyond it, it says `1000+`."""
+
+
+async def gather_stats(settings: Settings) -> dict[str, Any]:
+    """Orders per state, stuck and overdue orders, queue depths, running processes, open
+    circuit breakers and the supervisor leader: one snapshot for `stats` and `watch`."""
+    now = utcnow()
+    store = await open_store(settings)
+    try:
+        by_state = await store.count_by_state()
+        lease = await store.lease_get(LEASE)
+        # One more than the cap, to tell "exactly the cap" from "more than the cap".
+        stuck = await store.find_stuck_pending(
+            due_before=now - timedelta(seconds=settings.stuck_pending_s), limit=COUNT_CAP + 1
+        )
+        overdue = await store.scan_expired(
+            now=now - timedelta(seconds=settings.step_timeout_s),
+            states=frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING}),
+            limit=COUNT_CAP + 1,
+        )
+        components = await store.list_status(now=now)
+    finally:
+        await store.close()
+    queues = await queue_depths(settings)
+    leader = lease.holder if lease is not None and lease.expires_at > now else None
+    breakers = sorted(
+        {f"{c.name}: {op}" for c in components for op in c.data.get("open_breakers", [])}
+    )
+    return {
+        "hub": settings.hub,
+        "at": now.isoformat(),
+        "by_state": {state.value: n for state, n in by_state.items()},
+        "stuck_pending": [r.order_id for r in stuck[:COUNT_CAP]],
+        "stuck_pending_capped": len(stuck) > COUNT_CAP,
+        "overdue": [r.order_id for r in overdue.records[:COUNT_CAP]],
+        "overdue_capped": len(overdue.records) > COUNT_CAP,
+        "count_cap": COUNT_CAP,
+        "queues": queues,
+        "processes": processes(components, now),
+        "open_breakers": breakers,
+        "leader": leader,
+        "intake": intake_of(components),
+    }
+
+
+async def queue_depths(settings: Settings) -> dict[str, int | None]:
+    """Messages in each input queue, its dead-letter queue and its retry queue; None for a
+    queue not declared (run `orderflow init`)."""
+    names = Names(settings.hub)
+    queues: dict[str, int | None] = {}
+    connection = await open_broker(settings, name="orderflow-stats")
+    try:
+        for base in names.input_queues():
+            for queue in (base, names.dlq(base), names.retry(base)):
+                channel = await connection.channel()
+                try:
+                    declared = await channel.declare_queue(queue, passive=True)
+                    queues[queue] = declared.declaration_result.message_count
+                except Exception:
+                    queues[queue] = None  # not declared: run `orderflow init`
+                finally:
+                    if not channel.is_closed:
+                        await channel.close()
+    finally:
+        await connection.close()
+    return queues
+
+
+def processes(components: list[ComponentStatus], now: datetime) -> list[dict[str, Any]]:
+    return [
+        {"name": c.name, "kind": c.kind, "seen": human_age(c.at, now), "data": c.data}
+        for c in components
+    ]
+
+
+def intake_of(components: list[ComponentStatus]) -> list[dict[str, Any]]:
+    """Every consumer's intake as its process last reported it (the heartbeat's `intake`)."""
+    return [
+        {"process": c.name, **consumer}
+        for c in components
+        for consumer in c.data.get("intake") or []
+        if isinstance(consumer, dict)
+    ]
+
+
+async def stats_every(
+    settings: Settings, interval: float, count: int | None
+) -> AsyncIterator[dict[str, Any]]:
+    """A snapshot every `interval` seconds, `count` of them (None: until the caller stops)."""
+    n = 0
+    while count is None or n < count:
+        if n:
+            await asyncio.sleep(interval)
+        yield await gather_stats(settings)
+        n += 1

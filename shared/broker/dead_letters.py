@@ -1,0 +1,261 @@
+"""The dead-lettered messages of each input queue: list, show, replay, purge.
+
+Reading never loses a message: the messages are fetched unacknowledged and go back to their
+dead-letter queue when the channel that fetched them closes, except those a replay or a purge
+removes. A replay publishes the message, with its original `message_id`, to the queue it came
+from (through that queue's replay exchange, the only way the operator's user has into it) and
+removes it from the dead-letter queue only once the broker confirmed the publish; so dedupe
+still holds (a message whose id was handled already is dropped as a duplicate, not handled
+twice). The queue's consumer accepts a replay only with the seal it put on the dead letter, as
+the message of its original sender; a message the broker dead-lettered on its own (its delivery
+limit) has no seal, and its replay is refused (`unauthorised`) unless the operator runs as the
+consumer's user.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+
+from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
+from shared.broker.envelope import SEAL, SENDER, carried_headers
+from shared.broker.publisher import Publisher
+from shared.broker.senders import Senders
+from shared.broker.topology import Names
+from shared.domain.durations import human_age
+from shared.domain.text import printable
+from shared.domain.timing import utcnow
+from shared.errors import BadInput
+
+REPLAYED_AT = "x-orderflow-replayed-at"
+REPLAYED_BY = "x-orderflow-replayed-by"
+
+
+def source_queues(names: Names, queue: str | None) -> list[str]:
+    """The input queues asked for: all, or one named `orders`, `payment`, `agent.payment` or in
+    full (`<hub>.agent.payment`, with or without `.dlq`)."""
+    queues = names.input_queues()
+    if queue is None:
+        return queues
+    wanted = queue.removesuffix(".dlq")
+    for q in queues:
+        short = q.removeprefix(f"{names.hub}.")
+        if wanted in (q, short, short.removeprefix("agent.")):
+            return [q]
+    choices = ", ".join(q.removeprefix(f"{names.hub}.") for q in queues)
+    raise BadInput(f"no input queue {queue!r} in hub {names.hub} (one of: {choices})")
+
+
+def header_value(value: Any) -> Any:
+    """A header as JSON can hold it: a value that is not text (bytes a sender wrote, which the
+    broker kept) as its escaped text, so no listing fails on it."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, bytes | bytearray):
+        return printable(bytes(value).decode("utf-8", "backslashreplace"))
+    return printable(repr(value))
+
+
+def broker_made(message: AbstractIncomingMessage) -> dict[str, Any] | None:
+    """The broker's own record of dead-lettering this message (its `x-death` header), when the
+    broker put it in the DLQ itself (its delivery limit, a message's TTL), not our consumer: the
+    message is then as its sender wrote it, and its `x-orderflow-…` headers are the sender's."""
+    deaths = (message.headers or {}).get("x-death")
+    if not isinstance(deaths, list):
+        return None
+    first = deaths[0] if deaths and isinstance(deaths[0], dict) else {}
+    at = first.get("time")
+    shown = {k: header_value(v) for k, v in first.items()}
+    return shown | {"time": at if isinstance(at, datetime) else None}
+
+
+def describe(source: str, message: AbstractIncomingMessage, now: datetime) -> dict[str, Any]:
+    """A dead letter of the input queue `source`: why, when, how often it was delivered."""
+    death = broker_made(message)
+    if death is not None:
+        # None of our headers on it are ours: what the broker says instead.
+        at = death.get("time")
+        return {
+            "queue": source,
+            "message_id": message.message_id,
+            "type": message.type,
+            "reason": f"broker-{death.get('reason')}",
+            "error": "dead-lettered by the broker itself, as its sender wrote it "
+            "(its x-orderflow headers, if any, are the sender's)",
+            "dead_lettered_at": at.isoformat() if at is not None else None,
+            "age": human_age(at, now),
+            "deliveries": death.get("count"),
+            "source_queue": source,
+            "bytes": len(message.body),
+        }
+    headers = {k: header_value(v) for k, v in (message.headers or {}).items()}
+    at = headers.get(DEAD_LETTERED_AT)
+    try:
+        when = datetime.fromisoformat(str(at)) if at else None
+    except ValueError:
+        when = None
+    return {
+        "queue": source,
+        "message_id": message.message_id,
+        "type": message.type,
+        "reason": headers.get(REASON),
+        "error": headers.get(ERROR),
+        "dead_lettered_at": at,
+        "age": human_age(when, now),
+        "deliveries": headers.get(DELIVERIES),
+        "source_queue": headers.get(SOURCE_QUEUE) or source,
+        "bytes": len(message.body),
+    }
+
+
+async def _fetch(channel: AbstractChannel, source: str) -> list[AbstractIncomingMessage]:
+    """Every message of the source queue's DLQ, unacknowledged (they return on channel close)."""
+    queue = await channel.declare_queue(Names.dlq(source), passive=True)
+    got: list[AbstractIncomingMessage] = []
+    while (message := await queue.get(no_ack=False, fail=False)) is not None:
+        got.append(message)
+    return got
+
+
+async def _each(
+    connection: AbstractRobustConnection,
+    sources: list[str],
+    visit: Callable[[str, AbstractIncomingMessage], Awaitable[None]],
+) -> None:
+    """`visit` each dead letter of each source queue, one channel per
+    queue; the letters not acknowledged go back when it closes."""
+    for source in sources:
+        channel = await connection.channel()
+        try:
+            for message in await _fetch(channel, source):
+                await visit(source, message)
+        finally:
+            await channel.close()
+
+
+async def dead_letters(
+    connection: AbstractRobustConnection, sources: list[str]
+) -> list[dict[str, Any]]:
+    """Every dead letter of these input queues, described (they stay where they are)."""
+    now = utcnow()
+    rows: list[dict[str, Any]] = []
+
+    async def add(source: str, message: AbstractIncomingMessage) -> None:
+        rows.append(describe(source, message, now))
+
+    await _each(connection, sources, add)
+    return rows
+
+
+@dataclass(frozen=True)
+class Found:
+    """A dead letter in full: described, with its headers (as JSON holds them) and its body."""
+
+    row: dict[str, Any]
+    body: bytes
+
+
+async def find(
+    connection: AbstractRobustConnection, sources: list[str], message_id: str
+) -> list[Found]:
+    """The dead letters with this message id (a message may be in several DLQs)."""
+    now = utcnow()
+    found: list[Found] = []
+
+    async def match(source: str, message: AbstractIncomingMessage) -> None:
+        if message.message_id == message_id:
+            headers = {k: header_value(v) for k, v in (message.headers or {}).items()}
+            found.append(Found(describe(source, message, now) | {"headers": headers}, message.body))
+
+    await _each(connection, sources, match)
+    return found
+
+
+@dataclass
+class Replayed:
+    """What a replay did: the letters replayed, those left in place because they carry no seal
+    of their consumer's, and the message ids asked for that no DLQ holds."""
+
+    replayed: list[dict[str, Any]] = field(default_factory=list)
+    unsealed: list[dict[str, Any]] = field(default_factory=list)
+    not_found: list[str] = field(default_factory=list)
+
+
+async def replay(
+    connection: AbstractRobustConnection,
+    names: Names,
+    sources: list[str],
+    wanted: Collection[str] | None,
+    *,
+    by: str,
+    senders: Senders,
+    publish_timeout_s: float,
+) -> Replayed:
+    """Send the dead letters with these message ids (None: every one) back to their source
+    queue, each removed from its DLQ once the broker confirmed its copy. `senders`: who the
+    operator publishes as (only a consumer's own user may replay a letter without its seal)."""
+    outcome = Replayed()
+    publisher = await Publisher.open(connection, timeout=publish_timeout_s)
+
+    async def one(source: str, message: AbstractIncomingMessage) -> None:
+        if wanted is not None and message.message_id not in wanted:
+            return
+        ours = SEAL in (message.headers or {}) and broker_made(message) is None
+        if senders.strict and not ours:
+            # Under the operator's own user, a consumer takes only sealed dead letters (the
+            # broker's own, and those from before seals, are refused): left in place.
+            outcome.unsealed.append({"message_id": message.message_id, "queue": source})
+            return
+        # Back to the queue whose DLQ holds it, through its replay exchange (the operator's
+        # only way into an input queue), never to the one a header names.
+        await publisher.publish_raw(
+            replayable(message, by), exchange=names.replay(source), routing_key=source
+        )
+        await message.ack()  # only once the broker confirmed the copy
+        outcome.replayed.append({"message_id": message.message_id, "queue": source})
+
+    try:
+        await _each(connection, sources, one)
+    finally:
+        await publisher.close()
+    handled = {str(r["message_id"]) for r in outcome.replayed + outcome.unsealed}
+    outcome.not_found = sorted(set(wanted or ()) - handled)
+    return outcome
+
+
+def replayable(message: AbstractIncomingMessage, by: str) -> aio_pika.Message:
+    """The copy a replay publishes."""
+    # A replay starts afresh: of our headers only the sender and the seal its consumer put on
+    # it (without which the consumer refuses it: shared/broker/seal.py), of the sender's only
+    # those a copy carries; and every property the seal covers exactly as it was.
+    original = dict(message.headers or {})
+    headers = carried_headers(original)
+    headers |= {k: original[k] for k in (SENDER, SEAL) if isinstance(original.get(k), str)}
+    headers |= {REPLAYED_AT: utcnow().isoformat(), REPLAYED_BY: by}
+    return aio_pika.Message(
+        message.body,
+        headers=headers,
+        message_id=message.message_id,
+        correlation_id=message.correlation_id,
+        reply_to=message.reply_to,
+        type=message.type,
+        content_type=message.content_type,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+    )
+
+
+async def purge(connection: AbstractRobustConnection, sources: list[str]) -> dict[str, int]:
+    """Delete every dead letter of these input queues for good: how many, per DLQ."""
+    purged: dict[str, int] = {}
+    channel = await connection.channel()
+    for name in (Names.dlq(s) for s in sources):
+        declared = await channel.declare_queue(name, passive=True)
+        result = await declared.purge()
+        purged[name] = int(result.message_count or 0)
+    await channel.close()
+    return purged
