@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from services.cli.audit import all_states, audit
 from services.nemesis.schedule import Fault, draw
+from services.operator.invariants import audit
+from services.operator.views import all_states
 from services.remote.app import Faults, RemoteService
 from services.remote.ledger import Ledger
 from services.remote.local import LocalRemote

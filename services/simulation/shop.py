@@ -17,7 +17,7 @@ from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from services.cli.submit import generated_order, message_id_of
+from services.shop.orders import generated_order, message_id_of
 from shared.backoff import Backoff
 from shared.broker.memory import MemoryBroker, connect
 from shared.broker.private import PrivateQueue
