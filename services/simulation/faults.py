@@ -24,6 +24,8 @@ from shared.broker.memory import MemoryConnection
 from shared.broker.topology import Names
 from shared.domain.workflow import AGENTS
 
+KILL_ROUNDS = 100
+"""A kill strikes after up to this many rounds of the loop past its time."""
 Lift = Callable[[], None]
 """Ends a fault."""
 Switch = Callable[[bool], None]
@@ -71,6 +73,7 @@ class Striker:
         *,
         calm: Faults,
         seed: int,
+        rng: random.Random,
     ) -> None:
         self._world = world
         self._shop = shop
@@ -79,6 +82,7 @@ class Striker:
         self._calm = calm
         """The remote service's knobs when no fault strikes it."""
         self._seed = seed
+        self._rng = rng
         self._struck: Counter[str] = Counter()
         self.active = 0
         """Faults struck and not yet lifted."""
@@ -102,6 +106,10 @@ class Striker:
     async def _apply(self, fault: Fault) -> Lift:
         kind = fault.kind
         if kind is Kind.KILL:
+            # Not only where time stands still for every task: at any point of the work the
+            # loop does at this moment (each round moves every ready task one await further).
+            for _ in range(self._rng.randrange(KILL_ROUNDS)):
+                await asyncio.sleep(0)
             return self._kill(fault.target or "")
         if kind is Kind.BROKER_RESTART:
             return self._toggle("broker", self._world.broker.outage)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from services.nemesis.schedule import Fault, draw
+from services.nemesis.schedule import Fault, Kind, draw
 from services.operator.invariants import audit
 from services.operator.views import all_states
 from services.remote.app import Faults, RemoteService
@@ -37,7 +37,7 @@ from services.remote.local import LocalRemote
 from services.simulation import loop as virtual
 from services.simulation.faults import Striker, Wire
 from services.simulation.shop import Shop
-from services.simulation.world import ProcessClock, World
+from services.simulation.world import ProcessClock, StoreLink, World
 from shared import clock
 from shared.broker.memory import MemoryBroker, MemoryConnection
 from shared.broker.topology import Names, QueuePolicy, declare_topology
@@ -75,6 +75,10 @@ class Conditions:
     max_delay_s: float
     duplicate_rate: float
     conflicts: int
+    slow_store_rate: float
+    max_store_latency_s: float
+    kills: int
+    """Kills beside the schedule's faults, quickly restarted: a process dying mid-work."""
 
     @classmethod
     def draw(cls, rng: random.Random, orders: int) -> Conditions:
@@ -86,13 +90,18 @@ class Conditions:
             max_delay_s=rng.choice((0.01, 0.5, 5.0)),
             duplicate_rate=rng.choice((0.0, 0.0, 0.05, 0.3)),
             conflicts=rng.choice((0, 0, 1)) if orders else 0,
+            slow_store_rate=rng.choice((0.0, 0.2, 0.8)),
+            max_store_latency_s=rng.choice((0.002, 0.05, 1.0)),
+            kills=rng.choice((0, 2, 6, 12)),
         )
 
     def describe(self) -> str:
         return (
             f"remote: {self.transient_rate:.0%} transient, {self.decline_rate:.0%} declined, "
             f"hangs of {self.hang_s:.0f} s; wire: {self.delay_rate:.0%} late by up to "
-            f"{self.max_delay_s} s, {self.duplicate_rate:.0%} twice; {self.conflicts} conflicts"
+            f"{self.max_delay_s} s, {self.duplicate_rate:.0%} twice; store: "
+            f"{self.slow_store_rate:.0%} of calls slow by up to {self.max_store_latency_s} s "
+            f"each way; {self.conflicts} conflicts; {self.kills} quick kills"
         )
 
 
@@ -184,6 +193,7 @@ def simulate(seed: int, *, orders: int = 8, faults: int = 6) -> Outcome:
         rng, faults, span_s=FAULT_SPAN_S, clock_skew_s=settings.clock_skew_s,
         longest_s=LONGEST_FAULT_S,
     )  # fmt: skip
+    schedule = sorted(schedule + _kills(rng, conditions.kills), key=lambda f: f.at_s)
     outcome = Outcome(seed, orders, conditions, schedule)
     errors = _Errors()
     root = logging.getLogger()
@@ -224,11 +234,26 @@ async def _simulate(outcome: Outcome, settings: Settings, rng: random.Random) ->
     remote_context = contextvars.copy_context()
     remote_context.run(clock.CLOCK.set, ProcessClock(loop))
     remote = LocalRemote(service, account=HUB, context=remote_context)
-    world = World(settings, remote, MemoryBroker(wire))
+    link = StoreLink(
+        random.Random(rng.getrandbits(64)),
+        slow_rate=conditions.slow_store_rate,
+        max_latency_s=conditions.max_store_latency_s,
+    )
+    world = World(settings, remote, MemoryBroker(wire), link)
     try:
         await _run(world, rng, outcome, wire, calm, outcome.seed)
     finally:
         service.ledger.close()
+
+
+def _kills(rng: random.Random, count: int) -> list[Fault]:
+    """Kills while orders are placed, each restarted within seconds; any process."""
+    names = [name for _, name in TOPOLOGY] + ["remote"]
+    return [
+        Fault(round(rng.uniform(0, PLACING_S), 1), Kind.KILL, round(rng.uniform(0.1, 5.0), 1),
+              target=rng.choice(names))
+        for _ in range(count)
+    ]  # fmt: skip
 
 
 async def _run(
@@ -252,7 +277,15 @@ async def _run(
         conflict = _after_recorded(world, placed_order.order_id, shop.conflict(placed_order))
         placing.append(_later(rng.uniform(0, PLACING_S * 2), conflict))
     tasks = [shop.run(p) for p in placing]
-    striker = Striker(world, shop, world.remote, wire, calm=calm, seed=seed)
+    striker = Striker(
+        world,
+        shop,
+        world.remote,
+        wire,
+        calm=calm,
+        seed=seed,
+        rng=random.Random(rng.getrandbits(64)),
+    )
     tasks += [loop.create_task(_later(f.at_s, striker.strike(f))) for f in outcome.schedule]
     await asyncio.gather(*tasks)
     calm_since = loop.time()

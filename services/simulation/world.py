@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import random
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
@@ -62,14 +63,38 @@ class ProcessClock:
         return self._loop.time()
 
 
+class StoreLink:
+    """The network between the processes and the store: a share of calls takes its time on
+    the way there and back (so processes' calls interleave as over connections), seeded."""
+
+    def __init__(self, rng: random.Random, *, slow_rate: float, max_latency_s: float) -> None:
+        self._rng = rng
+        self.slow_rate = slow_rate
+        self.max_latency_s = max_latency_s
+
+    def latency(self) -> tuple[float, float]:
+        """(seconds on the way there, seconds on the way back) of one call."""
+        if not self.slow_rate or self._rng.random() >= self.slow_rate:
+            return 0.0, 0.0
+        return self._rng.uniform(0, self.max_latency_s), self._rng.uniform(0, self.max_latency_s)
+
+
 class StoreHandle:
     """One process's way to the shared store: every call fails once the process is dead, or
-    while the store is out (`World.store_down`), as a connection to a server that is gone."""
+    while the store is out (`World.store_down`), as a connection to a server that is gone. A
+    call whose answer is on its way back when that happens has been applied all the same: its
+    caller sees an outage of unknown outcome."""
 
     def __init__(self, store: MemoryStore, world: World) -> None:
         self._store = store
         self._world = world
         self.dead = False
+
+    def _check(self) -> None:
+        if self.dead:
+            raise StoreUnavailable("the connection is gone (this process died)")
+        if self._world.store_down:
+            raise StoreUnavailable("the store is unavailable (simulated outage)")
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._store, name)
@@ -77,11 +102,16 @@ class StoreHandle:
             return attribute
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            if self.dead:
-                raise StoreUnavailable("the connection is gone (this process died)")
-            if self._world.store_down:
-                raise StoreUnavailable("the store is unavailable (simulated outage)")
-            return await attribute(*args, **kwargs)
+            self._check()
+            there, back = self._world.link.latency()
+            if there:
+                await asyncio.sleep(there)
+                self._check()
+            result = await attribute(*args, **kwargs)
+            if back:
+                await asyncio.sleep(back)
+                self._check()  # applied, but the answer is lost
+            return result
 
         return call
 
@@ -172,8 +202,11 @@ def _task_factory(
 class World:
     """The shared servers and the processes of one simulated topology."""
 
-    def __init__(self, settings: Settings, remote: LocalRemote, broker: MemoryBroker) -> None:
+    def __init__(
+        self, settings: Settings, remote: LocalRemote, broker: MemoryBroker, link: StoreLink
+    ) -> None:
         self.loop = asyncio.get_running_loop()
+        self.link = link
         self.loop.set_task_factory(_task_factory)  # type: ignore[arg-type]
         self.settings = settings
         self.store = MemoryStore()
