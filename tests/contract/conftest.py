@@ -19,11 +19,11 @@ import pytest
 
 from shared.store.memory import MemoryStore
 from shared.store.mongo import MongoStore
-from shared.store.port import StateStore
 from shared.store.postgres import PostgresStore
 from tests.conftest import MONGODB_URL, POSTGRES_URL, service_missing
 from tests.support.broker_harness import broker
 from tests.support.mongo_standin import app_client, compose_server
+from tests.support.stores import StoreUnderTest
 
 __all__ = ["broker"]  # the broker fixture, for every contract test
 
@@ -60,7 +60,7 @@ def mongodb_url() -> Iterator[str | None]:
         yield container.get_connection_url()
 
 
-async def _open(kind: str, hub: str, mongodb_url: str | None) -> StateStore:
+async def _open(kind: str, hub: str, mongodb_url: str | None) -> StoreUnderTest:
     common: dict[str, Any] = {"pool_size": 30, "timeout": 5.0, "command_timeout": 10.0}
     if kind == "postgresql":
         try:
@@ -84,7 +84,7 @@ async def _open(kind: str, hub: str, mongodb_url: str | None) -> StateStore:
 @pytest.fixture(params=STORE_KINDS)
 async def store(
     request: pytest.FixtureRequest, hub: str, mongodb_url: str | None
-) -> AsyncIterator[StateStore]:
+) -> AsyncIterator[StoreUnderTest]:
     s = await _open(request.param, hub, mongodb_url)
     await s.init()
     try:
