@@ -15,6 +15,8 @@ One class per part of the port, each in its module, all sharing the store's one 
 
 from __future__ import annotations
 
+import asyncpg
+
 from shared.store.postgres.connection import (
     REFUSED,
     UNAVAILABLE,
@@ -26,10 +28,10 @@ from shared.store.postgres.inbox import PostgresInbox
 from shared.store.postgres.journal import PostgresJournal
 from shared.store.postgres.queries import PostgresQueries
 from shared.store.postgres.retention import PostgresRetention
-from shared.store.postgres.states import PostgresStates
+from shared.store.postgres.states import BeforeClaimCommit, PostgresStates
 from shared.store.unavailable import translate_errors
 
-__all__ = ["PostgresStore"]
+__all__ = ["BeforeClaimCommit", "PostgresStore"]
 
 
 @translate_errors("PostgreSQL", unavailable=UNAVAILABLE, refused=REFUSED)
@@ -44,11 +46,28 @@ class PostgresStore(
 ):
     """State store on PostgreSQL: every part of the port over one pool and one schema."""
 
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        schema: str,
+        *,
+        before_claim_commit: BeforeClaimCommit | None = None,
+    ) -> None:
+        super().__init__(pool, schema)
+        self._before_claim_commit = before_claim_commit
+
     @classmethod
     async def connect(
-        cls, url: str, schema: str, *, pool_size: int, timeout: float, command_timeout: float
+        cls,
+        url: str,
+        schema: str,
+        *,
+        pool_size: int,
+        timeout: float,
+        command_timeout: float,
+        before_claim_commit: BeforeClaimCommit | None = None,
     ) -> PostgresStore:
         pool = await create_pool(
             url, pool_size=pool_size, timeout=timeout, command_timeout=command_timeout
         )
-        return cls(pool, schema)
+        return cls(pool, schema, before_claim_commit=before_claim_commit)

@@ -6,9 +6,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from shared import crash
 from shared.domain.journal import CompensationEntry, HistoryEvent, UndoStatus
 from shared.domain.models import OrderRecord, StateRecord
+from shared.domain.transitions import Action
 from shared.domain.updates import ANY, Changes, Expect
 from shared.store.codec import jsonable, state_from
 from shared.store.postgres.connection import STATE_COLUMNS, PostgresPart, column_value, order_from
@@ -18,8 +18,17 @@ from shared.store.values import InsertOutcome, UndoMark
 Arg = Callable[[Any], str]
 """Adds a statement parameter and names it (`$n`)."""
 
+BeforeClaimCommit = Callable[[Action, int], None]
+"""Called inside a claim's transaction before it commits, with the claim's action (`claim` or
+`claim-compensation`) and how many records it claimed."""
+
 
 class PostgresStates(PostgresPart):
+    _before_claim_commit: BeforeClaimCommit | None = None
+    """Given, a claim runs in a transaction of its own and this is called before its commit
+    (the scheduler's crash drill dies there); without it, a claim is one autocommitted
+    statement."""
+
     async def insert_order(self, order: OrderRecord, state: StateRecord) -> InsertOutcome:
         # Two insert-if-absent writes that share no transaction, as on MongoDB: a crash between
         # them leaves an order without its state record, which the redelivered message completes
@@ -170,13 +179,14 @@ class PostgresStates(PostgresPart):
             RETURNING s.*
             """
         args = (now, limit, owner, complete_by)
-        if not compensating and crash.armed("claim-uncommitted"):
-            # The crash drill: the same statement in a transaction the process dies inside.
+        hook = self._before_claim_commit
+        if hook is None:
+            rows = await self._pool.fetch(statement, *args)
+        else:
+            action = Action.CLAIM_COMPENSATION if compensating else Action.CLAIM
             async with self._pool.acquire() as conn, conn.transaction():
                 rows = await conn.fetch(statement, *args)
-                crash.crash_point("claim-uncommitted", len(rows))
-        else:
-            rows = await self._pool.fetch(statement, *args)
+                hook(action, len(rows))
         return [state_from(dict(r)) for r in rows]
 
 
