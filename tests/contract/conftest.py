@@ -3,7 +3,7 @@
 - `postgresql`: the real PostgreSQL server.
 - `mongodb-real`: a real MongoDB server, from `ORDERFLOW_TEST_MONGODB_URL` or a testcontainer where
   a Docker engine runs; skipped with the reason otherwise (never silently passed).
-- `memory`: the reference adapter in memory (`shared/store/memory.py`), the pure rules alone.
+- `memory`: the reference adapter in memory (`shared/store/memory/`), the pure rules alone.
 - `mongodb-standin`: the MongoDB adapter against the in-process stand-in (mongomock). NOT MongoDB.
   It logs in as the compose deployment's application user (`readWrite` on database `orderflow`
   only), so every case also checks that the adapter needs no more than that.
