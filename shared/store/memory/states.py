@@ -7,10 +7,9 @@ import asyncio
 from collections.abc import Sequence
 from datetime import datetime
 
-from shared.domain.identity import instance_id
+from shared.domain.claims import claim_for
 from shared.domain.journal import CompensationEntry, HistoryEvent
 from shared.domain.models import OrderRecord, StateRecord
-from shared.domain.states import ProcessState
 from shared.domain.updates import Changes, Expect, apply, matches
 from shared.store.memory.journal import MemoryJournal
 from shared.store.memory.tables import oldest
@@ -76,30 +75,13 @@ class MemoryStates(MemoryJournal):
         compensating: bool = False,
     ) -> list[StateRecord]:
         await asyncio.sleep(0)
-        source, target = (
-            (ProcessState.COMPENSATING, ProcessState.COMPENSATING)
-            if compensating
-            else (ProcessState.PENDING, ProcessState.PROCESSING)
+        spec = claim_for(
+            now=now, limit=limit, owner=owner, complete_by=complete_by, compensating=compensating
         )
-        due = [
-            r
-            for r in self._states.values()
-            if r.process_state is source
-            and r.locked_by is None
-            and r.next_attempt_at is not None
-            and r.next_attempt_at <= now
-        ]
+        due = [r for r in self._states.values() if matches(r, spec.expect)]
         claimed = []
-        for record in oldest(due, lambda r: (r.next_attempt_at, r.order_id), limit):
-            attempt = record.attempt + 1
-            fields = {
-                "process_state": target,
-                "attempt": attempt,
-                "locked_by": instance_id(record.order_id, attempt),
-                "owner": owner,
-                "complete_by": complete_by,
-                "updated_at": now,
-            }
-            self._states[record.order_id] = apply(record, Changes(fields=fields))
-            claimed.append(self._states[record.order_id])
+        for record in oldest(due, lambda r: (r.next_attempt_at, r.order_id), spec.limit):
+            changes = spec.changes(record.order_id, record.attempt)
+            claimed.append(apply(record, changes))
+            self._states[record.order_id] = claimed[-1]
         return claimed

@@ -19,7 +19,7 @@ from typing import Any
 from pymongo import ASCENDING, ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from shared.domain.identity import instance_id
+from shared.domain.claims import Claim, claim_for
 from shared.domain.journal import CompensationEntry, HistoryEvent
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.updates import ANY, Changes, Expect
@@ -79,12 +79,11 @@ class MongoStates(MongoJournal):
         compensation: CompensationEntry | None = None,
         undo: UndoMark | None = None,
     ) -> StateRecord | None:
-        sets = {name: plain(value) for name, value in changes.fields.items()}
-        sets |= {f"steps.{name}": plain(step) for name, step in changes.steps.items()}
+        update = sets(changes)
         try:
             doc = await self._state.find_one_and_update(
                 {"_id": order_id, **conditions(expect)},
-                {"$set": sets},
+                {"$set": update},
                 return_document=ReturnDocument.AFTER,
             )
         except Exception as exc:
@@ -93,7 +92,7 @@ class MongoStates(MongoJournal):
             # The outcome is unknown (a write concern not met, a connection lost after the
             # write was sent): the record says whether it applied. Not applied, the error
             # stands and the caller writes again; never a superseded attempt for this.
-            doc = await self._settled(lambda: self._state.find_one({"_id": order_id, **sets}))
+            doc = await self._settled(lambda: self._state.find_one({"_id": order_id, **update}))
             if doc is None:
                 raise
         if doc is None:
@@ -119,72 +118,72 @@ class MongoStates(MongoJournal):
         complete_by: datetime,
         compensating: bool = False,
     ) -> list[StateRecord]:
-        source, target = (
-            ("Compensating", "Compensating") if compensating else ("Pending", "Processing")
+        spec = claim_for(
+            now=now, limit=limit, owner=owner, complete_by=complete_by, compensating=compensating
         )
-        due = {"process_state": source, "locked_by": None, "next_attempt_at": {"$lte": now}}
+        due = conditions(spec.expect)
         cursor = self._state.find(due, {"attempt": 1}).sort("next_attempt_at", ASCENDING)
-        candidates = await cursor.limit(limit * _CLAIM_SPREAD).to_list(None)
-        picked = random.sample(candidates, min(limit, len(candidates)))
-
-        async def take(candidate: dict[str, Any]) -> StateRecord | None:
-            attempt = candidate["attempt"] + 1
-            doc = await self._state.find_one_and_update(
-                {"_id": candidate["_id"], "attempt": candidate["attempt"], **due},
-                {
-                    "$set": {
-                        "process_state": target,
-                        "attempt": attempt,
-                        "locked_by": instance_id(candidate["_id"], attempt),
-                        "owner": owner,
-                        "complete_by": complete_by,
-                        "updated_at": now,
-                    }
-                },
-                return_document=ReturnDocument.AFTER,
-            )
-            return None if doc is None else load_state(doc)
-
-        async def settle(candidate: dict[str, Any]) -> StateRecord | None:
-            # A take that failed may have applied: what the record holds says so. If it cannot
-            # be read, it is given back, not left locked for the supervisor to recover.
-            mine = {
-                "_id": candidate["_id"],
-                "locked_by": instance_id(candidate["_id"], candidate["attempt"] + 1),
-                "owner": owner,
-            }
-            try:
-                doc = await self._settled(lambda: self._state.find_one(mine))
-            except Exception:
-                with contextlib.suppress(Exception):
-                    await self._state.update_one(
-                        mine, {"$set": {"process_state": source, "locked_by": None}}
-                    )
-                return None
-            return None if doc is None else load_state(doc)
-
-        outcomes = await asyncio.gather(*(take(c) for c in picked), return_exceptions=True)
+        candidates = await cursor.limit(spec.limit * _CLAIM_SPREAD).to_list(None)
+        picked = random.sample(candidates, min(spec.limit, len(candidates)))
+        takes = (self._take(spec, c) for c in picked)
+        outcomes = await asyncio.gather(*takes, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
                 raise outcome  # cancelled
         claimed = [r for r in outcomes if isinstance(r, StateRecord)]
         failed = [(c, r) for c, r in zip(picked, outcomes, strict=True) if isinstance(r, Exception)]
         if failed:
-            settled = await asyncio.gather(*(settle(c) for c, _ in failed))
+            settled = await asyncio.gather(*(self._settle(spec, c) for c, _ in failed))
             claimed += [r for r in settled if r is not None]
             if not claimed:
                 raise failed[0][1]
         return claimed
 
+    async def _take(self, spec: Claim, candidate: dict[str, Any]) -> StateRecord | None:
+        """One record of the claim, if it is still as the claim found it (the same attempt)."""
+        changes = spec.changes(candidate["_id"], candidate["attempt"])
+        doc = await self._state.find_one_and_update(
+            {"_id": candidate["_id"], "attempt": candidate["attempt"], **conditions(spec.expect)},
+            {"$set": sets(changes)},
+            return_document=ReturnDocument.AFTER,
+        )
+        return None if doc is None else load_state(doc)
+
+    async def _settle(self, spec: Claim, candidate: dict[str, Any]) -> StateRecord | None:
+        """A take that failed may have applied: what the record holds says so. If it cannot be
+        read, it is given back, not left locked for the supervisor to recover."""
+        lock = spec.changes(candidate["_id"], candidate["attempt"]).fields["locked_by"]
+        mine = {"_id": candidate["_id"], "locked_by": lock, "owner": spec.owner}
+        try:
+            doc = await self._settled(lambda: self._state.find_one(mine))
+        except Exception:
+            with contextlib.suppress(Exception):
+                await self._state.update_one(
+                    mine, {"$set": {"process_state": spec.source.value, "locked_by": None}}
+                )
+            return None
+        return None if doc is None else load_state(doc)
+
+
+def sets(changes: Changes) -> dict[str, Any]:
+    """What `changes` sets, as a `$set`: whole fields, and whole steps by their path."""
+    fields = {name: plain(value) for name, value in changes.fields.items()}
+    return fields | {f"steps.{name}": plain(step) for name, step in changes.steps.items()}
+
 
 def conditions(expect: Expect) -> dict[str, Any]:
+    """An `Expect` as a query filter."""
     query: dict[str, Any] = {}
     if expect.process_state is not ANY:
-        query["process_state"] = {"$in": [s.value for s in expect.process_state]}
+        names = sorted(s.value for s in expect.process_state)
+        # One state as an equality, as the partial indexes of the claims name theirs.
+        query["process_state"] = names[0] if len(names) == 1 else {"$in": names}
     if expect.locked_by is not ANY:
         query["locked_by"] = expect.locked_by
     if expect.complete_by is not ANY:
         query["complete_by"] = expect.complete_by
     if expect.updated_at is not ANY:
         query["updated_at"] = expect.updated_at
+    if expect.due_by is not ANY:
+        query["next_attempt_at"] = {"$lte": expect.due_by}
     return query

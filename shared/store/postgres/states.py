@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from shared.domain.claims import claim_for
 from shared.domain.journal import CompensationEntry, HistoryEvent, UndoStatus
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.transitions import Action
@@ -159,42 +160,57 @@ class PostgresStates(PostgresPart):
         complete_by: datetime,
         compensating: bool = False,
     ) -> list[StateRecord]:
-        source, target = (
-            ("Compensating", "Compensating") if compensating else ("Pending", "Processing")
+        spec = claim_for(
+            now=now, limit=limit, owner=owner, complete_by=complete_by, compensating=compensating
         )
+        args: list[Any] = []
+
+        def arg(value: Any) -> str:
+            args.append(value)
+            return f"${len(args)}"
+
+        sets = [f"{name} = {arg(column_value(name, v))}" for name, v in spec.fields.items()]
+        # The source state as a literal: the partial indexes `state_claimable` and
+        # `state_compensation_claimable` serve only a query whose condition provably implies
+        # theirs, and a parameter's value is not known when the plan is made.
+        where = conditions(spec.expect, arg, literal_states=True)
         # One round trip for a whole batch; SKIP LOCKED lets concurrent claimers pass each
-        # other by instead of queueing on the same rows.
+        # other by instead of queueing on the same rows. The attempt and its lock are
+        # `Claim.changes` in SQL: attempt + 1, and `<order_id>:<attempt>` (`instance_id`).
         statement = f"""
             UPDATE {self._s}.state AS s
-               SET process_state = '{target}', attempt = s.attempt + 1,
-                   locked_by = s.order_id || ':' || (s.attempt + 1), owner = $3,
-                   complete_by = $4, updated_at = $1
+               SET {", ".join(sets)}, attempt = s.attempt + 1,
+                   locked_by = s.order_id || ':' || (s.attempt + 1)
               FROM (SELECT order_id FROM {self._s}.state
-                     WHERE process_state = '{source}' AND locked_by IS NULL
-                       AND next_attempt_at <= $1
+                     WHERE {" AND ".join(where)}
                      ORDER BY next_attempt_at
-                     LIMIT $2
+                     LIMIT {arg(spec.limit)}
                      FOR UPDATE SKIP LOCKED) AS due
              WHERE s.order_id = due.order_id
             RETURNING s.*
             """
-        args = (now, limit, owner, complete_by)
         hook = self._before_claim_commit
         if hook is None:
             rows = await self._pool.fetch(statement, *args)
         else:
-            action = Action.CLAIM_COMPENSATION if compensating else Action.CLAIM
             async with self._pool.acquire() as conn, conn.transaction():
                 rows = await conn.fetch(statement, *args)
-                hook(action, len(rows))
+                hook(spec.action, len(rows))
         return [state_from(dict(r)) for r in rows]
 
 
-def conditions(expect: Expect, arg: Arg) -> list[str]:
-    """An `Expect` as SQL conditions, its values as parameters."""
+def conditions(expect: Expect, arg: Arg, *, literal_states: bool = False) -> list[str]:
+    """An `Expect` as SQL conditions, its values as parameters (the states as literals, when
+    asked: they are our enum's values, never input)."""
     where = []
     if expect.process_state is not ANY:
-        where.append(f"process_state = ANY({arg([s.value for s in expect.process_state])})")
+        names = sorted(s.value for s in expect.process_state)
+        listed = ", ".join(f"'{name}'" for name in names)
+        where.append(
+            f"process_state IN ({listed})"
+            if literal_states
+            else f"process_state = ANY({arg(names)})"
+        )
     for name in ("locked_by", "complete_by"):
         value = getattr(expect, name)
         if value is None:
@@ -203,4 +219,6 @@ def conditions(expect: Expect, arg: Arg) -> list[str]:
             where.append(f"{name} = {arg(value)}")
     if expect.updated_at is not ANY:
         where.append(f"updated_at = {arg(expect.updated_at)}")
+    if expect.due_by is not ANY:
+        where.append(f"next_attempt_at <= {arg(expect.due_by)}")
     return where
