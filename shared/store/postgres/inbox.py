@@ -20,7 +20,22 @@ class PostgresInbox(PostgresPart):
         # One lock order for every batch: two consumers holding copies of the same messages
         # wait for each other instead of deadlocking.
         unique = sorted(first.values(), key=lambda c: c.message_id)
-        # New, or expired (a dedupe window that passed, or a claim whose holder died): take it.
+        taken = await self._take_ids(queue, unique, now)
+        # Rare (a duplicate, or a copy being handled elsewhere): one primary-key read each.
+        states = {
+            c.message_id: await self._pool.fetchval(
+                f"SELECT state FROM {self._s}.inbox WHERE queue = $1 AND message_id = $2",
+                queue,
+                c.message_id,
+            )
+            for c in unique
+            if c.message_id not in taken
+        }
+        return [_outcome(c, first[c.message_id], taken, states) for c in claims]
+
+    async def _take_ids(self, queue: str, unique: Sequence[InboxClaim], now: datetime) -> set[str]:
+        """The ids of `unique` (one claim per id) that were new, or expired (a dedupe window
+        that passed, or a claim whose holder died), or held by the same holder: now taken."""
         rows = await self._pool.fetch(
             f"""
             INSERT INTO {self._s}.inbox AS i (queue, message_id, state, holder, expires_at)
@@ -39,29 +54,7 @@ class PostgresInbox(PostgresPart):
             [c.claim_until for c in unique],
             now,
         )
-        taken = {r["message_id"] for r in rows}
-        # Rare (a duplicate, or a copy being handled elsewhere): one primary-key read each.
-        states = {
-            c.message_id: await self._pool.fetchval(
-                f"SELECT state FROM {self._s}.inbox WHERE queue = $1 AND message_id = $2",
-                queue,
-                c.message_id,
-            )
-            for c in unique
-            if c.message_id not in taken
-        }
-
-        def outcome(claim: InboxClaim) -> InboxOutcome:
-            head = first[claim.message_id]
-            if claim.message_id in taken:
-                # A later copy of the id by another holder in the same batch finds it taken,
-                # as it would a moment later.
-                mine = head is claim or head.holder == claim.holder
-                return InboxOutcome.CLAIMED if mine else InboxOutcome.BUSY
-            done = states.get(claim.message_id) == "done"
-            return InboxOutcome.DUPLICATE if done else InboxOutcome.BUSY
-
-        return [outcome(c) for c in claims]
+        return {r["message_id"] for r in rows}
 
     async def inbox_complete_many(self, queue: str, done: Sequence[InboxDone]) -> None:
         # One round trip (asyncpg pipelines the executions) of the one-row statement, whose
@@ -106,3 +99,16 @@ _INBOX_COMPLETE = (
     "VALUES ($1, $2, 'done', $3, $4) ON CONFLICT (queue, message_id) DO UPDATE "
     "SET state = 'done', expires_at = EXCLUDED.expires_at WHERE i.holder = EXCLUDED.holder"
 )
+
+
+def _outcome(
+    claim: InboxClaim, head: InboxClaim, taken: set[str], states: dict[str, str | None]
+) -> InboxOutcome:
+    """One claim's outcome; `head` is the batch's first claim of the same id."""
+    if claim.message_id in taken:
+        # A later copy of the id by another holder in the same batch finds it taken, as it
+        # would a moment later.
+        mine = head is claim or head.holder == claim.holder
+        return InboxOutcome.CLAIMED if mine else InboxOutcome.BUSY
+    done = states.get(claim.message_id) == "done"
+    return InboxOutcome.DUPLICATE if done else InboxOutcome.BUSY
