@@ -1,6 +1,9 @@
 """The scheduler's crash drill (`ORDERFLOW_FAULT_CRASH_AT`): die at a chosen point, as `kill -9`
 would, so the fault suite can kill a scheduler exactly there rather than wherever a signal lands.
-Armed once by the scheduler process from its settings; inert everywhere else."""
+Armed once by the scheduler process from its settings; inert everywhere else.
+
+The store adapters know nothing of it: for `claim-uncommitted` the store factory gives the
+PostgreSQL store `claim_uncommitted` as the hook it calls inside a claim's transaction."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+
+from shared.domain.transitions import Action
 
 log = logging.getLogger(__name__)
 
@@ -47,3 +52,10 @@ def crash_point(point: str, times: int = 1) -> None:
             handler.flush()
         sys.stderr.flush()
         os._exit(137)
+
+
+def claim_uncommitted(action: Action, claimed: int) -> None:
+    """The `claim-uncommitted` point: a scheduler's claim of `claimed` orders made and not
+    committed yet (called inside the claim's transaction; a compensator's claim is not it)."""
+    if action is Action.CLAIM:
+        crash_point("claim-uncommitted", claimed)

@@ -20,7 +20,7 @@ from typing import Any
 from shared.domain.coordination import ComponentStatus
 from shared.domain.timing import utcnow
 from shared.errors import ServiceUnavailable
-from shared.store.port import StateStore
+from shared.store.port import ComponentStatuses
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class Heartbeat:
 
     def __init__(
         self,
-        store: StateStore,
+        store: ComponentStatuses,
         *,
         name: str,
         kind: str,

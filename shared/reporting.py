@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from shared import clock
 from shared.broker.publisher import Publisher
@@ -16,13 +16,17 @@ from shared.domain.models import StateRecord, unscoped
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.errors import PublishError, PublishUnroutable
-from shared.store.port import StateStore
+from shared.store.port import Alerts, Journal
 
 log = logging.getLogger(__name__)
 
 
+class Reports(Journal, Alerts, Protocol):
+    """The parts of the store a reporter writes to: the timeline and the alerts."""
+
+
 class Reporter:
-    def __init__(self, store: StateStore, publisher: Publisher, names: Names, source: str) -> None:
+    def __init__(self, store: Reports, publisher: Publisher, names: Names, source: str) -> None:
         self._store = store
         self._publisher = publisher
         self._names = names

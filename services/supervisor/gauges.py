@@ -18,7 +18,7 @@ from aiormq.exceptions import ChannelNotFoundEntity
 from shared.broker.topology import Names
 from shared.domain.states import ProcessState
 from shared.metrics import ORDERS, QUEUE_DEPTH
-from shared.store.port import StateStore
+from shared.store.port import StateQueries
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ REFRESH_TIMEOUT_S = 5.0
 
 class LeaderGauges:
     def __init__(
-        self, store: StateStore, connection: AbstractRobustConnection, names: Names
+        self, store: StateQueries, connection: AbstractRobustConnection, names: Names
     ) -> None:
         self._store = store
         self._connection = connection

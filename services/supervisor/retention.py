@@ -31,7 +31,7 @@ from shared import clock
 from shared.config import Settings
 from shared.domain.timing import utcnow
 from shared.metrics import RETENTION_BATCHES, RETENTION_DELETED
-from shared.store.port import StateStore
+from shared.store.port import Purges
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class RetentionCounts:
 class Retention:
     def __init__(
         self,
-        store: StateStore,
+        store: Purges,
         settings: Settings,
         *,
         clock: Callable[[], float] = clock.monotonic,

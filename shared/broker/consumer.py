@@ -84,7 +84,7 @@ from shared.errors import (
     ServiceUnavailable,
     one_line,
 )
-from shared.store.port import InboxClaim, InboxDone, StateStore
+from shared.store.port import Inbox, InboxClaim, InboxDone
 from shared.telemetry import bind_log_fields, log_fields
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class Consumer:
         queue: str,
         names: Names,
         handler: Handler,
-        store: StateStore | None,
+        store: Inbox | None,
         dead_letter_publisher: Publisher,
         policy: ConsumerPolicy,
         holder: str,

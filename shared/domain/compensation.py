@@ -22,22 +22,30 @@ def _fenced(instance: str) -> Expect:
     return Expect(process_state=COMPENSATING, locked_by=instance)
 
 
+def record_undo(
+    record: StateRecord,
+    step: str,
+    *,
+    instance: str,
+    now: datetime,
+    request_timeout: timedelta | None = None,
+) -> Update:
+    """Record one undo (the row `record-undo`): its request going out, with `request_timeout`
+    (a fresh deadline for the request), or its outcome, without (the step's effect is undone,
+    or there was none to undo)."""
+    check_transition(Action.RECORD_UNDO, record.process_state, ProcessState.COMPENSATING)
+    if request_timeout is not None:
+        fields = {"complete_by": deadline(now, request_timeout), "updated_at": now}
+        return Update(_fenced(instance), Changes(fields=fields))
+    undone = record.steps[step].model_copy(update={"status": StepStatus.COMPENSATED})
+    return Update(_fenced(instance), Changes(fields={"updated_at": now}, steps={step: undone}))
+
+
 def start_undo(
     record: StateRecord, step: str, *, instance: str, now: datetime, timeout: timedelta
 ) -> Update:
-    """A fresh deadline for one undo request."""
-    check_transition(Action.RECORD_UNDO, record.process_state, ProcessState.COMPENSATING)
-    return Update(
-        _fenced(instance),
-        Changes(fields={"complete_by": deadline(now, timeout), "updated_at": now}),
-    )
-
-
-def record_undo(record: StateRecord, step: str, *, instance: str, now: datetime) -> Update:
-    """The step's effect is undone (or there was none to undo)."""
-    check_transition(Action.RECORD_UNDO, record.process_state, ProcessState.COMPENSATING)
-    undone = record.steps[step].model_copy(update={"status": StepStatus.COMPENSATED})
-    return Update(_fenced(instance), Changes(fields={"updated_at": now}, steps={step: undone}))
+    """`record_undo` of an undo's request: a fresh deadline for it (the compensator's name)."""
+    return record_undo(record, step, instance=instance, now=now, request_timeout=timeout)
 
 
 def finish_compensation(

@@ -2,6 +2,8 @@
 
 Each row names who acts, from which states to which, and what the conditional update must expect.
 The store adapters enforce the condition; this table decides whether a change may be asked for.
+Each row is performed by exactly one function, named in `shared.domain.performers.PERFORMED_BY`
+(the claims too: `shared.domain.claims` builds them from their rows).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Action(StrEnum):
     COMPENSATE = "compensate"
     """An operator asks for the completed steps to be undone."""
     CLAIM_COMPENSATION = "claim-compensation"
-    """A compensator takes an unlocked Compensating order for one attempt."""
+    """A compensator takes a due, unlocked Compensating order for one attempt."""
     RECORD_UNDO = "record-undo"
     """Record the start or the outcome of one undo in the compensation log."""
     FINISH_COMPENSATION = "finish-compensation"
@@ -99,7 +101,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     _row(Action.COMPENSATE, Actor.OPERATOR, {P.ERROR, P.COMPENSATION_FAILED}, {P.COMPENSATING},
          fenced=False, condition="process_state and updated_at as the operator saw them"),
     _row(Action.CLAIM_COMPENSATION, Actor.COMPENSATOR, {P.COMPENSATING}, {P.COMPENSATING},
-         fenced=False, condition="locked_by is null; sets locked_by=<id>:<attempt+1>"),
+         fenced=False,
+         condition="locked_by is null and next_attempt_at <= now; sets locked_by=<id>:<attempt+1>"),
     _row(Action.RECORD_UNDO, Actor.COMPENSATOR, {P.COMPENSATING}, {P.COMPENSATING}, fenced=True,
          condition="locked_by = own instance id"),
     _row(Action.FINISH_COMPENSATION, Actor.COMPENSATOR, {P.COMPENSATING},

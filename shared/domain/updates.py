@@ -42,6 +42,8 @@ class Expect:
     locked_by: str | Literal[_Any.ANY] | None = ANY
     complete_by: datetime | Literal[_Any.ANY] | None = ANY
     updated_at: datetime | Literal[_Any.ANY] = ANY
+    due_by: datetime | Literal[_Any.ANY] = ANY
+    """The record's `next_attempt_at` is at or before this (a claim takes only due records)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ def matches(record: StateRecord, expect: Expect) -> bool:
     if expect.locked_by is not ANY and record.locked_by != expect.locked_by:
         return False
     if expect.complete_by is not ANY and record.complete_by != expect.complete_by:
+        return False
+    if expect.due_by is not ANY and record.next_attempt_at > expect.due_by:
         return False
     return expect.updated_at is ANY or record.updated_at == expect.updated_at
 

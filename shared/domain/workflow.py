@@ -13,6 +13,7 @@ from shared.domain.models import (
     StepState,
 )
 from shared.domain.states import ErrorKind, ProcessState
+from shared.domain.transitions import Action, check_transition
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,9 @@ def new_state_record(
     retry_budget: int,
     reply_to: str | None,
 ) -> StateRecord:
-    """The Pending state record the submission process inserts beside the order."""
+    """The Pending state record the submission process inserts beside the order (the row
+    `submit`: the store inserts it only if absent)."""
+    check_transition(Action.SUBMIT, None, ProcessState.PENDING)
     return StateRecord(
         order_id=order.order_id,
         process_state=ProcessState.PENDING,

@@ -2,20 +2,39 @@
 
 from __future__ import annotations
 
+from shared import crash
 from shared.config import Settings
 from shared.store.mongo import MongoStore
 from shared.store.port import StateStore
-from shared.store.postgres import PostgresStore
+from shared.store.postgres import BeforeClaimCommit, PostgresStore
 
 
 async def open_store(settings: Settings) -> StateStore:
     """Connect to the store `ORDERFLOW_STORE_URL` names, in the hub's schema or database."""
-    connect = PostgresStore.connect if settings.store_kind == "postgresql" else MongoStore.connect
-    store: StateStore = await connect(
-        settings.store_url,
-        settings.hub,
-        pool_size=settings.store_pool_size,
-        timeout=settings.connect_timeout_s,
-        command_timeout=settings.store_command_timeout_s,
+    url, hub = settings.store_url, settings.hub
+    pool_size, timeout = settings.store_pool_size, settings.connect_timeout_s
+    command_timeout = settings.store_command_timeout_s
+    if settings.store_kind != "postgresql":
+        return await MongoStore.connect(
+            url, hub, pool_size=pool_size, timeout=timeout, command_timeout=command_timeout
+        )
+    return await PostgresStore.connect(
+        url,
+        hub,
+        pool_size=pool_size,
+        timeout=timeout,
+        command_timeout=command_timeout,
+        before_claim_commit=claim_drill(settings),
     )
-    return store
+
+
+def claim_drill(settings: Settings) -> BeforeClaimCommit | None:
+    """The crash drill's hook in a PostgreSQL claim, when the settings ask for it.
+
+    Only for `claim-uncommitted`: the claim then runs in a transaction, and the hook exits the
+    process inside it once the scheduler armed the drill (`crash.arm`, as it starts) and its
+    count is reached; in any other process it does nothing. Otherwise there is no hook and a
+    claim is one autocommitted statement, as in production."""
+    if settings.fault_crash_at != "claim-uncommitted":
+        return None
+    return crash.claim_uncommitted

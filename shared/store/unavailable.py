@@ -29,9 +29,9 @@ def translate_errors(
     refusal: Refusal | None = None,
     outage: Refusal | None = None,
 ) -> Callable[[C], C]:
-    """Class decorator: every public coroutine method raises `StoreRefused` for `refused`
-    errors (and those `refusal` accepts) and `StoreUnavailable` for `unavailable` ones (and
-    those `outage` accepts: a server code that means "try later")."""
+    """Class decorator: every public coroutine method, its own or inherited, raises
+    `StoreRefused` for `refused` errors (and those `refusal` accepts) and `StoreUnavailable` for
+    `unavailable` ones (and those `outage` accepts: a server code that means "try later")."""
 
     def wrap(method: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
         @functools.wraps(method)
@@ -48,9 +48,8 @@ def translate_errors(
         return guarded
 
     def decorate(cls: C) -> C:
-        for name, member in list(vars(cls).items()):
-            if not name.startswith("_") and inspect.iscoroutinefunction(member):
-                setattr(cls, name, wrap(member))
+        for name, member in _coroutine_methods(cls).items():
+            setattr(cls, name, wrap(member))
         return cls
 
     return decorate
@@ -60,3 +59,16 @@ def _matches(
     exc: BaseException, types: tuple[type[BaseException], ...], predicate: Refusal | None
 ) -> bool:
     return isinstance(exc, types) or (predicate is not None and predicate(exc))
+
+
+def _coroutine_methods(cls: type) -> dict[str, Callable[..., Coroutine[Any, Any, Any]]]:
+    """The public coroutine methods of `cls`, its own and inherited (an adapter is composed of
+    parts, one class per concern), each as the MRO resolves its name."""
+    found: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        found.update(vars(klass))  # a later (more derived) class overrides an earlier one
+    return {
+        name: member
+        for name, member in found.items()
+        if not name.startswith("_") and inspect.iscoroutinefunction(member)
+    }

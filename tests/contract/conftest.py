@@ -3,7 +3,7 @@
 - `postgresql`: the real PostgreSQL server.
 - `mongodb-real`: a real MongoDB server, from `ORDERFLOW_TEST_MONGODB_URL` or a testcontainer where
   a Docker engine runs; skipped with the reason otherwise (never silently passed).
-- `memory`: the reference adapter in memory (`shared/store/memory.py`), the pure rules alone.
+- `memory`: the reference adapter in memory (`shared/store/memory/`), the pure rules alone.
 - `mongodb-standin`: the MongoDB adapter against the in-process stand-in (mongomock). NOT MongoDB.
   It logs in as the compose deployment's application user (`readWrite` on database `orderflow`
   only), so every case also checks that the adapter needs no more than that.
@@ -19,11 +19,11 @@ import pytest
 
 from shared.store.memory import MemoryStore
 from shared.store.mongo import MongoStore
-from shared.store.port import StateStore
 from shared.store.postgres import PostgresStore
 from tests.conftest import MONGODB_URL, POSTGRES_URL, service_missing
 from tests.support.broker_harness import broker
 from tests.support.mongo_standin import app_client, compose_server
+from tests.support.stores import StoreUnderTest
 
 __all__ = ["broker"]  # the broker fixture, for every contract test
 
@@ -60,7 +60,7 @@ def mongodb_url() -> Iterator[str | None]:
         yield container.get_connection_url()
 
 
-async def _open(kind: str, hub: str, mongodb_url: str | None) -> StateStore:
+async def _open(kind: str, hub: str, mongodb_url: str | None) -> StoreUnderTest:
     common: dict[str, Any] = {"pool_size": 30, "timeout": 5.0, "command_timeout": 10.0}
     if kind == "postgresql":
         try:
@@ -84,7 +84,7 @@ async def _open(kind: str, hub: str, mongodb_url: str | None) -> StateStore:
 @pytest.fixture(params=STORE_KINDS)
 async def store(
     request: pytest.FixtureRequest, hub: str, mongodb_url: str | None
-) -> AsyncIterator[StateStore]:
+) -> AsyncIterator[StoreUnderTest]:
     s = await _open(request.param, hub, mongodb_url)
     await s.init()
     try:

@@ -20,6 +20,7 @@ from shared.domain.timing import utcnow
 from shared.domain.updates import Changes, Expect
 from shared.store.port import InboxClaim, InboxDone, StateStore, UndoMark
 from tests.support.factories import order_pair
+from tests.support.stores import StoreUnderTest
 
 H = HistoryEventType
 
@@ -52,7 +53,9 @@ async def test_history_reads_back_in_append_order(store: StateStore) -> None:
     assert await store.read_history("nobody") == []
 
 
-async def test_compensation_log_is_ordered_idempotent_and_done_is_final(store: StateStore) -> None:
+async def test_compensation_log_is_ordered_idempotent_and_done_is_final(
+    store: StoreUnderTest,
+) -> None:
     t = utcnow()
     for step, undo in (("reserve", "inventory.release"), ("charge", "payment.refund")):
         entry = CompensationEntry(
@@ -70,7 +73,7 @@ async def test_compensation_log_is_ordered_idempotent_and_done_is_final(store: S
 
 
 async def test_an_undo_outcome_is_fenced_like_the_record_and_done_is_final(
-    store: StateStore,
+    store: StoreUnderTest,
 ) -> None:
     order, state = order_pair("o-undo")
     await store.insert_order(order, state)
@@ -107,7 +110,7 @@ async def test_an_undo_outcome_is_fenced_like_the_record_and_done_is_final(
     assert (done.status, done.done_at, done.error) == (UndoStatus.DONE, t, None)
 
 
-async def test_inbox_handles_a_message_id_once(store: StateStore) -> None:
+async def test_inbox_handles_a_message_id_once(store: StoreUnderTest) -> None:
     now = utcnow()
     claim = {"now": now, "claim_until": now + timedelta(seconds=30)}
     assert await store.inbox_claim("q", "m1", holder="a", **claim) is InboxOutcome.CLAIMED
@@ -117,7 +120,9 @@ async def test_inbox_handles_a_message_id_once(store: StateStore) -> None:
     assert await store.inbox_claim("q", "m1", holder="b", **claim) is InboxOutcome.DUPLICATE
 
 
-async def test_inbox_claims_and_completes_a_batch_with_one_outcome_each(store: StateStore) -> None:
+async def test_inbox_claims_and_completes_a_batch_with_one_outcome_each(
+    store: StoreUnderTest,
+) -> None:
     now = utcnow()
     until = now + timedelta(seconds=30)
     keep = now + timedelta(hours=1)
@@ -179,7 +184,7 @@ async def test_concurrent_batches_of_the_same_ids_in_any_order_claim_each_once(
             assert len(winners) == 1, (m, winners)
 
 
-async def test_inbox_release_lets_a_redelivery_be_handled(store: StateStore) -> None:
+async def test_inbox_release_lets_a_redelivery_be_handled(store: StoreUnderTest) -> None:
     now = utcnow()
     claim = {"now": now, "claim_until": now + timedelta(seconds=30)}
     assert await store.inbox_claim("q", "m2", holder="a", **claim) is InboxOutcome.CLAIMED
@@ -188,7 +193,9 @@ async def test_inbox_release_lets_a_redelivery_be_handled(store: StateStore) -> 
     assert await store.inbox_claim("q", "m2", holder="b", **claim) is InboxOutcome.CLAIMED
 
 
-async def test_inbox_claim_of_a_dead_holder_and_a_passed_window_expire(store: StateStore) -> None:
+async def test_inbox_claim_of_a_dead_holder_and_a_passed_window_expire(
+    store: StoreUnderTest,
+) -> None:
     now = utcnow()
     short = {"now": now, "claim_until": now + timedelta(seconds=1)}
     assert await store.inbox_claim("q", "m3", holder="dead", **short) is InboxOutcome.CLAIMED
@@ -205,7 +212,7 @@ async def test_inbox_claim_of_a_dead_holder_and_a_passed_window_expire(store: St
 
 
 async def test_concurrent_claims_of_one_message_id_let_exactly_one_through(
-    store: StateStore,
+    store: StoreUnderTest,
 ) -> None:
     now = utcnow()
     outcomes = await asyncio.gather(
@@ -283,7 +290,7 @@ async def test_alerts_are_stored_once_and_listed_newest_first(store: StateStore)
     assert await store.list_alerts(limit=1) == [new]
 
 
-async def test_inbox_claims_are_reentrant_for_their_holder(store: StateStore) -> None:
+async def test_inbox_claims_are_reentrant_for_their_holder(store: StoreUnderTest) -> None:
     now = utcnow()
     claim = {"now": now, "claim_until": now + timedelta(seconds=30)}
     assert await store.inbox_claim("q", "m-re", holder="a", **claim) is InboxOutcome.CLAIMED
@@ -406,7 +413,7 @@ async def test_workflow_usage_counts_records_per_version_and_state(store: StateS
 
 
 async def test_journal_records_keep_the_schema_version_they_were_written_with(
-    store: StateStore,
+    store: StoreUnderTest,
 ) -> None:
     t = utcnow()
     # A later build's layout (v2) must come back as v2, not as the store's default.

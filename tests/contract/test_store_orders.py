@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from shared.domain.claims import claim_for
 from shared.domain.models import ErrorInfo
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
 from shared.domain.timing import utcnow
@@ -17,6 +18,7 @@ from shared.domain.updates import (
     RecoveryPolicy,
     apply,
     complete_step,
+    matches,
     recover,
     start_step,
 )
@@ -97,8 +99,9 @@ async def test_update_applies_exactly_the_changes_when_the_condition_holds(
         Expect(process_state=frozenset({ProcessState.PENDING})),
         Expect(complete_by=None),
         Expect(updated_at=utcnow() - timedelta(days=1)),
+        Expect(due_by=utcnow() - timedelta(days=1)),
     ],
-    ids=["locked_by", "locked_by-null", "process_state", "complete_by", "updated_at"],
+    ids=["locked_by", "locked_by-null", "process_state", "complete_by", "updated_at", "due_by"],
 )
 async def test_update_changes_nothing_when_the_condition_fails(
     store: StateStore, wrong: Expect
@@ -451,3 +454,50 @@ async def test_query_filters_by_state_age_and_error_kind_newest_change_first_in_
         seen += [s.order_id for s in page]
         cursor = ListCursor(page[-1].updated_at, page[-1].order_id)
     assert seen == [f"o-q{i:02d}" for i in reversed(range(12))]
+
+
+CLAIM_CASES = {
+    # order id: (process_state, locked_by, attempt, due in)
+    "o-k-due": (ProcessState.PENDING, None, 0, timedelta(seconds=-1)),
+    "o-k-due-now": (ProcessState.PENDING, None, 0, timedelta(0)),
+    "o-k-later": (ProcessState.PENDING, None, 0, timedelta(hours=1)),
+    "o-k-locked": (ProcessState.PENDING, "o-k-locked:1", 1, timedelta(seconds=-1)),
+    "o-k-again": (ProcessState.PENDING, None, 2, timedelta(seconds=-1)),
+    "o-k-running": (ProcessState.PROCESSING, "o-k-running:1", 1, timedelta(seconds=-1)),
+    "o-k-undo": (ProcessState.COMPENSATING, None, 1, timedelta(seconds=-1)),
+    "o-k-undo-held": (ProcessState.COMPENSATING, "o-k-undo-held:2", 2, timedelta(seconds=-1)),
+    "o-k-undo-later": (ProcessState.COMPENSATING, None, 1, timedelta(hours=1)),
+    "o-k-error": (ProcessState.ERROR, None, 1, timedelta(seconds=-1)),
+    "o-k-done": (ProcessState.PROCESSED, None, 1, timedelta(seconds=-1)),
+}
+
+
+@pytest.mark.parametrize("compensating", [False, True], ids=["claim", "claim-compensation"])
+async def test_a_claim_changes_each_record_exactly_as_the_pure_claim_says(
+    store: StateStore, compensating: bool
+) -> None:
+    """The claim of the transition table as a value (`shared/domain/claims.py`): the store takes
+    exactly the records its condition matches and leaves each as `apply` of its changes would."""
+    now = utcnow()
+    for order_id, (state, locked_by, attempt, due_in) in CLAIM_CASES.items():
+        await store.insert_order(*order_pair(order_id, now=now, due_in=due_in))
+        fields = {"process_state": state, "locked_by": locked_by, "attempt": attempt}
+        assert await store.update_state(order_id, Expect(), Changes(fields=fields)) is not None
+    before = {order_id: await store.get_state(order_id) for order_id in CLAIM_CASES}
+    terms = {"now": now, "limit": 50, "owner": "s", "complete_by": now + timedelta(seconds=30)}
+    spec = claim_for(**terms, compensating=compensating)
+
+    claimed = await store.claim(**terms, compensating=compensating)
+
+    expected = {
+        order_id: apply(record, spec.changes(order_id, record.attempt))
+        if matches(record, spec.expect)
+        else record
+        for order_id, record in before.items()
+        if record is not None
+    }
+    taken = sorted(o for o, r in before.items() if r is not None and matches(r, spec.expect))
+    assert taken == (["o-k-undo"] if compensating else ["o-k-again", "o-k-due", "o-k-due-now"])
+    assert sorted(r.order_id for r in claimed) == taken
+    assert all(r == expected[r.order_id] for r in claimed)
+    assert {order_id: await store.get_state(order_id) for order_id in CLAIM_CASES} == expected

@@ -27,13 +27,14 @@ from shared.domain.timing import utcnow
 from shared.domain.updates import Changes, Expect
 from shared.store.port import StateStore
 from tests.support.factories import order_pair
+from tests.support.stores import StoreUnderTest
 
 H = HistoryEventType
 PARKED_OR_LIVE = frozenset(ProcessState) - TERMINAL_STATES
 
 
 async def _order(
-    store: StateStore, order_id: str, state: ProcessState, finished: datetime, events: int = 2
+    store: StoreUnderTest, order_id: str, state: ProcessState, finished: datetime, events: int = 2
 ) -> None:
     """An order in `state` since `finished`, with `events` history events and one undo logged,
     all before that time."""
@@ -66,7 +67,9 @@ async def _present(store: StateStore, order_id: str) -> tuple[bool, bool, int, i
 # -- the inbox ----------------------------------------------------------------------------------
 
 
-async def test_inbox_purge_deletes_expired_entries_and_keeps_live_claims(store: StateStore) -> None:
+async def test_inbox_purge_deletes_expired_entries_and_keeps_live_claims(
+    store: StoreUnderTest,
+) -> None:
     now = utcnow()
     past, future = now - timedelta(seconds=1), now + timedelta(hours=1)
     # Handled past the dedupe window, and a claim whose holder let it lapse: expired.
@@ -88,7 +91,7 @@ async def test_inbox_purge_deletes_expired_entries_and_keeps_live_claims(store: 
     assert await store.inbox_claim("q", "lapsed", holder="c", **claim) is InboxOutcome.CLAIMED
 
 
-async def test_inbox_purge_deletes_at_most_its_limit_oldest_first(store: StateStore) -> None:
+async def test_inbox_purge_deletes_at_most_its_limit_oldest_first(store: StoreUnderTest) -> None:
     now = utcnow()
     for i in range(5):
         expired = now - timedelta(seconds=10 - i)
@@ -230,7 +233,7 @@ async def test_alert_purge_deletes_old_alerts_only_at_most_its_limit(store: Stat
     assert [a.alert_id for a in await store.list_alerts()] == ["a3"]
 
 
-async def test_record_counts_name_every_table_with_its_size(store: StateStore) -> None:
+async def test_record_counts_name_every_table_with_its_size(store: StoreUnderTest) -> None:
     now = utcnow()
     await _order(store, "o-count", ProcessState.PROCESSED, now, events=3)
     await store.inbox_claim("q", "m", holder="a", now=now, claim_until=now + timedelta(hours=1))

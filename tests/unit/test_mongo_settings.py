@@ -27,8 +27,14 @@ from pymongo.errors import (
 from shared.domain.journal import HistoryEvent, HistoryEventType
 from shared.domain.timing import utcnow
 from shared.errors import ConfigurationError
-from shared.store import mongo
-from shared.store.mongo import MongoStore, client_for, database_for, hub_location, is_outage
+from shared.store.mongo import (
+    MongoStore,
+    client_for,
+    database_for,
+    hub_location,
+    is_outage,
+    retention,
+)
 from tests.support.mongo_standin import (
     APP_DATABASE,
     StandInClient,
@@ -200,8 +206,8 @@ async def test_a_journal_purge_reads_a_bounded_part_of_the_journal_each_round(
     app_store: MongoStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Parked orders' journals are passed over once a sweep, not re-read every round."""
-    monkeypatch.setattr(mongo, "PURGE_PAGE", 5)
-    monkeypatch.setattr(mongo, "PURGE_PAGES", 2)
+    monkeypatch.setattr(retention, "PURGE_PAGE", 5)
+    monkeypatch.setattr(retention, "PURGE_PAGES", 2)
     from tests.support.factories import order_pair
 
     await app_store.init()

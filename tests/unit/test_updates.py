@@ -201,6 +201,8 @@ def test_matches_checks_every_named_field() -> None:
     assert not matches(record, Expect(complete_by=None))
     assert not matches(record, Expect(updated_at=record.updated_at - S))
     assert not matches(record, Expect(process_state=frozenset({ProcessState.PENDING})))
+    assert matches(record, Expect(due_by=record.next_attempt_at))  # due at that very time
+    assert not matches(record, Expect(due_by=record.next_attempt_at - S))
 
 
 def test_changes_refuse_immutable_fields() -> None:

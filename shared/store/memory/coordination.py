@@ -1,0 +1,75 @@
+"""Coordination in memory: the leader lease, alerts, component statuses (`Leases`, `Alerts`,
+`ComponentStatuses`)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+
+from shared.domain.coordination import ComponentStatus, Lease
+from shared.domain.journal import Alert
+from shared.store.memory.tables import MemoryPart
+
+
+class MemoryCoordination(MemoryPart):
+    async def lease_acquire(
+        self, name: str, *, holder: str, now: datetime, expires_at: datetime
+    ) -> bool:
+        await asyncio.sleep(0)
+        lease = self._leases.get(name)
+        if lease is not None and lease.holder == holder and lease.expires_at > now:
+            self._leases[name] = lease.model_copy(update={"expires_at": expires_at})
+            return True
+        if lease is not None and lease.holder != holder and lease.expires_at > now:
+            return False
+        self._leases[name] = Lease(name=name, holder=holder, expires_at=expires_at, acquired_at=now)
+        return True
+
+    async def lease_renew(
+        self, name: str, *, holder: str, now: datetime, expires_at: datetime
+    ) -> bool:
+        await asyncio.sleep(0)
+        lease = self._leases.get(name)
+        if lease is None or lease.holder != holder or lease.expires_at <= now:
+            return False
+        self._leases[name] = lease.model_copy(update={"expires_at": expires_at})
+        return True
+
+    async def lease_release(self, name: str, *, holder: str) -> bool:
+        await asyncio.sleep(0)
+        lease = self._leases.get(name)
+        if lease is None or lease.holder != holder:
+            return False
+        del self._leases[name]
+        return True
+
+    async def lease_get(self, name: str) -> Lease | None:
+        await asyncio.sleep(0)
+        return self._leases.get(name)
+
+    async def raise_alert(self, alert: Alert) -> bool:
+        await asyncio.sleep(0)
+        if alert.alert_id in self._alerts:
+            return False
+        self._alerts[alert.alert_id] = alert
+        return True
+
+    async def list_alerts(self, *, since: datetime | None = None, limit: int = 100) -> list[Alert]:
+        await asyncio.sleep(0)
+        found = [a for a in self._alerts.values() if since is None or a.at >= since]
+        found.sort(key=lambda a: a.alert_id)
+        found.sort(key=lambda a: a.at, reverse=True)
+        return found[:limit]
+
+    async def report_status(self, status: ComponentStatus) -> None:
+        await asyncio.sleep(0)
+        self._components[status.name] = status
+
+    async def list_status(self, *, now: datetime) -> list[ComponentStatus]:
+        await asyncio.sleep(0)
+        live = [s for s in self._components.values() if s.expires_at > now]
+        return sorted(live, key=lambda s: (s.kind, s.name))
+
+    async def forget_status(self, name: str) -> None:
+        await asyncio.sleep(0)
+        self._components.pop(name, None)

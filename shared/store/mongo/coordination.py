@@ -1,0 +1,85 @@
+"""Coordination on MongoDB: the leader lease, alerts, component statuses (`Leases`, `Alerts`,
+`ComponentStatuses`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pymongo import ASCENDING, DESCENDING
+from pymongo.errors import DuplicateKeyError
+
+from shared.domain.coordination import ComponentStatus, Lease
+from shared.domain.journal import Alert
+from shared.store.codec import plain
+from shared.store.mongo.connection import MongoPart, load
+
+
+class MongoCoordination(MongoPart):
+    async def lease_acquire(
+        self, name: str, *, holder: str, now: datetime, expires_at: datetime
+    ) -> bool:
+        if await self.lease_renew(name, holder=holder, now=now, expires_at=expires_at):
+            return True
+        try:
+            # Upsert over a free or expired lease; over a live one held by another the filter
+            # matches nothing, the upsert collides on _id, and the lease stays theirs.
+            await self._lease.update_one(
+                {"_id": name, "$or": [{"expires_at": {"$lte": now}}, {"holder": holder}]},
+                {
+                    "$set": {
+                        "name": name,
+                        "holder": holder,
+                        "expires_at": expires_at,
+                        "acquired_at": now,
+                    }
+                },
+                upsert=True,
+            )
+        except DuplicateKeyError:
+            return False
+        return True
+
+    async def lease_renew(
+        self, name: str, *, holder: str, now: datetime, expires_at: datetime
+    ) -> bool:
+        result = await self._lease.update_one(
+            {"_id": name, "holder": holder, "expires_at": {"$gt": now}},
+            {"$set": {"expires_at": expires_at}},
+        )
+        return bool(result.matched_count == 1)
+
+    async def lease_release(self, name: str, *, holder: str) -> bool:
+        result = await self._lease.delete_one({"_id": name, "holder": holder})
+        return bool(result.deleted_count == 1)
+
+    async def lease_get(self, name: str) -> Lease | None:
+        doc = await self._lease.find_one({"_id": name})
+        return None if doc is None else load(Lease, doc)
+
+    async def raise_alert(self, alert: Alert) -> bool:
+        doc = plain(alert)
+        doc["_id"] = alert.alert_id
+        try:
+            await self._alerts.insert_one(doc)
+        except DuplicateKeyError:
+            return False
+        return True
+
+    async def list_alerts(self, *, since: datetime | None = None, limit: int = 100) -> list[Alert]:
+        query = {} if since is None else {"at": {"$gte": since}}
+        cursor = self._alerts.find(query).sort([("at", DESCENDING), ("_id", ASCENDING)])
+        return [load(Alert, d) for d in await cursor.limit(limit).to_list(None)]
+
+    async def report_status(self, status: ComponentStatus) -> None:
+        doc = plain(status)
+        doc["_id"] = status.name
+        await self._components.replace_one({"_id": status.name}, doc, upsert=True)
+
+    async def list_status(self, *, now: datetime) -> list[ComponentStatus]:
+        cursor = self._components.find({"expires_at": {"$gt": now}}).sort(
+            [("kind", ASCENDING), ("_id", ASCENDING)]
+        )
+        return [load(ComponentStatus, d) for d in await cursor.to_list(None)]
+
+    async def forget_status(self, name: str) -> None:
+        await self._components.delete_one({"_id": name})

@@ -1,0 +1,109 @@
+"""Coordination on PostgreSQL: the leader lease, alerts, component statuses (`Leases`,
+`Alerts`, `ComponentStatuses`)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from shared.domain.coordination import ComponentStatus, Lease
+from shared.domain.journal import Alert
+from shared.store.codec import jsonable
+from shared.store.postgres.connection import PostgresPart, affected, read_row
+
+STATUS_KEPT = timedelta(hours=1)
+"""Expired statuses are pruned after this (a listing ignores them at once)."""
+
+
+class PostgresCoordination(PostgresPart):
+    async def lease_acquire(
+        self, name: str, *, holder: str, now: datetime, expires_at: datetime
+    ) -> bool:
+        got = await self._pool.fetchval(
+            f"""
+            INSERT INTO {self._s}.lease AS l VALUES ($1, $2, $3, $4)
+            ON CONFLICT (name) DO UPDATE
+               SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at,
+                   acquired_at = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > $4
+                                      THEN l.acquired_at ELSE EXCLUDED.acquired_at END
+             WHERE l.holder = EXCLUDED.holder OR l.expires_at <= $4
+            RETURNING true
+            """,
+            name,
+            holder,
+            expires_at,
+            now,
+        )
+        return bool(got)
+
+    async def lease_renew(
+        self, name: str, *, holder: str, now: datetime, expires_at: datetime
+    ) -> bool:
+        result = await self._pool.execute(
+            f"UPDATE {self._s}.lease SET expires_at = $3 "
+            "WHERE name = $1 AND holder = $2 AND expires_at > $4",
+            name,
+            holder,
+            expires_at,
+            now,
+        )
+        return affected(result) == 1
+
+    async def lease_release(self, name: str, *, holder: str) -> bool:
+        result = await self._pool.execute(
+            f"DELETE FROM {self._s}.lease WHERE name = $1 AND holder = $2", name, holder
+        )
+        return affected(result) == 1
+
+    async def lease_get(self, name: str) -> Lease | None:
+        row = await self._pool.fetchrow(f"SELECT * FROM {self._s}.lease WHERE name = $1", name)
+        return None if row is None else read_row(Lease, row)
+
+    async def raise_alert(self, alert: Alert) -> bool:
+        created = await self._pool.fetchval(
+            f"INSERT INTO {self._s}.alerts (alert_id, kind, severity, message, at, order_id, "
+            "source, data, schema_version) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) "
+            "ON CONFLICT (alert_id) DO NOTHING RETURNING true",
+            alert.alert_id,
+            alert.kind.value,
+            alert.severity.value,
+            alert.message,
+            alert.at,
+            alert.order_id,
+            alert.source,
+            jsonable(alert.data),
+            alert.schema_version,
+        )
+        return bool(created)
+
+    async def list_alerts(self, *, since: datetime | None = None, limit: int = 100) -> list[Alert]:
+        rows = await self._pool.fetch(
+            f"SELECT * FROM {self._s}.alerts WHERE ($1::timestamptz IS NULL OR at >= $1) "
+            "ORDER BY at DESC, alert_id LIMIT $2",
+            since,
+            limit,
+        )
+        return [read_row(Alert, r) for r in rows]
+
+    async def report_status(self, status: ComponentStatus) -> None:
+        await self._pool.execute(
+            f"INSERT INTO {self._s}.components VALUES ($1, $2, $3, $4, $5) "
+            "ON CONFLICT (name) DO UPDATE SET kind = EXCLUDED.kind, at = EXCLUDED.at, "
+            "expires_at = EXCLUDED.expires_at, data = EXCLUDED.data",
+            status.name,
+            status.kind,
+            status.at,
+            status.expires_at,
+            jsonable(status.data),
+        )
+
+    async def list_status(self, *, now: datetime) -> list[ComponentStatus]:
+        await self._pool.execute(
+            f"DELETE FROM {self._s}.components WHERE expires_at < $1", now - STATUS_KEPT
+        )
+        rows = await self._pool.fetch(
+            f"SELECT * FROM {self._s}.components WHERE expires_at > $1 ORDER BY kind, name", now
+        )
+        return [read_row(ComponentStatus, r) for r in rows]
+
+    async def forget_status(self, name: str) -> None:
+        await self._pool.execute(f"DELETE FROM {self._s}.components WHERE name = $1", name)

@@ -1,0 +1,224 @@
+"""Order and state records on PostgreSQL: insert, read, update, claim (`OrderStates`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from shared.domain.claims import claim_for
+from shared.domain.journal import CompensationEntry, HistoryEvent, UndoStatus
+from shared.domain.models import OrderRecord, StateRecord
+from shared.domain.transitions import Action
+from shared.domain.updates import ANY, Changes, Expect
+from shared.store.codec import jsonable, state_from
+from shared.store.postgres.connection import STATE_COLUMNS, PostgresPart, column_value, order_from
+from shared.store.postgres.journal import history_row
+from shared.store.values import InsertOutcome, UndoMark
+
+Arg = Callable[[Any], str]
+"""Adds a statement parameter and names it (`$n`)."""
+
+BeforeClaimCommit = Callable[[Action, int], None]
+"""Called inside a claim's transaction before it commits, with the claim's action (`claim` or
+`claim-compensation`) and how many records it claimed."""
+
+
+class PostgresStates(PostgresPart):
+    _before_claim_commit: BeforeClaimCommit | None = None
+    """Given, a claim runs in a transaction of its own and this is called before its commit
+    (the scheduler's crash drill dies there); without it, a claim is one autocommitted
+    statement."""
+
+    async def insert_order(self, order: OrderRecord, state: StateRecord) -> InsertOutcome:
+        # Two insert-if-absent writes that share no transaction, as on MongoDB: a crash between
+        # them leaves an order without its state record, which the redelivered message completes
+        # (the order is found with the same data, the state is inserted).
+        async with self._pool.acquire() as conn:
+            created = await conn.fetchval(
+                f"INSERT INTO {self._s}.orders VALUES ($1, $2, $3, $4, $5) "
+                "ON CONFLICT (order_id) DO NOTHING RETURNING true",
+                order.order_id,
+                jsonable(order.data),
+                order.fingerprint,
+                order.received_at,
+                order.schema_version,
+            )
+            if not created:
+                existing = await conn.fetchval(
+                    f"SELECT fingerprint FROM {self._s}.orders WHERE order_id = $1",
+                    order.order_id,
+                )
+                if existing != order.fingerprint:
+                    return InsertOutcome.CONFLICT
+            values = [column_value(c, getattr(state, c)) for c in STATE_COLUMNS]
+            marks = ", ".join(f"${i}" for i in range(1, len(values) + 1))
+            await conn.execute(
+                f"INSERT INTO {self._s}.state ({', '.join(STATE_COLUMNS)}) VALUES ({marks}) "
+                "ON CONFLICT (order_id) DO NOTHING",
+                *values,
+            )
+        return InsertOutcome.CREATED if created else InsertOutcome.EXISTS
+
+    async def get_order(self, order_id: str) -> OrderRecord | None:
+        row = await self._pool.fetchrow(
+            f"SELECT * FROM {self._s}.orders WHERE order_id = $1", order_id
+        )
+        if row is None:
+            return None
+        return order_from(row)
+
+    async def get_orders(self, order_ids: Sequence[str]) -> list[OrderRecord | None]:
+        rows = await self._pool.fetch(
+            f"SELECT * FROM {self._s}.orders WHERE order_id = ANY($1::text[])", list(order_ids)
+        )
+        found = {row["order_id"]: order_from(row) for row in rows}
+        return [found.get(order_id) for order_id in order_ids]
+
+    async def get_state(self, order_id: str) -> StateRecord | None:
+        row = await self._pool.fetchrow(
+            f"SELECT * FROM {self._s}.state WHERE order_id = $1", order_id
+        )
+        return None if row is None else state_from(dict(row))
+
+    async def update_state(
+        self,
+        order_id: str,
+        expect: Expect,
+        changes: Changes,
+        *,
+        history: Sequence[HistoryEvent] = (),
+        compensation: CompensationEntry | None = None,
+        undo: UndoMark | None = None,
+    ) -> StateRecord | None:
+        args: list[Any] = [order_id]
+
+        def arg(value: Any) -> str:
+            args.append(value)
+            return f"${len(args)}"
+
+        sets = [f"{name} = {arg(column_value(name, v))}" for name, v in changes.fields.items()]
+        if changes.steps:
+            patch = {name: jsonable(step) for name, step in changes.steps.items()}
+            sets.append(f"steps = steps || {arg(patch)}::jsonb")
+        where = ["order_id = $1", *conditions(expect, arg)]
+        update = (
+            f"UPDATE {self._s}.state SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING *"
+        )
+        # The bookkeeping rides along in the same statement, and only if the update matched.
+        parts = [f"u AS ({update})"]
+        if history:
+            parts.append(self._history_part(history, arg))
+        if compensation is not None:
+            parts.append(self._compensation_part(compensation, arg))
+        if undo is not None:
+            parts.append(self._undo_part(undo, arg))
+        statement = update if len(parts) == 1 else f"WITH {', '.join(parts)} SELECT * FROM u"
+        row = await self._pool.fetchrow(statement, *args)
+        return None if row is None else state_from(dict(row))
+
+    def _history_part(self, history: Sequence[HistoryEvent], arg: Arg) -> str:
+        columns = list(zip(*(history_row(e) for e in history), strict=True))
+        return (
+            f"h AS (INSERT INTO {self._s}.history "
+            "(order_id, type, at, attempt, instance_id, step, data, schema_version) "
+            f"SELECT o, t, a, n, i, p, d::jsonb, v FROM unnest("
+            f"{arg(list(columns[0]))}::text[], {arg(list(columns[1]))}::text[], "
+            f"{arg(list(columns[2]))}::timestamptz[], {arg(list(columns[3]))}::int[], "
+            f"{arg(list(columns[4]))}::text[], {arg(list(columns[5]))}::text[], "
+            f"{arg(list(columns[6]))}::text[], {arg(list(columns[7]))}::int[]) "
+            "WITH ORDINALITY AS x(o, t, a, n, i, p, d, v, k) "
+            "WHERE EXISTS (SELECT 1 FROM u) ORDER BY k)"
+        )
+
+    def _compensation_part(self, c: CompensationEntry, arg: Arg) -> str:
+        return (
+            f"c AS (INSERT INTO {self._s}.compensation_log (order_id, step, undo, "
+            "idempotency_key, recorded_at, status, done_at, error, schema_version) "
+            f"SELECT {arg(c.order_id)}, {arg(c.step)}, {arg(c.undo)}, "
+            f"{arg(c.idempotency_key)}, {arg(c.recorded_at)}::timestamptz, "
+            f"{arg(c.status.value)}, {arg(c.done_at)}::timestamptz, {arg(c.error)}::text, "
+            f"{arg(c.schema_version)}::int "
+            "WHERE EXISTS (SELECT 1 FROM u) ON CONFLICT (order_id, step) DO NOTHING)"
+        )
+
+    def _undo_part(self, undo: UndoMark, arg: Arg) -> str:
+        return (
+            f"m AS (UPDATE {self._s}.compensation_log SET status = {arg(undo.status.value)}, "
+            f"done_at = {arg(undo.at if undo.status is UndoStatus.DONE else None)}"
+            f"::timestamptz, error = {arg(undo.error)}::text "
+            f"WHERE order_id = $1 AND step = {arg(undo.step)} AND status <> 'Done' "
+            "AND EXISTS (SELECT 1 FROM u))"
+        )
+
+    async def claim(
+        self,
+        *,
+        now: datetime,
+        limit: int,
+        owner: str,
+        complete_by: datetime,
+        compensating: bool = False,
+    ) -> list[StateRecord]:
+        spec = claim_for(
+            now=now, limit=limit, owner=owner, complete_by=complete_by, compensating=compensating
+        )
+        args: list[Any] = []
+
+        def arg(value: Any) -> str:
+            args.append(value)
+            return f"${len(args)}"
+
+        sets = [f"{name} = {arg(column_value(name, v))}" for name, v in spec.fields.items()]
+        # The source state as a literal: the partial indexes `state_claimable` and
+        # `state_compensation_claimable` serve only a query whose condition provably implies
+        # theirs, and a parameter's value is not known when the plan is made.
+        where = conditions(spec.expect, arg, literal_states=True)
+        # One round trip for a whole batch; SKIP LOCKED lets concurrent claimers pass each
+        # other by instead of queueing on the same rows. The attempt and its lock are
+        # `Claim.changes` in SQL: attempt + 1, and `<order_id>:<attempt>` (`instance_id`).
+        statement = f"""
+            UPDATE {self._s}.state AS s
+               SET {", ".join(sets)}, attempt = s.attempt + 1,
+                   locked_by = s.order_id || ':' || (s.attempt + 1)
+              FROM (SELECT order_id FROM {self._s}.state
+                     WHERE {" AND ".join(where)}
+                     ORDER BY next_attempt_at
+                     LIMIT {arg(spec.limit)}
+                     FOR UPDATE SKIP LOCKED) AS due
+             WHERE s.order_id = due.order_id
+            RETURNING s.*
+            """
+        hook = self._before_claim_commit
+        if hook is None:
+            rows = await self._pool.fetch(statement, *args)
+        else:
+            async with self._pool.acquire() as conn, conn.transaction():
+                rows = await conn.fetch(statement, *args)
+                hook(spec.action, len(rows))
+        return [state_from(dict(r)) for r in rows]
+
+
+def conditions(expect: Expect, arg: Arg, *, literal_states: bool = False) -> list[str]:
+    """An `Expect` as SQL conditions, its values as parameters (the states as literals, when
+    asked: they are our enum's values, never input)."""
+    where = []
+    if expect.process_state is not ANY:
+        names = sorted(s.value for s in expect.process_state)
+        listed = ", ".join(f"'{name}'" for name in names)
+        where.append(
+            f"process_state IN ({listed})"
+            if literal_states
+            else f"process_state = ANY({arg(names)})"
+        )
+    for name in ("locked_by", "complete_by"):
+        value = getattr(expect, name)
+        if value is None:
+            where.append(f"{name} IS NULL")
+        elif value is not ANY:
+            where.append(f"{name} = {arg(value)}")
+    if expect.updated_at is not ANY:
+        where.append(f"updated_at = {arg(expect.updated_at)}")
+    if expect.due_by is not ANY:
+        where.append(f"next_attempt_at <= {arg(expect.due_by)}")
+    return where
