@@ -33,6 +33,8 @@ from shared.store.port import StateStore
 
 log = logging.getLogger(__name__)
 
+BURST_POLL_S = 0.1
+"""How often a process in burst mode looks whether it has anything left to do."""
 INTAKE_CHECK_S = 2.0
 """Upper bound on reading one consumer's intake (within /healthz's own bound)."""
 
@@ -91,6 +93,7 @@ class Runtime:
     intake: list[dict[str, Any]] = field(default_factory=list)
     """The consumers' intake as last checked (each beat, and each `/healthz`)."""
     _probe: AbstractChannel | None = None
+    _burst: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, settings: Settings, name: str) -> Runtime:
@@ -179,6 +182,30 @@ class Runtime:
             return int(declared.message_count or 0)
         except Exception:  # gone, or the broker unreachable: the probe channel is redone
             return None
+
+    def burst(self, stop: asyncio.Event, *, poll_s: float = BURST_POLL_S) -> asyncio.Task[None]:
+        """Burst mode for a consuming process: a task that sets `stop` once there is nothing
+        left to do, now or later: its consumers hold nothing, and their queues and retry
+        queues nothing either (twice in a row, `poll_s` apart). The process then drains and
+        returns, as on SIGTERM."""
+        self._burst = asyncio.create_task(self._until_idle(stop, poll_s), name=f"burst:{self.name}")
+        return self._burst
+
+    async def _until_idle(self, stop: asyncio.Event, poll_s: float) -> None:
+        quiet = 0
+        while not stop.is_set() and quiet < 2:
+            await asyncio.sleep(poll_s)
+            quiet = quiet + 1 if await self._idle() else 0
+        stop.set()
+
+    async def _idle(self) -> bool:
+        for consumer in self.consumers:
+            if consumer.in_hand:
+                return False
+            for queue in (consumer.queue, self.names.retry(consumer.queue)):
+                if await self._ready(queue) != 0:  # None (unknown) is not idle either
+                    return False
+        return True
 
     def senders(self, role: str) -> Senders:
         """Who this process, of kind `role`, tells apart (shared/broker/senders.py)."""

@@ -376,10 +376,16 @@ def attempt_outcome(exc: Exception, *, called: bool) -> str:
 
 
 async def serve_agent(
-    name: str, runtime: Runtime, stop: asyncio.Event, *, client: RemoteCalls | None = None
+    name: str,
+    runtime: Runtime,
+    stop: asyncio.Event,
+    *,
+    client: RemoteCalls | None = None,
+    burst: bool = False,
 ) -> None:
-    """Consume `<hub>.agent.<name>` until `stop`, then drain. `client`: how the remote service
-    is reached (by default over HTTP at `ORDERFLOW_REMOTE_URL`)."""
+    """Consume `<hub>.agent.<name>` until `stop` (in `burst` mode, until no request is left),
+    then drain. `client`: how the remote service is reached (by default over HTTP at
+    `ORDERFLOW_REMOTE_URL`)."""
     settings = runtime.settings
     if client is None:
         client = RemoteClient.open(
@@ -397,6 +403,8 @@ async def serve_agent(
         async with runtime.heartbeat(f"agent-{name}", agent.status, (check_circuits,)):
             await consumer.start()
             log.info("agent ready", extra={"agent": name})
+            if burst:
+                runtime.burst(stop)
             try:
                 await stop.wait()
             finally:

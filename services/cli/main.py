@@ -21,6 +21,7 @@ from services.cli.order_actions import orders  # the group, with its actions reg
 from services.cli.render import PlainFormatter, plain
 from services.cli.serve import serve
 from services.cli.settings import LoadedSettings
+from services.cli.simulate import simulate
 from services.cli.submit import submit
 from services.cli.up import up
 from services.cli.workflows import workflows
@@ -96,6 +97,7 @@ main.add_command(init)
 main.add_command(nemesis)
 main.add_command(orders)
 main.add_command(serve)
+main.add_command(simulate)
 main.add_command(stats)
 main.add_command(submit)
 main.add_command(up)

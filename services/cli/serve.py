@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import os
@@ -113,6 +114,11 @@ def _serve(settings: Settings, kind: str, name: str | None, service: Service) ->
 
 
 name_option = click.option("--name", help="Process name in logs, history and leases.")
+burst_option = click.option(
+    "--burst",
+    is_flag=True,
+    help="Run until there is nothing left to do (one round for a supervisor), then exit.",
+)
 
 
 @click.group()
@@ -122,37 +128,41 @@ def serve() -> None:
 
 @serve.command()
 @name_option
+@burst_option
 @pass_settings()
-def submission(settings: Settings, name: str | None) -> None:
+def submission(settings: Settings, name: str | None, burst: bool) -> None:
     """Record orders from <hub>.orders."""
-    _serve(settings, "submission", name, serve_submission)
+    _serve(settings, "submission", name, functools.partial(serve_submission, burst=burst))
 
 
 @serve.command()
 @name_option
+@burst_option
 @pass_settings()
-def scheduler(settings: Settings, name: str | None) -> None:
+def scheduler(settings: Settings, name: str | None, burst: bool) -> None:
     """Claim orders and run their workflows."""
-    _serve(settings, "scheduler", name, serve_scheduler)
+    _serve(settings, "scheduler", name, functools.partial(serve_scheduler, burst=burst))
 
 
 @serve.command()
 @name_option
+@burst_option
 @pass_settings()
-def supervisor(settings: Settings, name: str | None) -> None:
+def supervisor(settings: Settings, name: str | None, burst: bool) -> None:
     """Recover attempts whose deadline passed (one leader at a time)."""
-    _serve(settings, "supervisor", name, serve_supervisor)
+    _serve(settings, "supervisor", name, functools.partial(serve_supervisor, burst=burst))
 
 
 @serve.command()
 @click.argument("agent_name", type=click.Choice(AGENTS))
 @name_option
+@burst_option
 @pass_settings()
-def agent(settings: Settings, agent_name: str, name: str | None) -> None:
+def agent(settings: Settings, agent_name: str, name: str | None, burst: bool) -> None:
     """Run one agent: inventory, payment or shipping."""
 
     async def service(runtime: Runtime, stop: asyncio.Event) -> None:
-        await serve_agent(agent_name, runtime, stop)
+        await serve_agent(agent_name, runtime, stop, burst=burst)
 
     _serve(settings, f"agent-{agent_name}", name, service)
 

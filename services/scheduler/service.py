@@ -53,7 +53,9 @@ class Scheduler:
         """This scheduler's part of its heartbeat."""
         return {"inflight": len(self._tasks), "started": self.started}
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, *, burst: bool = False) -> None:
+        """Claim and run orders until `stop`; in `burst` mode, until none is due and every
+        attempt started has ended."""
         crash.arm(self._settings.fault_crash_at, self._settings.fault_crash_after)
         await self._replies.start()
         ctx = AttemptContext(
@@ -69,13 +71,13 @@ class Scheduler:
         runner = OrderRunner(ctx, compensator)
         log.info("scheduler ready", extra={"reply_queue": self._replies.name})
         try:
-            await self._starter(runner, compensator, stop)
+            await self._starter(runner, compensator, stop, burst=burst)
         finally:
             await self._drain()
             await self._replies.stop()
 
     async def _starter(
-        self, runner: OrderRunner, compensator: Compensator, stop: asyncio.Event
+        self, runner: OrderRunner, compensator: Compensator, stop: asyncio.Event, *, burst: bool
     ) -> None:
         limit = self._settings.scheduler_inflight
         batch = self._settings.claim_batch
@@ -98,7 +100,7 @@ class Scheduler:
                 # Compensations first: they finish orders that already hold resources. They are
                 # rare, so they are looked for once a poll interval unless some were found.
                 undo: list[StateRecord] = []
-                if loop.time() >= undo_due:
+                if burst or loop.time() >= undo_due:
                     undo = await self._claim(min(free, batch), compensating=True)
                     undo_due = loop.time() + (0.0 if undo else self._settings.poll_interval_s)
                 for record in undo:
@@ -115,6 +117,8 @@ class Scheduler:
                 log.exception("claiming failed; backing off")
                 await _wait_any(stop, timeout=pauses.next())
                 continue
+            if burst and not (claimed or undo or self._tasks):
+                return  # nothing due, nothing running: the burst is over
             await self._started(claimed)
             for record in claimed:
                 self._spawn(runner.run, record)
@@ -205,7 +209,7 @@ async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
             await asyncio.gather(*waiters, return_exceptions=True)
 
 
-async def serve_scheduler(runtime: Runtime, stop: asyncio.Event) -> None:
+async def serve_scheduler(runtime: Runtime, stop: asyncio.Event, *, burst: bool = False) -> None:
     scheduler = Scheduler(runtime)
     watch = LeaderWatch(
         runtime.store,
@@ -213,4 +217,4 @@ async def serve_scheduler(runtime: Runtime, stop: asyncio.Event) -> None:
         after=timedelta(seconds=runtime.settings.no_leader_alert_after_s),
     )
     async with runtime.heartbeat("scheduler", scheduler.status, (watch.check,)):
-        await scheduler.run(stop)
+        await scheduler.run(stop, burst=burst)

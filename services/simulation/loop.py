@@ -11,8 +11,11 @@ order, ties in the order they were set).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import selectors
-from collections.abc import Coroutine, Mapping
+import signal
+import threading
+from collections.abc import Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -26,12 +29,19 @@ class Runaway(Exception):
     """The loop went round more times than its budget: work that never ends (a livelock)."""
 
 
+class OutOfTime(KeyboardInterrupt):
+    """A run still busy well past its real-time limit, inside one callback (a loop without an
+    await): raised wherever it is, as an interrupt, the only exception asyncio lets through."""
+
+
 class _TimeSelector(selectors.BaseSelector):
     """A selector with nothing to select: waiting is moving the virtual clock."""
 
     def __init__(self, budget: int) -> None:
         self.now = 0.0
         self.rounds = 0
+        self.late: str | None = None
+        """Set (from a signal handler) when the run is out of real time."""
         self._budget = budget
         self._keys: dict[Any, selectors.SelectorKey] = {}
 
@@ -49,6 +59,9 @@ class _TimeSelector(selectors.BaseSelector):
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         self.rounds += 1  # the loop asks once a round
+        if self.late is not None:
+            late, self.late, self._budget = self.late, None, 2**62
+            raise Runaway(late)
         if self.rounds > self._budget:
             self._budget = 2**62  # once: what runs to cancel the rest must not raise it again
             raise Runaway(f"{self.rounds - 1} rounds of the loop by virtual {self.now:.1f} s")
@@ -84,17 +97,45 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return self._selector_clock.rounds
 
 
-def run(main: Coroutine[Any, Any, T], *, budget: int = 10**9) -> T:
-    """Run `main` to its end on a fresh virtual-time loop of `budget` rounds at most (else
-    `Runaway`), then close the loop."""
+def run(main: Coroutine[Any, Any, T], *, budget: int = 10**9, wall_s: float | None = None) -> T:
+    """Run `main` to its end on a fresh virtual-time loop, then close the loop: `Runaway` past
+    `budget` rounds or (in the main thread) `wall_s` seconds of real time; `OutOfTime` if it is
+    still busy a sixth of that (a second at least) later."""
     loop = VirtualTimeLoop(budget)
-    try:
-        return loop.run_until_complete(main)
-    finally:
+    with _real_time_limit(loop._selector_clock, wall_s):
         try:
-            _cancel_the_rest(loop)
+            return loop.run_until_complete(main)
         finally:
-            loop.close()
+            try:
+                _cancel_the_rest(loop)
+            finally:
+                loop.close()
+
+
+@contextlib.contextmanager
+def _real_time_limit(selector: _TimeSelector, seconds: float | None) -> Iterator[None]:
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    warned = False
+    grace = max(1.0, seconds / 6)
+
+    def expired(signum: int, frame: Any) -> None:
+        nonlocal warned
+        if warned:
+            selector.late = None
+            raise OutOfTime(f"still busy {seconds + grace:.0f} s of real time in")
+        warned = True
+        selector.late = f"more than {seconds:.0f} s of real time"
+        signal.setitimer(signal.ITIMER_REAL, grace)
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _cancel_the_rest(loop: asyncio.AbstractEventLoop) -> None:

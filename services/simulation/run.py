@@ -24,6 +24,7 @@ import hashlib
 import logging
 import random
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -179,6 +180,9 @@ class _Errors(logging.Handler):
 POLL_INTERVAL_S = 1.0
 """How often an idle scheduler looks for work (the default, 0.2 s, costs a third of a run's
 time in idle polls, and changes nothing a fault can reach: orders are claimed a little later)."""
+WALL_S = 60.0
+"""Real seconds a run may take (a seed takes about a tenth of one): a safety net for work the
+loop budget cannot see, such as a loop without an await."""
 ROUNDS = 300_000
 """Rounds of the event loop a run may take (a seed takes about 3,000 to 15,000): past them it
 is a livelock, reported as a violation rather than left to run for ever."""
@@ -202,8 +206,8 @@ def simulate(seed: int, *, orders: int = 8, faults: int = 6) -> Outcome:
     root.setLevel(logging.ERROR)
     random.seed(seed)  # every jitter the processes draw from the process-wide generator
     try:
-        virtual.run(_simulate(outcome, settings, rng), budget=ROUNDS)
-    except (virtual.Runaway, virtual.Stalled) as exc:
+        virtual.run(_simulate(outcome, settings, rng), budget=ROUNDS, wall_s=WALL_S)
+    except (virtual.Runaway, virtual.Stalled, virtual.OutOfTime) as exc:
         outcome.violations.append(f"run: {type(exc).__name__}: {exc}")
     finally:
         root.removeHandler(errors)
@@ -265,7 +269,7 @@ async def _run(
     seed: int,
 ) -> None:
     loop = asyncio.get_running_loop()
-    await _initialise(world)
+    await initialise(world)
     for kind, name in TOPOLOGY:
         world.add(kind, name).start()
     shop = Shop(world.broker, Names(HUB), random.Random(rng.getrandbits(64)))
@@ -301,16 +305,18 @@ async def _later(delay: float, work: Any) -> None:
     await work
 
 
-async def _after_recorded(world: World, order_id: str, work: Any) -> None:
-    """`work` once the order is recorded: a conflicting submission must come second."""
-    while True:  # the observer polls: nothing in the system tells it
+async def _after_recorded(world: World, order_id: str, work: Coroutine[Any, Any, None]) -> None:
+    """`work` once the order is recorded (a conflicting submission must come second); not at
+    all if it is not recorded in time (the judge reports the order lost)."""
+    for _ in range(int(SETTLE_S)):  # the observer polls: nothing in the system tells it
         if await world.store.get_order(order_id) is not None:
-            break
+            await work
+            return
         await asyncio.sleep(1.0)
-    await work
+    work.close()
 
 
-async def _initialise(world: World) -> None:
+async def initialise(world: World) -> None:
     """`orderflow init` on the memory servers."""
     await world.store.init()
     connection = MemoryConnection(world.broker, f"{HUB}-admin", name="init")

@@ -28,6 +28,8 @@ from shared.domain.models import OrderData, OrderLine, scoped
 from shared.errors import PublishError
 
 APP = "shop"
+GIVE_UP_S = 900.0
+"""Seconds the shop keeps publishing an order the broker does not take."""
 
 
 @dataclass
@@ -78,8 +80,7 @@ class Shop:
 
     async def place(self, placed: Placed) -> None:
         """Publish until the broker takes it (the same message id every time)."""
-        await self._publish(placed.data, message_id_of(placed.data))
-        placed.accepted = True
+        placed.accepted = await self._publish(placed.data, message_id_of(placed.data))
 
     async def conflict(self, placed: Placed) -> None:
         """Other data under an order id already placed: to be refused, the first kept."""
@@ -89,10 +90,12 @@ class Shop:
         self.conflicts.append(message_id)
         await self._publish(other, message_id)
 
-    async def _publish(self, data: OrderData, message_id: str) -> None:
+    async def _publish(self, data: OrderData, message_id: str) -> bool:
+        """Whether the broker took it within `GIVE_UP_S` (a shop gives up at last)."""
         assert self._publisher is not None and self._statuses is not None
         pauses = Backoff(first=0.5, cap=10.0)
-        while True:
+        give_up = asyncio.get_running_loop().time() + GIVE_UP_S
+        while asyncio.get_running_loop().time() < give_up:
             try:
                 await self._publisher.publish(
                     SubmitOrder(order=data, reply_to=self._statuses.name),
@@ -101,9 +104,10 @@ class Shop:
                     message_id=message_id,
                     correlation_id=data.order_id,
                 )
-                return
+                return True
             except PublishError:
                 await asyncio.sleep(pauses.next())
+        return False
 
     def _on_status(self, contract: Contract, message: AbstractIncomingMessage) -> Any:
         if isinstance(contract, OrderStatusUpdate):  # statuses carry the shop's own ids

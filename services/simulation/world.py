@@ -127,7 +127,9 @@ class SimProcess:
         self.kind = kind
         self.name = name
         self.clock = ProcessClock(world.loop)
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: dict[asyncio.Task[Any], None] = {}
+        """In the order they were made (a set would order them by address: a crash would
+        cancel them in another order on every run)."""
         self.alive = False
         self.starts = 0
         self.exits: list[str] = []
@@ -177,8 +179,11 @@ class SimProcess:
             task.cancel()
 
     def track(self, task: asyncio.Task[Any]) -> None:
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.tasks[task] = None
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.pop(task, None)
 
     def lingering(self) -> list[asyncio.Task[Any]]:
         """Tasks of a dead process still running (a process that ignores being cancelled)."""

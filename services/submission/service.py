@@ -187,13 +187,16 @@ class Submission:
                 await asyncio.wait_for(stop.wait(), timeout=self._rt.settings.backlog_check_s)
 
 
-async def serve_submission(runtime: Runtime, stop: asyncio.Event) -> None:
+async def serve_submission(runtime: Runtime, stop: asyncio.Event, *, burst: bool = False) -> None:
+    """Record orders until `stop`; in `burst` mode, until none is left to record."""
     submission = Submission(runtime)
     consumer = await runtime.consumer(runtime.names.orders, submission.handle)
     await submission.attach(consumer)
     async with runtime.heartbeat("submission", submission.status):
         await consumer.start()
         log.info("submission ready")
+        if burst:
+            runtime.burst(stop)
         try:
             await submission.admission(consumer, stop)
         finally:

@@ -60,7 +60,8 @@ class Supervisor:
         """This supervisor's part of its heartbeat."""
         return {"leader": self.leader, "retention": self._retention.counts.as_dict()}
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, *, burst: bool = False) -> None:
+        """Rounds until `stop`; in `burst` mode, one round."""
         log.info("supervisor ready")
         try:
             while not stop.is_set():
@@ -74,6 +75,8 @@ class Supervisor:
                     log.warning("a server is unavailable; retrying", extra={"error": str(exc)})
                 except Exception:
                     log.exception("supervisor round failed")
+                if burst:
+                    return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=self._wait)
                 self._wait = self._s.supervisor_interval_s
@@ -196,7 +199,7 @@ class Supervisor:
             )
 
 
-async def serve_supervisor(runtime: Runtime, stop: asyncio.Event) -> None:
+async def serve_supervisor(runtime: Runtime, stop: asyncio.Event, *, burst: bool = False) -> None:
     supervisor = Supervisor(runtime)
     async with runtime.heartbeat("supervisor", supervisor.status):
-        await supervisor.run(stop)
+        await supervisor.run(stop, burst=burst)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -144,8 +143,6 @@ class _Wire:
 class MemoryChannel:
     """A channel (its own underlay: aio-pika's and aiormq's methods are both here)."""
 
-    _tags = itertools.count(1)
-
     def __init__(self, connection: MemoryConnection) -> None:
         self.connection = connection
         self.broker = connection.broker
@@ -249,7 +246,7 @@ class MemoryChannel:
         **_: Any,
     ) -> tuple[str, Declared]:
         await self._round_trip()
-        name = queue or f"amq.gen-{next(self._tags)}"
+        name = queue or f"amq.gen-{self.broker.next_tag()}"
         if passive:
             found = self._call(self.broker.queue, name, self.connection)
         else:
@@ -285,7 +282,7 @@ class MemoryChannel:
     # -- consuming
     async def consume(self, queue: str, callback: Callback, *, no_ack: bool) -> str:
         await self._round_trip()
-        tag = f"ctag-{next(self._tags)}"
+        tag = f"ctag-{self.broker.next_tag()}"
 
         async def deliver(message: Stored, delivery_tag: int) -> None:
             await callback(self._incoming(message, tag, delivery_tag, no_ack))
@@ -338,7 +335,7 @@ class MemoryChannel:
         if not found.ready:
             return None
         message = found.ready.popleft()
-        tag = next(self._tags)
+        tag = self.broker.next_tag()
         if not no_ack:
             holder = Consumer("", queue, self, _nothing, 1, False, contextvars.copy_context())
             self.hold(tag, found, holder, message)

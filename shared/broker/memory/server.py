@@ -169,6 +169,10 @@ class MemoryBroker:
         self._tags = itertools.count(1)
         self._connections: list[Any] = []
 
+    def next_tag(self) -> int:
+        """A number no other delivery, consumer or queue of this broker has."""
+        return next(self._tags)
+
     # -- topology
     def declare_exchange(self, name: str, kind: str) -> Exchange:
         existing = self.exchanges.get(name)
@@ -331,7 +335,7 @@ class MemoryBroker:
             if consumer is None:
                 return
             message = queue.ready.popleft()
-            tag = next(self._tags)
+            tag = self.next_tag()
             if not consumer.no_ack:
                 consumer.in_hand.add(tag)
                 consumer.owner.hold(tag, queue, consumer, message)
