@@ -22,7 +22,7 @@ from shared.crash import crash_point
 from shared.domain.journal import HistoryEventType
 from shared.domain.models import StateRecord
 from shared.domain.timing import utcnow
-from shared.errors import ServiceUnavailable
+from shared.errors import ServiceUnavailable, one_line
 from shared.metrics import CLAIMS, INFLIGHT
 
 log = logging.getLogger(__name__)
@@ -179,6 +179,16 @@ class Scheduler:
             await run(record)
         except asyncio.CancelledError:
             raise
+        except ServiceUnavailable as exc:
+            # An outage stopped it (no traceback: it says nothing the error does not).
+            log.warning(
+                "order attempt stopped by an outage; the supervisor will recover it",
+                extra={
+                    "order_id": record.order_id,
+                    "instance_id": record.locked_by,
+                    "error": one_line(exc),
+                },
+            )
         except Exception:
             # The record keeps its deadline; the supervisor will hand it to another attempt.
             log.exception(

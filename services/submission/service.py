@@ -29,7 +29,7 @@ from shared.domain.models import OrderData, OrderRecord, scoped
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.domain.workflow import current_workflow, new_state_record
-from shared.errors import InvalidMessage
+from shared.errors import InvalidMessage, ServiceUnavailable, one_line
 from shared.reporting import Reporter
 from shared.store.port import InsertOutcome
 
@@ -181,6 +181,8 @@ class Submission:
                         "backlog back under the threshold: submission resumed",
                         extra={"backlog": self._backlog, "threshold": self._threshold},
                     )
+            except ServiceUnavailable as exc:  # an outage: every check fails alike until it ends
+                log.warning("admission check failed", extra={"error": one_line(exc)})
             except Exception:
                 log.exception("admission check failed")
             with contextlib.suppress(TimeoutError):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -25,17 +24,18 @@ from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from shared.broker.memory.server import (
+from shared.broker.memory.handles import Declared, MemoryExchange, MemoryQueue, nothing
+from shared.broker.memory.objects import (
     NOT_FOUND,
     PRECONDITION_FAILED,
     Consumer,
-    MemoryBroker,
     Properties,
     Queue,
     Refused,
     Stored,
     encode,
 )
+from shared.broker.memory.server import MemoryBroker
 from shared.broker.wire import tolerate_undecodable_properties
 
 Callback = Callable[[AbstractIncomingMessage], Awaitable[Any]]
@@ -47,14 +47,6 @@ _ERRORS: dict[int, type[amqp.ChannelClosed]] = {
 
 def _raised(refused: Refused) -> amqp.ChannelClosed:
     return _ERRORS.get(refused.code, amqp.ChannelLockedResource)(refused.text)
-
-
-@dataclass(frozen=True)
-class Declared:
-    """What a queue declaration answers."""
-
-    message_count: int
-    consumer_count: int
 
 
 def connect(broker: MemoryBroker, user: str, *, name: str = "") -> AbstractRobustConnection:
@@ -337,7 +329,7 @@ class MemoryChannel:
         message = found.ready.popleft()
         tag = self.broker.next_tag()
         if not no_ack:
-            holder = Consumer("", queue, self, _nothing, 1, False, contextvars.copy_context())
+            holder = Consumer("", queue, self, nothing, 1, False, contextvars.copy_context())
             self.hold(tag, found, holder, message)
         return self._incoming(message, None, tag, no_ack)
 
@@ -372,59 +364,3 @@ class MemoryChannel:
             )
         if outcome == "rejected":
             raise amqp.DeliveryError(None, Basic.Nack(0))
-
-
-async def _nothing(message: Stored, tag: int) -> None:
-    """The callback of a delivery taken with `get` (nothing is called)."""
-
-
-class MemoryExchange:
-    def __init__(self, channel: MemoryChannel, name: str) -> None:
-        self.channel = channel
-        self.name = name
-
-    async def publish(
-        self,
-        message: aio_pika.abc.AbstractMessage,
-        routing_key: str,
-        *,
-        mandatory: bool = True,
-        timeout: float | None = None,
-        **_: Any,
-    ) -> None:
-        await self.channel.basic_publish(
-            message.body,
-            exchange=self.name,
-            routing_key=routing_key,
-            properties=message.properties,
-            mandatory=mandatory,
-        )
-
-
-class MemoryQueue:
-    def __init__(self, channel: MemoryChannel, name: str) -> None:
-        self.channel = channel
-        self.name = name
-        self.declaration_result = Declared(0, 0)
-
-    async def consume(self, callback: Callback, no_ack: bool = False, **_: Any) -> str:
-        return await self.channel.consume(self.name, callback, no_ack=no_ack)
-
-    async def cancel(self, consumer_tag: str, **_: Any) -> None:
-        await self.channel.cancel(consumer_tag)
-
-    async def bind(self, exchange: Any, routing_key: str | None = None, **_: Any) -> None:
-        name = exchange if isinstance(exchange, str) else exchange.name
-        key = self.name if routing_key is None else routing_key
-        await self.channel.queue_bind(self.name, name, key)
-
-    async def get(
-        self, *, no_ack: bool = False, fail: bool = True, **_: Any
-    ) -> aio_pika.IncomingMessage | None:
-        message = await self.channel.get(self.name, no_ack=no_ack)
-        if message is None and fail:
-            raise aio_pika.exceptions.QueueEmpty(self.name)
-        return message
-
-    async def delete(self, **_: Any) -> Declared:
-        return await self.channel.queue_delete(self.name)

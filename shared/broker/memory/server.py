@@ -23,136 +23,26 @@ its queue (reordering what was sent close together) or deliver it twice.
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import fnmatch
 import itertools
-from collections import deque
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-from pamqp.commands import Basic
-from pamqp.header import ContentHeader
+from typing import Any
 
 from shared import clock
-
-Properties = Basic.Properties
-
-
-class Network(Protocol):
-    def delay(self, queue: str, sender: str) -> float:
-        """Seconds a message from user `sender` takes to reach `queue` (0: at once)."""
-
-    def duplicate(self, queue: str, sender: str) -> bool:
-        """Whether `queue` gets this message twice (a publisher that sent it again)."""
-
-
-def encode(props: Properties, body_size: int) -> bytes:
-    """Properties as they travel: the content header frame, encoded by pamqp as a client's."""
-    return ContentHeader(0, body_size, props).marshal()
-
-
-def decode(header: bytes) -> Properties:
-    """Properties as a client reads them off the wire (with orderflow's tolerant decoding)."""
-    frame = ContentHeader()
-    frame.unmarshal(header)
-    return frame.properties
-
-
-@dataclass
-class Stored:
-    """A message in a queue: what was published, and what the queue knows of it."""
-
-    body: bytes
-    header: bytes
-    """Its properties as they were sent (`encode`)."""
-    exchange: str
-    routing_key: str
-    returned: int = 0
-    """Times it came back to the queue unsettled (a quorum queue's delivery count)."""
-    redelivered: bool = False
-    expires_at: float | None = None
-
-
-@dataclass
-class Consumer:
-    tag: str
-    queue: str
-    owner: Any
-    """The client channel it consumes on (shared/broker/memory/client.py)."""
-    callback: Callable[[Stored, int], Coroutine[Any, Any, None]]
-    prefetch: int
-    no_ack: bool
-    context: contextvars.Context
-    in_hand: set[int] = field(default_factory=set)
-
-
-@dataclass
-class Queue:
-    name: str
-    durable: bool
-    auto_delete: bool
-    exclusive_to: Any
-    """The connection that owns an exclusive queue (None: not exclusive)."""
-    arguments: dict[str, Any]
-    ready: deque[Stored] = field(default_factory=deque)
-    consumers: list[Consumer] = field(default_factory=list)
-    next_consumer: int = 0
-    had_consumers: bool = False
-
-    @property
-    def quorum(self) -> bool:
-        return self.arguments.get("x-queue-type") == "quorum"
-
-    def settings(self) -> tuple[bool, bool, Any, dict[str, Any]]:
-        return (self.durable, self.auto_delete, self.exclusive_to is not None, self.arguments)
-
-
-@dataclass
-class Exchange:
-    name: str
-    kind: str
-    bindings: list[tuple[str, str]] = field(default_factory=list)
-    """(queue, routing key) in the order they were made."""
-
-    def routes(self, routing_key: str) -> list[str]:
-        if self.kind == "fanout":
-            targets = [queue for queue, _ in self.bindings]
-        elif self.kind == "topic":
-            targets = [q for q, key in self.bindings if _topic_match(key, routing_key)]
-        else:
-            targets = [q for q, key in self.bindings if key == routing_key]
-        return list(dict.fromkeys(targets))
-
-
-def _topic_match(pattern: str, key: str) -> bool:
-    """AMQP topic matching: `*` one word, `#` zero or more."""
-    if "#" not in pattern and "*" not in pattern:
-        return pattern == key
-    return _words(pattern.split("."), key.split("."))
-
-
-def _words(pattern: list[str], key: list[str]) -> bool:
-    if not pattern:
-        return not key
-    head, rest = pattern[0], pattern[1:]
-    if head == "#":
-        return any(_words(rest, key[i:]) for i in range(len(key) + 1))
-    if not key:
-        return False
-    return (head == "*" or fnmatch.fnmatchcase(key[0], head)) and _words(rest, key[1:])
-
-
-class Refused(Exception):
-    """What the broker answers an operation it refuses: the AMQP reply code and text."""
-
-    def __init__(self, code: int, text: str) -> None:
-        super().__init__(f"{code} {text}")
-        self.code = code
-        self.text = text
-
-
-NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED = 404, 406, 405
+from shared.broker.memory.objects import (
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    RESOURCE_LOCKED,
+    Consumer,
+    Exchange,
+    Network,
+    Properties,
+    Queue,
+    Refused,
+    Stored,
+    again,
+    decode,
+    encode,
+    ttl_seconds,
+)
 
 
 class MemoryBroker:
@@ -271,15 +161,15 @@ class MemoryBroker:
         delay = network.delay(queue.name, sender) if network is not None else 0.0
         for _ in range(copies):
             if delay > 0:
-                asyncio.get_running_loop().call_later(delay, self._arrive, queue, _again(message))
+                asyncio.get_running_loop().call_later(delay, self._arrive, queue, again(message))
             else:
-                self._arrive(queue, _again(message))
+                self._arrive(queue, again(message))
         return True
 
     def _arrive(self, queue: Queue, message: Stored) -> None:
         if self.queues.get(queue.name) is not queue:
             return  # deleted meanwhile
-        ttl = _ttl_seconds(decode(message.header).expiration)
+        ttl = ttl_seconds(decode(message.header).expiration)
         if ttl is not None:
             message.expires_at = clock.monotonic() + ttl
             asyncio.get_running_loop().call_later(ttl, self._expire, queue, message)
@@ -406,17 +296,3 @@ class MemoryBroker:
         if message.returned:
             props.headers = {**(props.headers or {}), "x-delivery-count": message.returned}
         return props
-
-
-def _again(message: Stored) -> Stored:
-    return Stored(message.body, message.header, message.exchange, message.routing_key)
-
-
-def _ttl_seconds(expiration: Any) -> float | None:
-    """A per-message TTL (milliseconds, as text on the wire)."""
-    if expiration in (None, ""):
-        return None
-    try:
-        return max(0.0, float(expiration) / 1000)
-    except (TypeError, ValueError):
-        return None
