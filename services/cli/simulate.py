@@ -62,7 +62,7 @@ def simulate(seed: int, seeds: int, orders: int, faults: int, jobs: int, as_json
         elif seeds == 1:
             _print_one(outcome)
         elif not outcome.ok:
-            click.echo(plain(outcome.report()))
+            click.echo(plain(outcome.report(), keep_lines=True))
     tally.wall_s = time.perf_counter() - started
     if not as_json and seeds > 1:
         click.echo(tally.summary())
@@ -71,7 +71,7 @@ def simulate(seed: int, seeds: int, orders: int, faults: int, jobs: int, as_json
 
 
 def _print_one(outcome: Outcome) -> None:
-    click.echo(plain(outcome.report()))
+    click.echo(plain(outcome.report(), keep_lines=True))
     if outcome.ok:  # the report shows the schedule only of a failed run
         click.echo(f"  conditions: {outcome.conditions.describe()}")
         for fault in outcome.schedule:

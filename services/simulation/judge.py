@@ -26,6 +26,8 @@ from shared.domain.states import SETTLED_STATES
 class Outcome:
     seed: int
     orders: int
+    faults: int
+    """Faults asked of the catalogue (the schedule holds them and the seed's quick kills)."""
     conditions: Conditions
     schedule: list[Fault]
     violations: list[str] = field(default_factory=list)
@@ -57,7 +59,7 @@ class Outcome:
         lines += [f"  logged {n}x: {message}" for message, n in sorted(self.errors.items())]
         lines += [f"  dead letters: {self.dead_letters}"] if self.dead_letters else []
         lines.append(f"  rerun: orderflow simulate --seed {self.seed} --orders {self.orders} "
-                     f"--faults {len(self.schedule)}")  # fmt: skip
+                     f"--faults {self.faults}")  # fmt: skip
         return "\n".join(lines)
 
 
@@ -107,9 +109,22 @@ async def judge(world: World, shop: Shop, outcome: Outcome) -> None:
     for process in world.processes.values():
         if process.lingering():
             outcome.violations.append(f"{process.name} still runs tasks after its crash")
+    outcome.violations += _zombies(world)
     outcome.dead_letters = await _dead_letters(world)
     outcome.calls = dict(sorted(Counter(str(a["outcome"]) for a in attempts).items()))
     outcome.digest = _digest(states.values(), effects)
+
+
+def _zombies(world: World) -> list[str]:
+    """Connections the broker still has of processes that died: what they held or would be
+    given is lost to every other consumer."""
+    alive = Counter(world.user_of(p.kind) for p in world.processes.values() if p.alive)
+    open_ = Counter(c.user for c in world.broker.connections())
+    return [
+        f"run: {n} connections open as {user}, {alive[user]} of its processes alive"
+        for user, n in sorted(open_.items())
+        if user.startswith(f"{HUB}-") and n > alive[user]
+    ]
 
 
 async def _dead_letters(world: World) -> dict[str, int]:

@@ -68,7 +68,7 @@ def simulate(seed: int, *, orders: int = 8, faults: int = 6) -> Outcome:
     rng = random.Random(seed)
     plan = Plan.of(rng, seed, orders=orders, faults=faults)
     settings = plan.settings
-    outcome = Outcome(seed, orders, plan.conditions, plan.schedule)
+    outcome = Outcome(seed, orders, faults, plan.conditions, plan.schedule)
     errors = _Errors()
     root = logging.getLogger()
     # The processes' lines are counted in the outcome, not printed (thousands a run).

@@ -174,7 +174,7 @@ class SimProcess:
         self.alive = False
         assert self._store is not None and self._connection is not None
         self._store.dead = True
-        self.world.loop.create_task(self._connection.close())
+        self._connection.sever()  # before its consumers get anything more
         for task in list(self.tasks):
             task.cancel()
 

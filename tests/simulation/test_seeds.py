@@ -21,7 +21,13 @@ SEEDS = int(os.environ.get("ORDERFLOW_TEST_SIMULATED_SEEDS", "2000"))
 """Seeds CI runs (from 0); more locally: ORDERFLOW_TEST_SIMULATED_SEEDS=20000."""
 JOBS = min(2, os.cpu_count() or 1)
 
-REGRESSIONS: list[tuple[int, int, int]] = []
+REGRESSIONS: list[tuple[int, int, int]] = [
+    # Two accepted orders never recorded: a process restarted by the harness (it had exited,
+    # started while the broker was out) cancelled the task closing its old connection, whose
+    # consumer kept a delivery in hand for ever. A harness bug; the judge now also counts
+    # connections that outlive their process.
+    (100333, 16, 12),
+]
 """(seed, orders, faults) of every run that found a violation, once it was fixed."""
 
 

@@ -97,7 +97,11 @@ class MemoryConnection:
             raise amqp.ChannelInvalidStateError("the connection is closed")
 
     async def close(self) -> None:
-        """Close it (a process stopping, or dying: the broker cannot tell them apart)."""
+        """Close it (a process stopping)."""
+        self.sever()
+
+    def sever(self) -> None:
+        """Gone at once (a process dying, or stopping: the broker cannot tell them apart)."""
         if self.is_closed:
             return
         self.is_closed = True

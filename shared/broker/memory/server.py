@@ -269,6 +269,10 @@ class MemoryBroker:
     def attach(self, connection: Any) -> None:
         self._connections.append(connection)
 
+    def connections(self) -> list[Any]:
+        """The connections open now."""
+        return list(self._connections)
+
     def detach(self, connection: Any) -> None:
         """A connection closed: its exclusive queues go with it."""
         if connection in self._connections:
