@@ -12,12 +12,14 @@ from datetime import timedelta
 from typing import Any
 
 from services.nemesis.schedule import Fault
-from services.operator.invariants import audit
+from services.operator.invariants import audit, check_dead_letters
 from services.operator.views import all_states
 from services.simulation.plan import HUB, SETTLE_S, Conditions
 from services.simulation.shop import Shop
 from services.simulation.world import World
 from shared import clock
+from shared.broker.dead_letters import dead_letters
+from shared.broker.memory import connect
 from shared.broker.topology import Names
 from shared.domain.states import SETTLED_STATES
 
@@ -103,14 +105,17 @@ async def judge(world: World, shop: Shop, outcome: Outcome) -> None:
         attempts=attempts,
         undo_attempts=world.settings.undo_attempts,
     )
-    outcome.violations += [
-        f"{v['invariant']}: {v['order_id']}: {v['message']}" for v in report.violations
-    ]
+    outcome.violations += _zombies(world)
     for process in world.processes.values():
         if process.lingering():
             outcome.violations.append(f"{process.name} still runs tasks after its crash")
-    outcome.violations += _zombies(world)
-    outcome.dead_letters = await _dead_letters(world)
+    letters = await _dead_letters(world)
+    check_dead_letters(report, letters)
+    outcome.violations += [
+        f"{v['invariant']}: {v['order_id']}: {v['message']}" for v in report.violations
+    ]
+    reasons = Counter(f"{d['queue'].removeprefix(HUB + '.')}:{d['reason']}" for d in letters)
+    outcome.dead_letters = dict(sorted(reasons.items()))
     outcome.calls = dict(sorted(Counter(str(a["outcome"]) for a in attempts).items()))
     outcome.digest = _digest(states.values(), effects)
 
@@ -118,26 +123,24 @@ async def judge(world: World, shop: Shop, outcome: Outcome) -> None:
 def _zombies(world: World) -> list[str]:
     """Connections the broker still has of processes that died: what they held or would be
     given is lost to every other consumer."""
+    users = {world.user_of(p.kind) for p in world.processes.values()}
     alive = Counter(world.user_of(p.kind) for p in world.processes.values() if p.alive)
     open_ = Counter(c.user for c in world.broker.connections())
     return [
         f"run: {n} connections open as {user}, {alive[user]} of its processes alive"
         for user, n in sorted(open_.items())
-        if user.startswith(f"{HUB}-") and n > alive[user]
+        if user in users and n > alive[user]
     ]
 
 
-async def _dead_letters(world: World) -> dict[str, int]:
-    """What every dead-letter queue holds, by queue and reason."""
+async def _dead_letters(world: World) -> list[dict[str, Any]]:
+    """Every dead letter, as `orderflow dlq list` reads them (as the operator's user)."""
     names = Names(HUB)
-    counts: Counter[str] = Counter()
-    for base in names.input_queues():
-        queue = world.broker.queues.get(names.dlq(base))
-        for message in queue.ready if queue is not None else ():
-            headers = world.broker.delivered(message).headers or {}
-            reason = headers.get("x-orderflow-reason") or headers.get("x-death")
-            counts[f"{base.removeprefix(HUB + '.')}:{reason!s}"] += 1
-    return dict(sorted(counts.items()))
+    connection = connect(world.broker, f"{HUB}-operator", name="judge")
+    try:
+        return await dead_letters(connection, names.input_queues())
+    finally:
+        await connection.close()
 
 
 def _digest(states: Any, effects: list[dict[str, Any]]) -> str:
