@@ -113,6 +113,7 @@ class StoreHandle:
                 self._check()  # applied, but the answer is lost
             return result
 
+        self.__dict__[name] = call  # found directly from now on
         return call
 
 

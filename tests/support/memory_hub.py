@@ -21,7 +21,7 @@ from services.remote.local import LocalRemote
 from services.scheduler.service import serve_scheduler
 from services.simulation.run import HUB, initialise, settings_for
 from services.simulation.shop import Placed, Shop
-from services.simulation.world import ProcessClock, StoreLink, World
+from services.simulation.world import ProcessClock, StoreHandle, StoreLink, World
 from services.submission.service import serve_submission
 from services.supervisor.service import serve_supervisor
 from shared import clock
@@ -50,11 +50,15 @@ class MemoryHub:
     def faults(self) -> Faults:
         return self.world.remote.service.faults
 
-    async def runtime(self, kind: str, name: str | None = None, **settings: Any) -> Runtime:
-        """A runtime of a process of `kind`, with `settings` changed from the hub's."""
+    async def runtime(
+        self, kind: str, name: str | None = None, *, down: bool = False, **settings: Any
+    ) -> Runtime:
+        """A runtime of a process of `kind`, with `settings` changed from the hub's; `down`:
+        its store fails every call while `world.store_down` is set (an outage)."""
         connection = connect(self.world.broker, self.world.user_of(kind), name=name or kind)
         own = self.world.settings_of(kind).model_copy(update=settings)
-        return await Runtime.on(own, name or kind, self.world.store, connection)
+        store: Any = StoreHandle(self.world.store, self.world) if down else self.world.store
+        return await Runtime.on(own, name or kind, store, connection)
 
     async def place(self) -> Placed:
         placed = self.shop.order(next(self._numbers), 0)
