@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -41,7 +40,7 @@ from services.agents.breakers import Breakers
 from services.remote.client import RemoteCalls, RemoteClient
 from shared.bootstrap import Runtime
 from shared.broker.consumer import Delivery, inbox_key
-from shared.broker.publisher import Publisher
+from shared.broker.publisher import Publishing
 from shared.broker.topology import Names
 from shared.config import Settings
 from shared.domain.journal import AlertKind, Severity
@@ -152,7 +151,7 @@ class Agent:
         self,
         name: str,
         client: RemoteCalls,
-        publisher: Publisher,
+        publisher: Publishing,
         settings: Settings,
         *,
         tickets: Tickets,
@@ -166,7 +165,6 @@ class Agent:
         self._breakers = Breakers(
             fail_max=settings.breaker_fail_max, reset_s=settings.breaker_reset_s
         )
-        self._faults = random.Random(settings.fault_seed)
         self._alerted: set[str] = set()
         self._ticket_keep = timedelta(seconds=settings.inbox_ttl_s)
 
@@ -342,9 +340,6 @@ class Agent:
                 attempts_used=outcome.attempts,
                 result=outcome.result,
             )
-        if self._faults.random() < self._settings.fault_reply_delay_rate:
-            # Fault injection: this reply arrives late, after its step's deadline.
-            await asyncio.sleep(self._settings.fault_reply_delay_ms / 1000)
         try:
             await self._publisher.publish(
                 reply,

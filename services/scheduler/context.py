@@ -14,7 +14,7 @@ from shared.backoff import Backoff
 from shared.batching import GroupCommit
 from shared.broker.delivery import is_outage
 from shared.broker.private import Expected, ReplyRouter
-from shared.broker.publisher import Publisher
+from shared.broker.publisher import Publishing
 from shared.broker.senders import agent_role
 from shared.broker.topology import Names
 from shared.config import Settings
@@ -42,7 +42,7 @@ ORDER_READ_BATCH = 100
 @dataclass
 class AttemptContext:
     store: StateStore
-    publisher: Publisher
+    publisher: Publishing
     names: Names
     router: ReplyRouter
     reply_queue: str

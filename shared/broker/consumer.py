@@ -70,7 +70,7 @@ from shared.broker.envelope import (
     Envelope,
     shown,
 )
-from shared.broker.publisher import Publisher
+from shared.broker.publisher import Publishing
 from shared.broker.senders import Senders, queue_role, queue_senders
 from shared.broker.topology import Names
 from shared.domain.coordination import InboxOutcome
@@ -127,7 +127,7 @@ class Consumer:
         names: Names,
         handler: Handler,
         store: Inbox | None,
-        dead_letter_publisher: Publisher,
+        dead_letter_publisher: Publishing,
         policy: ConsumerPolicy,
         holder: str,
         on_poison: PoisonHook | None = None,
