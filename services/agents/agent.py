@@ -39,7 +39,8 @@ from services.agents.attempts import Allowance, InboxTickets, Tickets
 from services.agents.breakers import Breakers
 from services.remote.client import RemoteCalls, RemoteClient
 from shared.bootstrap import Runtime
-from shared.broker.consumer import Delivery, inbox_key
+from shared.broker.consumer import Delivery
+from shared.broker.dedupe import inbox_key
 from shared.broker.publisher import Publishing
 from shared.broker.topology import Names
 from shared.config import Settings
