@@ -88,12 +88,12 @@ class AttemptContext:
             raise Superseded(order_id)
         return after
 
-    def renewer(self, record: StateRecord, instance: str) -> Renew:
+    def renewer(self, record: StateRecord, instance_id: str) -> Renew:
         """A `Renew` for this attempt's record."""
 
         async def renew() -> datetime:
             update = extend_deadline(
-                record, instance=instance, now=utcnow(), timeout=self.settings.step_timeout
+                record, instance=instance_id, now=utcnow(), timeout=self.settings.step_timeout
             )
             after = await self.write(record.order_id, update)
             assert after.complete_by is not None

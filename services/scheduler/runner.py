@@ -39,25 +39,25 @@ class OrderRunner:
         self._compensator = compensator
 
     async def run(self, record: StateRecord) -> None:
-        instance = record.locked_by or ""
+        instance_id = record.locked_by or ""
         # This attempt is a task of its own: every line it logs carries these.
-        bind_log_fields(order_id=record.order_id, instance_id=instance)
+        bind_log_fields(order_id=record.order_id, instance_id=instance_id)
         # ExecutionStarted was appended for the whole claimed batch by the scheduler.
         try:
-            compensating = await self._run(record, instance)
+            compensating = await self._run(record, instance_id)
         except Superseded:
             log.info(
                 "attempt superseded; stopping without a write",
-                extra={"order_id": record.order_id, "instance_id": instance},
+                extra={"order_id": record.order_id, "instance_id": instance_id},
             )
             await self._ctx.report.history(
-                record.order_id, H.LEASE_LOST, attempt=record.attempt, instance_id=instance
+                record.order_id, H.LEASE_LOST, attempt=record.attempt, instance_id=instance_id
             )
             return
         if compensating is not None:
             await self._compensator.run(compensating)
 
-    async def _run(self, record: StateRecord, instance: str) -> StateRecord | None:
+    async def _run(self, record: StateRecord, instance_id: str) -> StateRecord | None:
         """Run the steps not yet Completed; the record if it must now be compensated."""
         workflow = get_workflow(record.workflow, record.workflow_version)
         unknown = unknown_version(record)
@@ -65,7 +65,7 @@ class OrderRunner:
             # A newer build started it, or an old version was retired too early: an operator
             # deploys a build that has it and resubmits. Never guess with another version.
             error = ErrorInfo(kind=ErrorKind.UNKNOWN_WORKFLOW, at=utcnow(), message=unknown)
-            await self._fail(record, None, None, instance, error)
+            await self._fail(record, None, None, instance_id, error)
             return None
         order = await self._ctx.order(record.order_id)
         if workflow is None or order is None:
@@ -74,7 +74,7 @@ class OrderRunner:
                 at=utcnow(),
                 message=f"no order record for {record.workflow} v{record.workflow_version}",
             )
-            await self._fail(record, None, None, instance, error)
+            await self._fail(record, None, None, instance_id, error)
             return None
         if record.attempt == 1:
             await self._ctx.report.status(
@@ -100,7 +100,13 @@ class OrderRunner:
             )
             with log_fields(step=step.name):
                 outcome, started = await self._run_step(
-                    current, order, workflow, step, instance, started=started, following=following
+                    current,
+                    order,
+                    workflow,
+                    step,
+                    instance_id,
+                    started=started,
+                    following=following,
                 )
             if outcome is None:
                 return None  # the deadline passed: left Processing for the supervisor
@@ -112,7 +118,7 @@ class OrderRunner:
         return None
 
     def _start(
-        self, record: StateRecord, order: OrderRecord, step: StepDefinition, instance: str
+        self, record: StateRecord, order: OrderRecord, step: StepDefinition, instance_id: str
     ) -> tuple[Update, HistoryEvent, CompensationEntry] | None:
         """The write that starts a step, its StepScheduled event and its undo; None when the
         retry budget has nothing left for it."""
@@ -123,7 +129,7 @@ class OrderRunner:
         update = start_step(
             record,
             step.name,
-            instance=instance,
+            instance=instance_id,
             now=utcnow(),
             timeout=ctx.settings.step_timeout,
             allowance=allowance,
@@ -142,7 +148,7 @@ class OrderRunner:
             record.order_id,
             H.STEP_SCHEDULED,
             attempt=record.attempt,
-            instance_id=instance,
+            instance_id=instance_id,
             step=step.name,
             complete_by=update.changes.fields["complete_by"].isoformat(),
             allowance=allowance,
@@ -155,7 +161,7 @@ class OrderRunner:
         order: OrderRecord,
         workflow: Workflow,
         step: StepDefinition,
-        instance: str,
+        instance_id: str,
         *,
         started: bool,
         following: StepDefinition | None,
@@ -166,14 +172,14 @@ class OrderRunner:
         if started:
             running = record  # the write that completed the previous step started this one
         else:
-            start = self._start(record, order, step, instance)
+            start = self._start(record, order, step, instance_id)
             if start is None:
                 error = ErrorInfo(
                     kind=ErrorKind.BUDGET_EXHAUSTED,
                     at=utcnow(),
                     message=f"retry budget of {record.retry_budget.limit} attempts spent",
                 )
-                return await self._fail(record, workflow, step.name, instance, error), False
+                return await self._fail(record, workflow, step.name, instance_id, error), False
             update, scheduled, undo = start
             running = await ctx.write(
                 record.order_id, update, history=[scheduled], compensation=undo
@@ -183,13 +189,13 @@ class OrderRunner:
         attempts = running.steps[step.name].attempts
         reply = await ctx.ask(
             step.agent,
-            f"{instance}:{step.name}:{attempts}",
-            renew=ctx.renewer(running, instance),
+            f"{instance_id}:{step.name}:{attempts}",
+            renew=ctx.renewer(running, instance_id),
             order_id=order.order_id,
             step=step.name,
             action=StepAction.DO,
             operation=step.operation,
-            fencing_token=instance,
+            fencing_token=instance_id,
             idempotency_key=idempotency_key(order.order_id, step.name),
             complete_by=running.complete_by,
             attempts_allowed=allowance,
@@ -200,12 +206,14 @@ class OrderRunner:
                 record.order_id,
                 H.DEADLINE_EXPIRED,
                 attempt=record.attempt,
-                instance_id=instance,
+                instance_id=instance_id,
                 step=step.name,
             )
             return None, False
         if reply.outcome is StepOutcome.OK:
-            return await self._complete(running, order, workflow, step, instance, reply, following)
+            return await self._complete(
+                running, order, workflow, step, instance_id, reply, following
+            )
         error = ErrorInfo(
             kind=reply.error_kind or ErrorKind.PERMANENT,
             at=utcnow(),
@@ -213,11 +221,11 @@ class OrderRunner:
         )
         if error.kind is ErrorKind.TRANSIENT:
             released = await self._release(
-                running, step.name, instance, error, attempts_used=reply.attempts_used
+                running, step.name, instance_id, error, attempts_used=reply.attempts_used
             )
             return released, False
         failed = await self._fail(
-            running, workflow, step.name, instance, error, attempts_used=reply.attempts_used
+            running, workflow, step.name, instance_id, error, attempts_used=reply.attempts_used
         )
         return failed, False
 
@@ -225,7 +233,7 @@ class OrderRunner:
         self,
         running: StateRecord,
         step: str,
-        instance: str,
+        instance_id: str,
         error: ErrorInfo,
         *,
         attempts_used: int,
@@ -237,7 +245,7 @@ class OrderRunner:
         update = release(
             running,
             step,
-            instance=instance,
+            instance=instance_id,
             now=utcnow(),
             error=error,
             attempts_used=attempts_used,
@@ -249,7 +257,7 @@ class OrderRunner:
                 running.order_id,
                 H.STEP_FAILED,
                 attempt=running.attempt,
-                instance_id=instance,
+                instance_id=instance_id,
                 step=step,
                 error=error.message,
                 kind=error.kind.value,
@@ -258,7 +266,7 @@ class OrderRunner:
                 running.order_id,
                 H.RECOVERED,
                 attempt=running.attempt,
-                instance_id=instance,
+                instance_id=instance_id,
                 to=target.value,
                 failure_count=update.changes.fields["failure_count"],
                 reason="released by its attempt after transient failures",
@@ -271,7 +279,7 @@ class OrderRunner:
                     running.order_id,
                     H.ERROR_RAISED,
                     attempt=running.attempt,
-                    instance_id=instance,
+                    instance_id=instance_id,
                     kind=parked.kind.value,
                 )
             )
@@ -290,7 +298,7 @@ class OrderRunner:
         order: OrderRecord,
         workflow: Workflow,
         step: StepDefinition,
-        instance: str,
+        instance_id: str,
         reply: StepReply,
         following: StepDefinition | None,
     ) -> tuple[StateRecord, bool]:
@@ -302,7 +310,7 @@ class OrderRunner:
             running,
             workflow,
             step.name,
-            instance=instance,
+            instance=instance_id,
             now=utcnow(),
             result=reply.result or {},
             attempts_used=reply.attempts_used,
@@ -312,7 +320,7 @@ class OrderRunner:
                 running.order_id,
                 H.STEP_COMPLETED,
                 attempt=running.attempt,
-                instance_id=instance,
+                instance_id=instance_id,
                 step=step.name,
                 attempts_used=reply.attempts_used,
             )
@@ -324,13 +332,13 @@ class OrderRunner:
                     running.order_id,
                     H.EXECUTION_COMPLETED,
                     attempt=running.attempt,
-                    instance_id=instance,
+                    instance_id=instance_id,
                 )
             )
         undo: CompensationEntry | None = None
         if following is not None and not last:
             completed = apply(running, update.changes)
-            start = self._start(completed, order, following, instance)
+            start = self._start(completed, order, following, instance_id)
             if start is not None:
                 next_update, scheduled, undo = start
                 update = chain(update, next_update, after_first=completed)
@@ -351,7 +359,7 @@ class OrderRunner:
         record: StateRecord,
         workflow: Workflow | None,
         step: str | None,
-        instance: str,
+        instance_id: str,
         error: ErrorInfo,
         *,
         attempts_used: int = 0,
@@ -362,7 +370,7 @@ class OrderRunner:
         update = fail(
             record,
             step or next(iter(record.steps)),
-            instance=instance,
+            instance=instance_id,
             now=utcnow(),
             error=error,
             attempts_used=attempts_used,
@@ -373,7 +381,7 @@ class OrderRunner:
                 record.order_id,
                 H.STEP_FAILED,
                 attempt=record.attempt,
-                instance_id=instance,
+                instance_id=instance_id,
                 step=step,
                 error=error.message,
                 kind=error.kind.value,
@@ -385,7 +393,7 @@ class OrderRunner:
                     record.order_id,
                     H.ERROR_RAISED,
                     attempt=record.attempt,
-                    instance_id=instance,
+                    instance_id=instance_id,
                     kind=error.kind.value,
                 )
             )
