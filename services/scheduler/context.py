@@ -19,7 +19,7 @@ from shared.broker.senders import agent_role
 from shared.broker.topology import Names
 from shared.config import Settings
 from shared.crash import crash_point
-from shared.domain.journal import CompensationEntry, HistoryEvent
+from shared.domain.journal import CompensationEntry, HistoryEvent, HistoryEventType
 from shared.domain.messages import StepAction, StepReply, StepRequest
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.timing import utcnow
@@ -63,6 +63,15 @@ class AttemptContext:
         """How long a released order rests before it may be claimed again, as the supervisor's
         recoveries do, and what happens at the failure threshold."""
         return self.settings.recovery_policy()
+
+    def event(
+        self, record: StateRecord, type_: HistoryEventType, instance_id: str, **data: Any
+    ) -> HistoryEvent:
+        """A history event of the attempt `instance_id` of `record`'s order, to carry with a
+        write of it."""
+        return self.report.event(
+            record.order_id, type_, attempt=record.attempt, instance_id=instance_id, **data
+        )
 
     async def write(
         self,
