@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustConnection
 
 from shared.broker.connection import connect, login_user, quorum_available, server_version
 from shared.broker.consumer import Consumer, ConsumerPolicy, Handler
 from shared.broker.delivery import INTAKE_HEALTHY
-from shared.broker.publisher import Publisher
+from shared.broker.drills import Drills, drilled
+from shared.broker.publisher import Publisher, Publishing
 from shared.broker.seal import seal_key
 from shared.broker.senders import Senders
 from shared.broker.topology import (
@@ -78,6 +79,23 @@ async def open_broker(settings: Settings, *, name: str) -> AbstractRobustConnect
     return await connect(settings.rabbitmq_url, timeout=settings.connect_timeout_s, name=name)
 
 
+def fault_drills(settings: Settings) -> Drills:
+    """The fault drills the settings ask for (none by default)."""
+    return Drills(
+        duplicate_rate=settings.fault_duplicate_rate,
+        reply_delay_rate=settings.fault_reply_delay_rate,
+        reply_delay_s=settings.fault_reply_delay_ms / 1000,
+        seed=settings.fault_seed,
+    )
+
+
+async def open_publisher(settings: Settings, connection: AbstractConnection) -> Publishing:
+    """A confirming publisher on `connection`, wrapped in the fault drills (shared/broker/
+    drills.py) only when a drill's setting is non-zero."""
+    publisher = await Publisher.open(connection, timeout=settings.publish_timeout_s)
+    return drilled(publisher, fault_drills(settings))
+
+
 @dataclass
 class Runtime:
     """What a running process holds: its settings, its connections and its metrics endpoint."""
@@ -86,7 +104,7 @@ class Runtime:
     name: str
     store: StateStore
     connection: AbstractRobustConnection
-    publisher: Publisher
+    publisher: Publishing
     names: Names
     metrics: MetricsEndpoint | None = None
     consumers: list[Consumer] = field(default_factory=list)
@@ -124,12 +142,7 @@ class Runtime:
     ) -> Runtime:
         """A runtime on a store and a broker connection already open (the memory adapters of
         a simulation or a test, or the real ones `open` connects)."""
-        publisher = await Publisher.open(
-            connection,
-            timeout=settings.publish_timeout_s,
-            duplicate_rate=settings.fault_duplicate_rate,
-            seed=settings.fault_seed,
-        )
+        publisher = await open_publisher(settings, connection)
         runtime = cls(settings, name, store, connection, publisher, Names(settings.hub), metrics)
         if metrics is not None:
             metrics.set_health(runtime.health)

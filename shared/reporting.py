@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from shared import clock
-from shared.broker.publisher import Publisher
+from shared.broker.publisher import Publishing
 from shared.broker.topology import Names
 from shared.domain.journal import Alert, AlertKind, HistoryEvent, HistoryEventType, Severity
 from shared.domain.messages import AlertMessage, OrderStatus, OrderStatusUpdate
@@ -26,7 +26,7 @@ class Reports(Journal, Alerts, Protocol):
 
 
 class Reporter:
-    def __init__(self, store: Reports, publisher: Publisher, names: Names, source: str) -> None:
+    def __init__(self, store: Reports, publisher: Publishing, names: Names, source: str) -> None:
         self._store = store
         self._publisher = publisher
         self._names = names

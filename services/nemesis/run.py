@@ -1,5 +1,6 @@
 """One nemesis run: a whole topology on private servers, orders with transient errors, declines
-and hangs at the remote service, the seed's schedule of faults, then the audit.
+and hangs at the remote service, the seed's schedule of faults (struck by strikes.py), then the
+audit and the run's figures.
 
 Nothing here touches the machine's own servers: PostgreSQL and RabbitMQ are private instances in
 a temporary directory (servers.py), stopped and removed at the end whatever happens.
@@ -20,15 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aio_pika
-
 from services.nemesis.fleet import Fleet, environment
 from services.nemesis.process import free_port, listening
-from services.nemesis.schedule import AGENT_PROCESSES, POISON_BODIES, Fault, Kind, draw
+from services.nemesis.schedule import AGENT_PROCESSES, Fault, draw
 from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
+from services.nemesis.strikes import Striker, until
 from services.operator.views import all_states
 from services.remote.client import RemoteClient
-from shared.broker.topology import Names
 from shared.domain.states import SETTLED_STATES, ProcessState
 from shared.domain.workflow import AGENTS
 from shared.store.postgres import PostgresStore
@@ -38,7 +37,6 @@ log = logging.getLogger(__name__)
 HUB = "nemesis"
 """The hub of a run; each further run on the same servers (`--runs`) gets one of its own."""
 CLOCK_SKEW_S = 1.0
-LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
 TIMINGS = {
     # Short, so that recoveries happen in seconds: what the tests' topology uses.
@@ -67,6 +65,8 @@ REMOTE = {
     "ORDERFLOW_REMOTE_HANG_RATE": "0.02",
     "ORDERFLOW_REMOTE_HANG_S": "3",
 }
+CALM_HANG_RATE = float(REMOTE["ORDERFLOW_REMOTE_HANG_RATE"])
+"""The share of remote calls that hang outside a `remote-hangs` fault."""
 TOPOLOGY: tuple[tuple[str, list[str]], ...] = (
     ("remote", ["remote"]),
     ("submission", ["submission"]),
@@ -78,7 +78,6 @@ TOPOLOGY: tuple[tuple[str, list[str]], ...] = (
 )
 BATCHES = 4
 """The orders go out in this many batches across the faults."""
-STOP_APP_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -157,12 +156,7 @@ class Nemesis:
         self.fleet = Fleet(workdir, env, self.hub)
         self.order_ids: list[str] = []
         self.notes: list[str] = []
-        self.unapplied: list[str] = []
-        self._locks: dict[str, asyncio.Lock] = {}
         self._remote: RemoteClient | None = None
-
-    def _lock(self, name: str) -> asyncio.Lock:
-        return self._locks.setdefault(name, asyncio.Lock())
 
     # -- the run
     async def run(self) -> Figures:
@@ -182,29 +176,44 @@ class Nemesis:
         self._remote = RemoteClient.open(self.remote_url, account=self.hub, admin_token=self.token)
         try:
             await self._wait_remote()
-            span = max((f.at_s + f.duration_s for f in self.faults), default=0.0)
-            begin = time.monotonic()
-            strikes = [asyncio.create_task(self._strike(f, begin)) for f in self.faults]
-            batches = [
-                asyncio.create_task(self._submit_batch(i, begin, span)) for i in range(BATCHES)
-            ]
-            await asyncio.gather(*strikes, *batches)
-            faults_over = time.monotonic()
-            await self._heal()
+            striker = Striker(
+                seed=self.seed,
+                hub=self.hub,
+                fleet=self.fleet,
+                pg=self.pg,
+                mq=self.mq,
+                remote=self._remote,
+                calm_hang_rate=CALM_HANG_RATE,
+            )
+            faults_over = await self._strike_and_submit(striker)
+            figures.unapplied = striker.unapplied
+            await self._heal(striker)
             figures.settle_s = await self._settle(faults_over)
             await self._figures(figures)
         finally:
             await self._remote.close()
-            codes = await asyncio.to_thread(self.fleet.stop_all)
-            # -15: a process restarted a moment before, stopped before its handler was set.
-            crashed = {k: v for k, v in codes.items() if v not in (0, -15)}
-            if crashed:
-                self.notes.append(f"exit codes at the end: {crashed}")
+            await self._stop_all()
         figures.submitted = len(set(self.order_ids))
         figures.total_s = round(time.monotonic() - started, 1)
         figures.notes = self.notes
-        figures.unapplied = self.unapplied
         return figures
+
+    async def _strike_and_submit(self, striker: Striker) -> float:
+        """The schedule's faults, and the orders in batches across them; when the last fault
+        was lifted (`time.monotonic()`)."""
+        span = max((f.at_s + f.duration_s for f in self.faults), default=0.0)
+        begin = time.monotonic()
+        strikes = [asyncio.create_task(striker.strike(f, begin)) for f in self.faults]
+        batches = [asyncio.create_task(self._submit_batch(i, begin, span)) for i in range(BATCHES)]
+        await asyncio.gather(*strikes, *batches)
+        return time.monotonic()
+
+    async def _stop_all(self) -> None:
+        codes = await asyncio.to_thread(self.fleet.stop_all)
+        # -15: a process restarted a moment before, stopped before its handler was set.
+        crashed = {k: v for k, v in codes.items() if v not in (0, -15)}
+        if crashed:
+            self.notes.append(f"exit codes at the end: {crashed}")
 
     async def _wait_remote(self, timeout: float = 30) -> None:
         assert self._remote is not None
@@ -221,7 +230,7 @@ class Nemesis:
     async def _submit_batch(self, index: int, begin: float, span: float) -> None:
         """One batch of orders at its share of the span; a batch the broker refuses (an outage)
         is published again, same seed, same orders and message ids, until it is taken."""
-        await _until(begin + span * index / BATCHES)
+        await until(begin + span * index / BATCHES)
         count = self.orders // BATCHES + (1 if index < self.orders % BATCHES else 0)
         if count == 0:
             return
@@ -239,151 +248,14 @@ class Nemesis:
                 return
             await asyncio.sleep(1)
 
-    async def _strike(self, fault: Fault, begin: float) -> None:
-        await _until(begin + fault.at_s)
-        try:
-            await self._apply(fault)
-        except Exception as exc:
-            # A fault the harness could not apply fails the run: it proved less than it says.
-            self.unapplied.append(f"{fault.describe()}: could not apply: {exc}")
-
-    async def _apply(self, fault: Fault) -> None:
-        d = fault.duration_s
-        fleet = self.fleet
-        if fault.kind is Kind.KILL:
-            assert fault.target is not None
-            async with self._lock(fault.target):
-                await asyncio.to_thread(fleet.kill, fault.target)
-                await asyncio.sleep(d)
-                fleet.start(fault.target, fleet.args[fault.target])
-        elif fault.kind is Kind.BROKER_RESTART:
-            async with self._lock("rabbitmq"):
-                # rabbitmqctl starts a VM of its own: on a loaded machine that takes a while.
-                await asyncio.to_thread(self.mq.ctl, "stop_app", timeout=STOP_APP_TIMEOUT_S)
-                await asyncio.sleep(d)
-                await asyncio.to_thread(self.mq.start_app)
-        elif fault.kind is Kind.STORE_RESTART:
-            async with self._lock("postgres"):
-                await asyncio.to_thread(self.pg.stop)
-                await asyncio.sleep(d)
-                await asyncio.to_thread(self.pg.start)
-        elif fault.kind is Kind.REMOTE_OUTAGE:
-            async with self._lock("remote"):
-                await self._set_faults(outage=True)
-                await asyncio.sleep(d)
-                await self._set_faults(outage=False)
-        elif fault.kind is Kind.REMOTE_HANGS:
-            async with self._lock("remote"):
-                await self._set_faults(hang_rate=fault.amount)
-                await asyncio.sleep(d)
-                await self._set_faults(hang_rate=float(REMOTE["ORDERFLOW_REMOTE_HANG_RATE"]))
-        elif fault.kind is Kind.DUPLICATES:
-            assert fault.target is not None
-            await self._republish(int(fault.amount))
-            async with self._lock(fault.target):
-                await asyncio.to_thread(
-                    fleet.restart,
-                    fault.target,
-                    {
-                        "ORDERFLOW_FAULT_DUPLICATE_RATE": "0.5",
-                        "ORDERFLOW_FAULT_SEED": str(self.seed),
-                    },
-                )
-                await asyncio.sleep(d)
-                await asyncio.to_thread(fleet.restart, fault.target)
-        elif fault.kind is Kind.LATE_REPLIES:
-            assert fault.target is not None
-            async with self._lock(fault.target):
-                await asyncio.to_thread(
-                    fleet.restart,
-                    fault.target,
-                    {
-                        "ORDERFLOW_FAULT_REPLY_DELAY_RATE": "0.5",
-                        "ORDERFLOW_FAULT_REPLY_DELAY_MS": "3000",
-                        "ORDERFLOW_FAULT_SEED": str(self.seed),
-                    },
-                )
-                await asyncio.sleep(d)
-                await asyncio.to_thread(fleet.restart, fault.target)
-        elif fault.kind is Kind.POISON:
-            await self._poison(int(fault.amount))
-        elif fault.kind is Kind.CLOCK_JUMP:
-            assert fault.target is not None
-            async with self._lock(fault.target):
-                await asyncio.to_thread(fleet.restart, fault.target, shifted(fault.amount))
-                await asyncio.sleep(d)
-                await asyncio.to_thread(fleet.restart, fault.target)
-
-    async def _set_faults(self, **changes: Any) -> None:
-        """Set the remote service's fault knobs; while it is down (killed by another fault) it
-        is asked again until it answers."""
-        assert self._remote is not None
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                await self._remote.set_faults(**changes)
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
-
-    async def _republish(self, count: int) -> None:
-        """Orders already submitted, published again with the same message ids."""
-        if count:
-            await asyncio.to_thread(
-                self.fleet.cli,
-                "submit",
-                "--json",
-                "--count",
-                str(count),
-                "--seed",
-                str(self.seed * 1000),
-            )
-
-    async def _poison(self, count: int) -> None:
-        """Messages no contract accepts: on the orders queue and on an agent's queue."""
-        names = Names(self.hub)
-        connection = await self._broker()
-        try:
-            channel = await connection.channel()
-            submit = await channel.get_exchange(names.submit)
-            direct = await channel.get_exchange(names.exchange)
-            for i in range(count):
-                body = POISON_BODIES[i % len(POISON_BODIES)]
-                message = aio_pika.Message(
-                    body,
-                    message_id=f"poison-{self.seed}-{i}",
-                    type="order.submit",
-                    user_id="guest",
-                )
-                if i % 2:
-                    await direct.publish(message, routing_key=names.agent(AGENTS[i % 3]))
-                else:
-                    await submit.publish(message, routing_key="")
-        finally:
-            await connection.close()
-
-    async def _broker(self, timeout: float = 180) -> aio_pika.abc.AbstractConnection:
-        """A connection to the private broker, once it takes one (another fault may have
-        stopped it)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                return await aio_pika.connect(self.mq.url, timeout=5)
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.5)
-
-    async def _heal(self) -> None:
+    async def _heal(self, striker: Striker) -> None:
         """After the last fault: every process running, with its own settings, and the remote
         service's knobs as at the start."""
         for label in self.fleet.dead():
             self.notes.append(f"{label} had exited; started again")
             self.fleet.start(label, self.fleet.args[label])
         await self._wait_remote()
-        await self._set_faults(outage=False, hang_rate=float(REMOTE["ORDERFLOW_REMOTE_HANG_RATE"]))
+        await striker.set_faults(outage=False, hang_rate=CALM_HANG_RATE)
 
     async def _settle(self, since: float, timeout: float = 240) -> float | None:
         """Seconds until every submitted order is terminal, None past the timeout."""
@@ -439,25 +311,6 @@ def _overspend(violation: Any) -> bool:
 async def _states(store: PostgresStore) -> dict[str, ProcessState]:
     """Every order's state, by order id (the audit's paged read)."""
     return {s.order_id: s.process_state for s in await all_states(store)}
-
-
-async def _until(moment: float) -> None:
-    delay = moment - time.monotonic()
-    if delay > 0:
-        await asyncio.sleep(delay)
-
-
-def shifted(seconds: float) -> dict[str, str]:
-    """Settings of a process whose wall clock is `seconds` off the machine's (libfaketime,
-    Debian's `faketime`); its monotonic clock is left alone."""
-    if not LIBFAKETIME.exists():
-        raise RuntimeError(f"{LIBFAKETIME} is needed for a clock jump: apt-get install faketime")
-    return {
-        "LD_PRELOAD": str(LIBFAKETIME),
-        "FAKETIME": f"{seconds:+.1f}s",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-        "FAKETIME_NO_CACHE": "1",
-    }
 
 
 def span_for(faults: int) -> float:

@@ -2,13 +2,14 @@
 attempts: every call it was asked, whatever it answered.
 
 One effect per key: a repeated key returns the first outcome and makes no second effect. Fencing
-tokens (`<order_id>:<attempt>`) only move forward per order: a request carrying an older attempt
-than one already seen is refused. Once an undo of an operation is recorded for an order (whether
-it undid an effect or found none), no effect of that operation is made for the order any more:
-an undo commutes with the call it undoes, so a call that arrives, or wakes from a hang, after its
-undo can never leave an effect without one. Keys, orders and fences are scoped by the calling
-**account** (as a payment provider scopes idempotency keys by API key): two deployments (task
-hubs) calling one remote service never share an effect, even for the same order id.
+tokens (instance ids `<order_id>:<attempt>`, shared/domain/identity.py) only move forward per
+order: a request carrying an older attempt than one already seen is refused. Once an undo of an
+operation is recorded for an order (whether it undid an effect or found none), no effect of that
+operation is made for the order any more: an undo commutes with the call it undoes, so a call
+that arrives, or wakes from a hang, after its undo can never leave an effect without one. Keys,
+orders and fences are scoped by the calling **account** (as a payment provider scopes idempotency
+keys by API key): two deployments (task hubs) calling one remote service never share an effect,
+even for the same order id.
 
 Attempts are written when a call arrives, before anything can delay it (latency, a hang), and
 get their answer when it is sent, so a call is counted even if the service dies during it.
@@ -16,12 +17,14 @@ get their answer when it is sent, so a call is counted even if the service dies 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
 from shared import clock
+from shared.domain.identity import parse_instance_id
 from shared.errors import StaleFencingToken, Undone
 
 SCHEMA = """
@@ -145,8 +148,12 @@ def _now() -> str:
 
 
 def attempt_of(fencing_token: str) -> int:
-    _, _, attempt = fencing_token.rpartition(":")
-    return int(attempt) if attempt.isdigit() else 0
+    """The attempt a fencing token names (an instance id, shared/domain/identity.py); 0 for a
+    token that is not one, which any fence refuses."""
+    try:
+        return parse_instance_id(fencing_token)[1]
+    except ValueError:
+        return 0
 
 
 class Ledger:
@@ -215,45 +222,57 @@ class Ledger:
             if existing is not None:
                 db.execute("COMMIT")
                 return existing, False
-            attempt = attempt_of(fencing_token)
-            row = db.execute(
-                "SELECT attempt FROM account_fences WHERE account = ? AND order_id = ?",
-                (account, order_id),
-            ).fetchone()
-            if row is not None and row[0] > attempt:
-                raise StaleFencingToken(f"attempt {attempt} of {order_id} superseded by {row[0]}")
-            undo = self._undo_of(account, order_id, undone_by)
-            if undo is not None:
-                raise Undone(f"{operation} of {order_id} was undone first ({undo})")
-            db.execute(
-                "INSERT INTO account_fences VALUES (?, ?, ?) ON CONFLICT (account, order_id) "
-                "DO UPDATE SET attempt = max(attempt, excluded.attempt)",
-                (account, order_id, attempt),
-            )
-            at = _now()
-            cur = db.execute(
-                "INSERT INTO account_effects (account, idempotency_key, operation, order_id, "
-                "fencing_token, outcome, result, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    account,
-                    idempotency_key,
-                    operation,
-                    order_id,
-                    fencing_token,
-                    outcome,
-                    json.dumps(result),
-                    at,
-                ),
-            )
+            self._admit(account, order_id, operation, attempt_of(fencing_token), undone_by)
+            named = (account, idempotency_key, operation, order_id, fencing_token, outcome)
+            effect = self._insert(Effect(0, *named, result, _now()))  # its seq comes with it
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
-        seq = cur.lastrowid or 0
-        effect = Effect(
-            seq, account, idempotency_key, operation, order_id, fencing_token, outcome, result, at
-        )
         return effect, True
+
+    def _admit(
+        self, account: str, order_id: str, operation: str, attempt: int, undone_by: tuple[str, ...]
+    ) -> None:
+        """Refuse a new effect of a superseded attempt, or of an operation undone first; else
+        move the order's fence up to `attempt`. Within `record`'s transaction."""
+        fence = self._fence(account, order_id)
+        if fence is not None and fence > attempt:
+            raise StaleFencingToken(f"attempt {attempt} of {order_id} superseded by {fence}")
+        undo = self._undo_of(account, order_id, undone_by)
+        if undo is not None:
+            raise Undone(f"{operation} of {order_id} was undone first ({undo})")
+        self._db.execute(
+            "INSERT INTO account_fences VALUES (?, ?, ?) ON CONFLICT (account, order_id) "
+            "DO UPDATE SET attempt = max(attempt, excluded.attempt)",
+            (account, order_id, attempt),
+        )
+
+    def _insert(self, effect: Effect) -> Effect:
+        """Write a new effect; it with the `seq` the ledger gave it."""
+        cur = self._db.execute(
+            "INSERT INTO account_effects (account, idempotency_key, operation, order_id, "
+            "fencing_token, outcome, result, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                effect.account,
+                effect.idempotency_key,
+                effect.operation,
+                effect.order_id,
+                effect.fencing_token,
+                effect.outcome,
+                json.dumps(effect.result),
+                effect.at,
+            ),
+        )
+        return dataclasses.replace(effect, seq=cur.lastrowid or 0)
+
+    def _fence(self, account: str, order_id: str) -> int | None:
+        """The newest attempt of the order that made an effect in the account, if any did."""
+        row = self._db.execute(
+            "SELECT attempt FROM account_fences WHERE account = ? AND order_id = ?",
+            (account, order_id),
+        ).fetchone()
+        return None if row is None else int(row[0])
 
     def _undo_of(self, account: str, order_id: str, undos: tuple[str, ...]) -> str | None:
         """The first of `undos` recorded for the order (any outcome), as `<operation> <outcome>`."""
@@ -319,12 +338,9 @@ class Ledger:
 
     def observe_fence(self, account: str, order_id: str, fencing_token: str) -> None:
         """Refuse now if the token is stale (used before a call hangs or waits)."""
-        row = self._db.execute(
-            "SELECT attempt FROM account_fences WHERE account = ? AND order_id = ?",
-            (account, order_id),
-        ).fetchone()
-        if row is not None and row[0] > attempt_of(fencing_token):
-            raise StaleFencingToken(f"attempt of {fencing_token} superseded by {row[0]}")
+        fence = self._fence(account, order_id)
+        if fence is not None and fence > attempt_of(fencing_token):
+            raise StaleFencingToken(f"attempt of {fencing_token} superseded by {fence}")
 
 
 def _effect(row: tuple[Any, ...]) -> Effect:

@@ -45,63 +45,63 @@ class Compensator:
 
     async def run(self, record: StateRecord) -> None:
         """Compensate a Compensating record this attempt has locked."""
-        instance = record.locked_by or ""
-        bind_log_fields(order_id=record.order_id, instance_id=instance)
+        instance_id = record.locked_by or ""
+        bind_log_fields(order_id=record.order_id, instance_id=instance_id)
         try:
-            await self._run(record, instance)
+            await self._run(record, instance_id)
         except _DeadlinePassed as expired:
             await self._ctx.report.history(
                 record.order_id,
                 H.DEADLINE_EXPIRED,
                 attempt=record.attempt,
-                instance_id=instance,
+                instance_id=instance_id,
                 step=str(expired),
             )
         except Superseded:
             log.info(
                 "compensation attempt superseded; stopping without a write",
-                extra={"order_id": record.order_id, "instance_id": instance},
+                extra={"order_id": record.order_id, "instance_id": instance_id},
             )
             await self._ctx.report.history(
-                record.order_id, H.LEASE_LOST, attempt=record.attempt, instance_id=instance
+                record.order_id, H.LEASE_LOST, attempt=record.attempt, instance_id=instance_id
             )
 
-    async def _run(self, record: StateRecord, instance: str) -> None:
+    async def _run(self, record: StateRecord, instance_id: str) -> None:
         ctx = self._ctx
         await ctx.report.history(
-            record.order_id, H.COMPENSATION_STARTED, attempt=record.attempt, instance_id=instance
+            record.order_id, H.COMPENSATION_STARTED, attempt=record.attempt, instance_id=instance_id
         )
         log_entries = await ctx.store.read_compensation(record.order_id)
         current = record
         for entry in reversed(log_entries):
             if entry.status is UndoStatus.DONE:
                 continue
-            outcome = await self._undo(current, entry, instance)
+            outcome = await self._undo(current, entry, instance_id)
             now = utcnow()
             if isinstance(outcome, ErrorInfo):
                 failed = UndoMark(entry.step, UndoStatus.FAILED, now, outcome.message)
-                await self._finish(current, instance, outcome, undo=failed)
+                await self._finish(current, instance_id, outcome, undo=failed)
                 return
             # The step's Compensated status, the log's Done and the event: one fenced write.
             current = await ctx.write(
                 record.order_id,
-                record_undo(current, entry.step, instance=instance, now=now),
+                record_undo(current, entry.step, instance=instance_id, now=now),
                 history=[
                     ctx.report.event(
                         record.order_id,
                         H.COMPENSATION_STEP_DONE,
                         attempt=record.attempt,
-                        instance_id=instance,
+                        instance_id=instance_id,
                         step=entry.step,
                         outcome=outcome,
                     )
                 ],
                 undo=UndoMark(entry.step, UndoStatus.DONE, now),
             )
-        await self._finish(current, instance, None)
+        await self._finish(current, instance_id, None)
 
     async def _undo(
-        self, record: StateRecord, entry: CompensationEntry, instance: str
+        self, record: StateRecord, entry: CompensationEntry, instance_id: str
     ) -> ErrorInfo | str | None:
         """Run one undo: the error that failed it, or the remote outcome when it is done."""
         ctx = self._ctx
@@ -118,7 +118,7 @@ class Compensator:
             start_undo(
                 record,
                 entry.step,
-                instance=instance,
+                instance=instance_id,
                 now=utcnow(),
                 timeout=ctx.settings.step_timeout,
             ),
@@ -126,13 +126,13 @@ class Compensator:
         assert running.complete_by is not None
         reply = await ctx.ask(
             step.agent,
-            f"{instance}:{entry.step}:undo",
-            renew=ctx.renewer(running, instance),
+            f"{instance_id}:{entry.step}:undo",
+            renew=ctx.renewer(running, instance_id),
             order_id=record.order_id,
             step=entry.step,
             action=StepAction.UNDO,
             operation=entry.undo,
-            fencing_token=instance,
+            fencing_token=instance_id,
             idempotency_key=entry.idempotency_key,
             complete_by=running.complete_by,
             attempts_allowed=ctx.settings.undo_attempts,
@@ -154,7 +154,7 @@ class Compensator:
     async def _finish(
         self,
         record: StateRecord,
-        instance: str,
+        instance_id: str,
         failure: ErrorInfo | None,
         *,
         undo: UndoMark | None = None,
@@ -162,7 +162,7 @@ class Compensator:
         ctx = self._ctx
         after = await ctx.write(
             record.order_id,
-            finish_compensation(record, instance=instance, now=utcnow(), failure=failure),
+            finish_compensation(record, instance=instance_id, now=utcnow(), failure=failure),
             undo=undo,
         )
         if after.process_state is ProcessState.COMPENSATED:
@@ -170,7 +170,7 @@ class Compensator:
                 record.order_id,
                 H.COMPENSATION_COMPLETED,
                 attempt=record.attempt,
-                instance_id=instance,
+                instance_id=instance_id,
             )
             await ctx.report.status(
                 record.order_id,
@@ -185,7 +185,7 @@ class Compensator:
             record.order_id,
             H.COMPENSATION_FAILED,
             attempt=record.attempt,
-            instance_id=instance,
+            instance_id=instance_id,
             error=failure.message,
         )
         await ctx.report.alert(

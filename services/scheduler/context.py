@@ -14,12 +14,12 @@ from shared.backoff import Backoff
 from shared.batching import GroupCommit
 from shared.broker.delivery import is_outage
 from shared.broker.private import Expected, ReplyRouter
-from shared.broker.publisher import Publisher
+from shared.broker.publisher import Publishing
 from shared.broker.senders import agent_role
 from shared.broker.topology import Names
 from shared.config import Settings
 from shared.crash import crash_point
-from shared.domain.journal import CompensationEntry, HistoryEvent
+from shared.domain.journal import CompensationEntry, HistoryEvent, HistoryEventType
 from shared.domain.messages import StepAction, StepReply, StepRequest
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.timing import utcnow
@@ -42,7 +42,7 @@ ORDER_READ_BATCH = 100
 @dataclass
 class AttemptContext:
     store: StateStore
-    publisher: Publisher
+    publisher: Publishing
     names: Names
     router: ReplyRouter
     reply_queue: str
@@ -63,6 +63,15 @@ class AttemptContext:
         """How long a released order rests before it may be claimed again, as the supervisor's
         recoveries do, and what happens at the failure threshold."""
         return self.settings.recovery_policy()
+
+    def event(
+        self, record: StateRecord, type_: HistoryEventType, instance_id: str, **data: Any
+    ) -> HistoryEvent:
+        """A history event of the attempt `instance_id` of `record`'s order, to carry with a
+        write of it."""
+        return self.report.event(
+            record.order_id, type_, attempt=record.attempt, instance_id=instance_id, **data
+        )
 
     async def write(
         self,
@@ -88,12 +97,12 @@ class AttemptContext:
             raise Superseded(order_id)
         return after
 
-    def renewer(self, record: StateRecord, instance: str) -> Renew:
+    def renewer(self, record: StateRecord, instance_id: str) -> Renew:
         """A `Renew` for this attempt's record."""
 
         async def renew() -> datetime:
             update = extend_deadline(
-                record, instance=instance, now=utcnow(), timeout=self.settings.step_timeout
+                record, instance=instance_id, now=utcnow(), timeout=self.settings.step_timeout
             )
             after = await self.write(record.order_id, update)
             assert after.complete_by is not None

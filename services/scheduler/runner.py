@@ -3,7 +3,8 @@
 Every write is fenced by the attempt's instance id; when a write matches nothing the attempt was
 superseded and stops touching anything. When a step's deadline passes first, the attempt stops
 waiting and leaves the record Processing for the supervisor. A failure the workflow compensates
-moves the order to Compensating, and the same attempt goes on to undo what it did.
+moves the order to Compensating, and the same attempt goes on to undo what it did. How a failed
+step ends the attempt (given back, parked, or compensated) is services/scheduler/failures.py.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from typing import Any
 
 from services.scheduler.compensator import Compensator
 from services.scheduler.context import AttemptContext
-from shared.domain.journal import AlertKind, CompensationEntry, HistoryEvent, Severity
+from services.scheduler.failures import Failures
+from shared.domain.journal import CompensationEntry, HistoryEvent
 from shared.domain.journal import HistoryEventType as H
 from shared.domain.messages import OrderStatus, StepAction, StepOutcome, StepReply
 from shared.domain.models import ErrorInfo, OrderRecord, StateRecord
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
 from shared.domain.timing import utcnow
-from shared.domain.updates import Update, apply, chain, complete_step, fail, release, start_step
+from shared.domain.updates import Update, apply, chain, complete_step, start_step
 from shared.domain.workflow import (
     StepDefinition,
     Workflow,
@@ -37,70 +39,49 @@ class OrderRunner:
     def __init__(self, ctx: AttemptContext, compensator: Compensator) -> None:
         self._ctx = ctx
         self._compensator = compensator
+        self._failures = Failures(ctx)
 
     async def run(self, record: StateRecord) -> None:
-        instance = record.locked_by or ""
+        instance_id = record.locked_by or ""
         # This attempt is a task of its own: every line it logs carries these.
-        bind_log_fields(order_id=record.order_id, instance_id=instance)
+        bind_log_fields(order_id=record.order_id, instance_id=instance_id)
         # ExecutionStarted was appended for the whole claimed batch by the scheduler.
         try:
-            compensating = await self._run(record, instance)
+            compensating = await self._run(record, instance_id)
         except Superseded:
             log.info(
                 "attempt superseded; stopping without a write",
-                extra={"order_id": record.order_id, "instance_id": instance},
+                extra={"order_id": record.order_id, "instance_id": instance_id},
             )
             await self._ctx.report.history(
-                record.order_id, H.LEASE_LOST, attempt=record.attempt, instance_id=instance
+                record.order_id, H.LEASE_LOST, attempt=record.attempt, instance_id=instance_id
             )
             return
         if compensating is not None:
             await self._compensator.run(compensating)
 
-    async def _run(self, record: StateRecord, instance: str) -> StateRecord | None:
+    async def _run(self, record: StateRecord, instance_id: str) -> StateRecord | None:
         """Run the steps not yet Completed; the record if it must now be compensated."""
-        workflow = get_workflow(record.workflow, record.workflow_version)
-        unknown = unknown_version(record)
-        if unknown is not None:
-            # A newer build started it, or an old version was retired too early: an operator
-            # deploys a build that has it and resubmits. Never guess with another version.
-            error = ErrorInfo(kind=ErrorKind.UNKNOWN_WORKFLOW, at=utcnow(), message=unknown)
-            await self._fail(record, None, None, instance, error)
+        begun = await self._begin(record, instance_id)
+        if begun is None:
             return None
-        order = await self._ctx.order(record.order_id)
-        if workflow is None or order is None:
-            error = ErrorInfo(
-                kind=ErrorKind.PERMANENT,
-                at=utcnow(),
-                message=f"no order record for {record.workflow} v{record.workflow_version}",
-            )
-            await self._fail(record, None, None, instance, error)
-            return None
-        if record.attempt == 1:
-            await self._ctx.report.status(
-                record.order_id,
-                record.reply_to,
-                OrderStatus.PROCESSING,
-                record.process_state,
-                message_id=f"{record.order_id}:status:processing",
-            )
+        workflow, order = begun
         current = record
         # Whether the step about to run was started by the write that completed the last one.
         started = False
         for i, step in enumerate(workflow.steps):
             if current.steps[step.name].status is StepStatus.COMPLETED:
                 continue  # a checkpoint: never run again
-            following = next(
-                (
-                    s
-                    for s in workflow.steps[i + 1 :]
-                    if current.steps[s.name].status is not StepStatus.COMPLETED
-                ),
-                None,
-            )
+            following = _following(workflow, current, i)
             with log_fields(step=step.name):
                 outcome, started = await self._run_step(
-                    current, order, workflow, step, instance, started=started, following=following
+                    current,
+                    order,
+                    workflow,
+                    step,
+                    instance_id,
+                    started=started,
+                    following=following,
                 )
             if outcome is None:
                 return None  # the deadline passed: left Processing for the supervisor
@@ -111,8 +92,40 @@ class OrderRunner:
             current = outcome
         return None
 
+    async def _begin(
+        self, record: StateRecord, instance_id: str
+    ) -> tuple[Workflow, OrderRecord] | None:
+        """The workflow and the order the attempt runs (with the Processing status sent on a
+        first attempt); None when either is missing, and the order failed for it."""
+        workflow = get_workflow(record.workflow, record.workflow_version)
+        unknown = unknown_version(record)
+        if unknown is not None:
+            # A newer build started it, or an old version was retired too early: an operator
+            # deploys a build that has it and resubmits. Never guess with another version.
+            error = ErrorInfo(kind=ErrorKind.UNKNOWN_WORKFLOW, at=utcnow(), message=unknown)
+            await self._failures.fail(record, None, None, instance_id, error)
+            return None
+        order = await self._ctx.order(record.order_id)
+        if workflow is None or order is None:
+            error = ErrorInfo(
+                kind=ErrorKind.PERMANENT,
+                at=utcnow(),
+                message=f"no order record for {record.workflow} v{record.workflow_version}",
+            )
+            await self._failures.fail(record, None, None, instance_id, error)
+            return None
+        if record.attempt == 1:
+            await self._ctx.report.status(
+                record.order_id,
+                record.reply_to,
+                OrderStatus.PROCESSING,
+                record.process_state,
+                message_id=f"{record.order_id}:status:processing",
+            )
+        return workflow, order
+
     def _start(
-        self, record: StateRecord, order: OrderRecord, step: StepDefinition, instance: str
+        self, record: StateRecord, order: OrderRecord, step: StepDefinition, instance_id: str
     ) -> tuple[Update, HistoryEvent, CompensationEntry] | None:
         """The write that starts a step, its StepScheduled event and its undo; None when the
         retry budget has nothing left for it."""
@@ -123,7 +136,7 @@ class OrderRunner:
         update = start_step(
             record,
             step.name,
-            instance=instance,
+            instance=instance_id,
             now=utcnow(),
             timeout=ctx.settings.step_timeout,
             allowance=allowance,
@@ -138,11 +151,10 @@ class OrderRunner:
             recorded_at=utcnow(),
             idempotency_key=idempotency_key(order.order_id, step.name, undo=True),
         )
-        scheduled = ctx.report.event(
-            record.order_id,
+        scheduled = ctx.event(
+            record,
             H.STEP_SCHEDULED,
-            attempt=record.attempt,
-            instance_id=instance,
+            instance_id,
             step=step.name,
             complete_by=update.changes.fields["complete_by"].isoformat(),
             allowance=allowance,
@@ -155,134 +167,72 @@ class OrderRunner:
         order: OrderRecord,
         workflow: Workflow,
         step: StepDefinition,
-        instance: str,
+        instance_id: str,
         *,
         started: bool,
         following: StepDefinition | None,
     ) -> tuple[StateRecord | None, bool]:
         """Run one step: the record it leaves (None: the deadline passed), and whether that
         write also started `following`."""
-        ctx = self._ctx
-        if started:
-            running = record  # the write that completed the previous step started this one
-        else:
-            start = self._start(record, order, step, instance)
-            if start is None:
-                error = ErrorInfo(
-                    kind=ErrorKind.BUDGET_EXHAUSTED,
-                    at=utcnow(),
-                    message=f"retry budget of {record.retry_budget.limit} attempts spent",
-                )
-                return await self._fail(record, workflow, step.name, instance, error), False
-            update, scheduled, undo = start
-            running = await ctx.write(
-                record.order_id, update, history=[scheduled], compensation=undo
+        # When `started`, the write that completed the previous step started this one.
+        running = record if started else await self._start_step(record, order, step, instance_id)
+        if running is None:
+            error = ErrorInfo(
+                kind=ErrorKind.BUDGET_EXHAUSTED,
+                at=utcnow(),
+                message=f"retry budget of {record.retry_budget.limit} attempts spent",
             )
-        assert running.complete_by is not None
-        allowance = running.steps[step.name].allowance
-        attempts = running.steps[step.name].attempts
-        reply = await ctx.ask(
-            step.agent,
-            f"{instance}:{step.name}:{attempts}",
-            renew=ctx.renewer(running, instance),
-            order_id=order.order_id,
-            step=step.name,
-            action=StepAction.DO,
-            operation=step.operation,
-            fencing_token=instance,
-            idempotency_key=idempotency_key(order.order_id, step.name),
-            complete_by=running.complete_by,
-            attempts_allowed=allowance,
-            payload=_payload(order, step),
-        )
+            return await self._failures.fail(record, workflow, step.name, instance_id, error), False
+        reply = await self._ask(running, order, step, instance_id)
         if reply is None:
-            await ctx.report.history(
+            await self._ctx.report.history(
                 record.order_id,
                 H.DEADLINE_EXPIRED,
                 attempt=record.attempt,
-                instance_id=instance,
+                instance_id=instance_id,
                 step=step.name,
             )
             return None, False
         if reply.outcome is StepOutcome.OK:
-            return await self._complete(running, order, workflow, step, instance, reply, following)
-        error = ErrorInfo(
-            kind=reply.error_kind or ErrorKind.PERMANENT,
-            at=utcnow(),
-            message=reply.error_message or "the agent reported a failure",
-        )
-        if error.kind is ErrorKind.TRANSIENT:
-            released = await self._release(
-                running, step.name, instance, error, attempts_used=reply.attempts_used
+            return await self._complete(
+                running, order, workflow, step, instance_id, reply, following
             )
-            return released, False
-        failed = await self._fail(
-            running, workflow, step.name, instance, error, attempts_used=reply.attempts_used
-        )
+        failed = await self._failures.of_reply(running, workflow, step.name, instance_id, reply)
         return failed, False
 
-    async def _release(
-        self,
-        running: StateRecord,
-        step: str,
-        instance: str,
-        error: ErrorInfo,
-        *,
-        attempts_used: int,
-    ) -> StateRecord:
-        """The agent spent its allowance on transient failures (or its circuit is open): give
-        the order back at once, due again after the backoff (or parked at the threshold),
-        rather than wait for the deadline."""
+    async def _start_step(
+        self, record: StateRecord, order: OrderRecord, step: StepDefinition, instance_id: str
+    ) -> StateRecord | None:
+        """The record once the step is started; None when the retry budget has nothing left."""
+        start = self._start(record, order, step, instance_id)
+        if start is None:
+            return None
+        update, scheduled, undo = start
+        return await self._ctx.write(
+            record.order_id, update, history=[scheduled], compensation=undo
+        )
+
+    async def _ask(
+        self, running: StateRecord, order: OrderRecord, step: StepDefinition, instance_id: str
+    ) -> StepReply | None:
+        """Send the step's request and wait for its reply; None when the deadline came first."""
+        assert running.complete_by is not None
         ctx = self._ctx
-        update = release(
-            running,
-            step,
-            instance=instance,
-            now=utcnow(),
-            error=error,
-            attempts_used=attempts_used,
-            policy=ctx.policy,
+        state = running.steps[step.name]
+        return await ctx.ask(
+            step.agent,
+            f"{instance_id}:{step.name}:{state.attempts}",
+            renew=ctx.renewer(running, instance_id),
+            order_id=order.order_id,
+            step=step.name,
+            action=StepAction.DO,
+            operation=step.operation,
+            fencing_token=instance_id,
+            idempotency_key=idempotency_key(order.order_id, step.name),
+            complete_by=running.complete_by,
+            attempts_allowed=state.allowance,
+            payload=_payload(order, step),
         )
-        target = update.changes.fields["process_state"]
-        events = [
-            ctx.report.event(
-                running.order_id,
-                H.STEP_FAILED,
-                attempt=running.attempt,
-                instance_id=instance,
-                step=step,
-                error=error.message,
-                kind=error.kind.value,
-            ),
-            ctx.report.event(
-                running.order_id,
-                H.RECOVERED,
-                attempt=running.attempt,
-                instance_id=instance,
-                to=target.value,
-                failure_count=update.changes.fields["failure_count"],
-                reason="released by its attempt after transient failures",
-            ),
-        ]
-        parked = update.changes.fields.get("error") if target is ProcessState.ERROR else None
-        if parked is not None:
-            events.append(
-                ctx.report.event(
-                    running.order_id,
-                    H.ERROR_RAISED,
-                    attempt=running.attempt,
-                    instance_id=instance,
-                    kind=parked.kind.value,
-                )
-            )
-        after = await ctx.write(running.order_id, update, history=events)
-        log.info(
-            "step failed transiently; order given back",
-            extra={"to": target.value, "error": error.message, "failures": after.failure_count},
-        )
-        if parked is not None:
-            await self._parked(running, after, parked, step)
-        return after
 
     async def _complete(
         self,
@@ -290,7 +240,7 @@ class OrderRunner:
         order: OrderRecord,
         workflow: Workflow,
         step: StepDefinition,
-        instance: str,
+        instance_id: str,
         reply: StepReply,
         following: StepDefinition | None,
     ) -> tuple[StateRecord, bool]:
@@ -302,38 +252,28 @@ class OrderRunner:
             running,
             workflow,
             step.name,
-            instance=instance,
+            instance=instance_id,
             now=utcnow(),
             result=reply.result or {},
             attempts_used=reply.attempts_used,
         )
         events = [
-            ctx.report.event(
-                running.order_id,
+            ctx.event(
+                running,
                 H.STEP_COMPLETED,
-                attempt=running.attempt,
-                instance_id=instance,
+                instance_id,
                 step=step.name,
                 attempts_used=reply.attempts_used,
             )
         ]
-        last = workflow.is_last(step.name)
-        if last:
-            events.append(
-                ctx.report.event(
-                    running.order_id,
-                    H.EXECUTION_COMPLETED,
-                    attempt=running.attempt,
-                    instance_id=instance,
-                )
-            )
         undo: CompensationEntry | None = None
-        if following is not None and not last:
-            completed = apply(running, update.changes)
-            start = self._start(completed, order, following, instance)
-            if start is not None:
-                next_update, scheduled, undo = start
-                update = chain(update, next_update, after_first=completed)
+        if workflow.is_last(step.name):
+            events.append(ctx.event(running, H.EXECUTION_COMPLETED, instance_id))
+        elif following is not None:
+            update, scheduled, undo = self._and_start(
+                running, update, order, following, instance_id
+            )
+            if scheduled is not None:
                 events.append(scheduled)
         after = await ctx.write(running.order_id, update, history=events, compensation=undo)
         if after.process_state is ProcessState.PROCESSED:
@@ -346,88 +286,34 @@ class OrderRunner:
             )
         return after, undo is not None
 
-    async def _fail(
+    def _and_start(
         self,
-        record: StateRecord,
-        workflow: Workflow | None,
-        step: str | None,
-        instance: str,
-        error: ErrorInfo,
-        *,
-        attempts_used: int = 0,
-    ) -> StateRecord:
-        """Park the order in Error (and alert), or move it to Compensating, per the workflow."""
-        ctx = self._ctx
-        compensate = workflow is not None and ctx.settings.compensates(workflow, error.kind)
-        update = fail(
-            record,
-            step or next(iter(record.steps)),
-            instance=instance,
-            now=utcnow(),
-            error=error,
-            attempts_used=attempts_used,
-            compensate_within=ctx.settings.step_timeout if compensate else None,
-        )
-        events = [
-            ctx.report.event(
-                record.order_id,
-                H.STEP_FAILED,
-                attempt=record.attempt,
-                instance_id=instance,
-                step=step,
-                error=error.message,
-                kind=error.kind.value,
-            )
-        ]
-        if not compensate:
-            events.append(
-                ctx.report.event(
-                    record.order_id,
-                    H.ERROR_RAISED,
-                    attempt=record.attempt,
-                    instance_id=instance,
-                    kind=error.kind.value,
-                )
-            )
-        after = await ctx.write(record.order_id, update, history=events)
-        log.info(
-            "order failed",
-            extra={
-                "to": after.process_state.value,
-                "kind": error.kind.value,
-                "error": error.message,
-            },
-        )
-        if not compensate:
-            await self._parked(record, after, error, step)
-        elif error.kind is ErrorKind.BUDGET_EXHAUSTED:
-            # The order is compensated, not parked, but a spent budget is still news for an
-            # operator: the remote service may be failing every call.
-            await ctx.report.alert(
-                AlertKind.BUDGET_EXHAUSTED,
-                f"order {record.order_id} compensated: {error.message}",
-                alert_id=f"budget:{record.order_id}:{record.attempt}",
-                order_id=record.order_id,
-                error_kind=error.kind.value,
-                step=step,
-                severity=Severity.WARNING,
-            )
-        return after
+        running: StateRecord,
+        update: Update,
+        order: OrderRecord,
+        following: StepDefinition,
+        instance_id: str,
+    ) -> tuple[Update, HistoryEvent | None, CompensationEntry | None]:
+        """`update` chained with the start of `following`, with that start's event and undo;
+        `update` alone when the retry budget has nothing left for `following`."""
+        completed = apply(running, update.changes)
+        start = self._start(completed, order, following, instance_id)
+        if start is None:
+            return update, None, None
+        next_update, scheduled, undo = start
+        return chain(update, next_update, after_first=completed), scheduled, undo
 
-    async def _parked(
-        self, record: StateRecord, after: StateRecord, error: ErrorInfo, step: str | None
-    ) -> None:
-        """An order this attempt parked in Error: the alert, and the Failed status message."""
-        ctx = self._ctx
-        await ctx.report.alert(
-            AlertKind.ORDER_ERROR,
-            f"order {record.order_id} in Error ({error.kind}): {error.message}",
-            alert_id=f"order-error:{record.order_id}:{record.attempt}",
-            order_id=record.order_id,
-            error_kind=error.kind.value,
-            step=step,
-        )
-        await ctx.report.failed(record, after.process_state, error.message)
+
+def _following(workflow: Workflow, record: StateRecord, i: int) -> StepDefinition | None:
+    """The first step after the `i`-th that `record` has not Completed."""
+    return next(
+        (
+            s
+            for s in workflow.steps[i + 1 :]
+            if record.steps[s.name].status is not StepStatus.COMPLETED
+        ),
+        None,
+    )
 
 
 def _payload(order: OrderRecord, step: StepDefinition) -> dict[str, Any]:

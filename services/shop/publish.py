@@ -12,11 +12,11 @@ from urllib.parse import urlsplit
 from aio_pika.abc import AbstractIncomingMessage
 
 from services.shop.orders import message_id_of
-from shared.bootstrap import open_broker
+from shared.bootstrap import open_broker, open_publisher
 from shared.broker.connection import login_user
 from shared.broker.envelope import user_of
 from shared.broker.private import PrivateQueue
-from shared.broker.publisher import Publisher
+from shared.broker.publisher import Publishing
 from shared.broker.senders import APP, STATUS_SENDERS, Senders
 from shared.broker.topology import APP_NAME, Names
 from shared.config import Settings
@@ -107,12 +107,7 @@ async def submit_orders(
                 connection, status_queue, follower.on_status, max_bytes=settings.max_message_bytes
             )
             await replies.start()
-        publisher = await Publisher.open(
-            connection,
-            timeout=settings.publish_timeout_s,
-            duplicate_rate=settings.fault_duplicate_rate,
-            seed=settings.fault_seed,
-        )
+        publisher = await open_publisher(settings, connection)
         outcome = await _publish_all(publisher, names, orders, replies, concurrency)
         follower.pending -= {*outcome["rejected"], *outcome["failed"]}
         if wait:
@@ -126,7 +121,7 @@ async def submit_orders(
 
 
 async def _publish_all(
-    publisher: Publisher,
+    publisher: Publishing,
     names: Names,
     orders: list[OrderData],
     replies: PrivateQueue | None,

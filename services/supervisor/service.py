@@ -152,12 +152,12 @@ class Supervisor:
             return  # the attempt moved on, or another supervisor got there first
         self.recoveries += 1
         RECOVERIES.labels(after.process_state.value).inc()
-        attempt, instance = seen.attempt, seen.locked_by
+        attempt, instance_id = seen.attempt, seen.locked_by
         await self._report.history(
             seen.order_id,
             HistoryEventType.RECOVERED,
             attempt=attempt,
-            instance_id=instance,
+            instance_id=instance_id,
             failure_count=after.failure_count,
             to=after.process_state.value,
             expired=seen.complete_by.isoformat() if seen.complete_by else None,

@@ -20,6 +20,17 @@ and every exception lands in a row of this table:
 | any other exception, no retries left      | dead-lettered (`retries-exhausted`)      | released |
 | delivered over `redelivery_limit` times   | dead-lettered (`redelivery-limit`)       | -        |
 
+Where each row is done:
+- `Consumer._process`: the refusals before any handling (no usable `message_id`, a body no
+  contract accepts, a sender that may not send here) and the `redelivery_limit`;
+- `Consumer._dedupe`: a duplicate, and a failure of the inbox claim itself;
+- `Consumer._handle`: whatever the handler returned or raised;
+- `Consumer._hold_through_outages`: an outage, whichever of them met it.
+The copies a message leaves by (a dead letter; a retry copy, or a dead letter once no retries
+are left; a held message's return) are made by shared/broker/detours.py, and the inbox column is
+kept by shared/broker/dedupe.py. The deliveries come through the subscription of
+shared/broker/subscription.py (pause, resume, drain, intake).
+
 So a message that fails the same way every time costs one handling and never comes back, one
 that may pass later is out of the way while it waits (NServiceBus's delayed retries), and only
 an outage, which stops every message alike, holds one. No message delays those behind it by more
@@ -34,17 +45,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import uuid
-from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
 
-import aiormq
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from shared import clock
-from shared.batching import GroupCommit
+from shared.broker.dedupe import Claim, InboxDedupe, inbox_key
 from shared.broker.delivery import (
     ConsumerPolicy,
     Delivery,
@@ -52,7 +58,6 @@ from shared.broker.delivery import (
     PoisonHook,
     delivery_count,
     held,
-    intake_state,
     is_outage,
     order_fields,
     reason_of,
@@ -70,26 +75,23 @@ from shared.broker.envelope import (
     Envelope,
     shown,
 )
-from shared.broker.publisher import Publisher
+from shared.broker.publisher import Publishing
 from shared.broker.senders import Senders, queue_role, queue_senders
+from shared.broker.subscription import Subscription
 from shared.broker.topology import Names
 from shared.domain.coordination import InboxOutcome
 from shared.domain.messages import decode
-from shared.domain.timing import utcnow
 from shared.errors import (
-    ConfigurationError,
     ContractViolation,
     PermanentError,
     PublishError,
     ServiceUnavailable,
     one_line,
 )
-from shared.store.port import Inbox, InboxClaim, InboxDone
+from shared.store.port import Inbox
 from shared.telemetry import bind_log_fields, log_fields
 
 log = logging.getLogger(__name__)
-
-R = TypeVar("R")
 
 __all__ = [
     "DEAD_LETTERED_AT",
@@ -107,16 +109,7 @@ __all__ = [
 ]
 
 
-def inbox_key(delivery: Delivery) -> str:
-    """What the inbox dedupes a message by: its id within its sender's (each sender names its
-    own messages, so no sender can take another's id first and have its messages dropped as
-    duplicates; a replay and a delayed retry keep the original sender, so the key)."""
-    if delivery.user_id is None:
-        return delivery.message_id
-    return f"{delivery.user_id}/{delivery.message_id}"
-
-
-class Consumer:
+class Consumer(Subscription):
     """Consumes one input queue of the hub with one handler."""
 
     def __init__(
@@ -127,21 +120,15 @@ class Consumer:
         names: Names,
         handler: Handler,
         store: Inbox | None,
-        dead_letter_publisher: Publisher,
+        dead_letter_publisher: Publishing,
         policy: ConsumerPolicy,
         holder: str,
         on_poison: PoisonHook | None = None,
     ) -> None:
-        self._channel = channel
-        self._queue_name = queue
-        self._names = names
+        super().__init__(channel=channel, queue=queue, names=names, prefetch=policy.prefetch)
         self._handler = handler
-        self._store = store
         self._policy = policy
         self._holder = holder
-        self._queue: AbstractQueue | None = None
-        self._tag: str | None = None
-        self._inflight: set[asyncio.Task[None]] = set()
         self.stats = Stats()
         self._senders = Senders.of(
             names.hub, policy.user_prefix, policy.own_user, queue_role(names, queue)
@@ -155,112 +142,10 @@ class Consumer:
             stats=self.stats,
             on_poison=on_poison,
         )
-        self.last_taken: float | None = None
-        """`clock.monotonic()` of the last delivery taken (None: none yet)."""
-        self.subscribed_at: float | None = None
         # Messages handled side by side share their inbox round trips (group commit).
-        self._claims: GroupCommit[InboxClaim, InboxOutcome] = GroupCommit(
-            self._claim_batch, max_batch=policy.prefetch
-        )
-        self._completions: GroupCommit[InboxDone, None] = GroupCommit(
-            self._complete_batch, max_batch=policy.prefetch
-        )
+        self._inbox = None if store is None else InboxDedupe(store, queue, policy)
 
-    @property
-    def queue(self) -> str:
-        return self._queue_name
-
-    async def start(self) -> None:
-        await self._channel.set_qos(prefetch_count=self._policy.prefetch)
-        self._queue = await self._channel.get_queue(self._queue_name, ensure=True)
-        for exchange in (self._names.retry(self._queue_name), self._names.dlq(self._queue_name)):
-            try:
-                await self._channel.get_exchange(exchange, ensure=True)
-            except aiormq.exceptions.ChannelNotFoundEntity:
-                # Setting a message aside or dead-lettering it would close the shared
-                # publisher's channel, every time.
-                raise ConfigurationError(
-                    f"exchange {exchange} does not exist: run `orderflow init` (this release "
-                    "adds it) and load the RabbitMQ definitions again"
-                ) from None
-        await self._subscribe()
-
-    async def _subscribe(self) -> None:
-        assert self._queue is not None
-        self._tag = await self._queue.consume(self._on_message, no_ack=False)
-        self.subscribed_at = clock.monotonic()
-
-    @property
-    def paused(self) -> bool:
-        return self._tag is None
-
-    @property
-    def in_hand(self) -> int:
-        """Deliveries being handled right now."""
-        return len(self._inflight)
-
-    async def subscribed(self) -> bool:
-        """Whether the broker still delivers to this consumer: it has not been paused, and its
-        channel is open and still knows the consumer (the broker may cancel one, e.g. when
-        its queue is deleted, and a channel closed by an error drops them all)."""
-        if self._tag is None or self._channel.is_closed:
-            return False
-        try:
-            underlay = await self._channel.get_underlay_channel()
-        except Exception:  # no underlying channel: reconnecting
-            return False
-        consumers = getattr(underlay, "consumers", None)  # aiormq's Channel has it
-        return consumers is None or self._tag in consumers
-
-    async def intake(self, *, ready: int | None, stall_after_s: float) -> dict[str, Any]:
-        """This consumer's intake, for the heartbeat, `/healthz` and `orderflow stats`; `ready`
-        is its queue's depth, read by the caller on a channel of its own (a passive declare of
-        a queue that is gone closes the channel it runs on, and must not close this one's)."""
-        since = self.last_taken or self.subscribed_at
-        idle_s = clock.monotonic() - since if since is not None else 0.0
-        state = intake_state(
-            started=self._queue is not None,
-            paused=self._tag is None,
-            subscribed=await self.subscribed(),
-            ready=ready,
-            idle_s=idle_s,
-            stall_after_s=stall_after_s,
-        )
-        return {
-            "queue": self._queue_name,
-            "state": state,
-            "ready": ready,
-            "in_hand": len(self._inflight),
-            "idle_s": round(idle_s, 1),
-        }
-
-    async def pause(self) -> None:
-        """Stop taking new messages; the ones in hand finish normally."""
-        if self._queue is not None and self._tag is not None:
-            await self._queue.cancel(self._tag)
-            self._tag = None
-
-    async def resume(self) -> None:
-        if self._queue is not None and self._tag is None:
-            await self._subscribe()
-
-    async def stop(self, drain_timeout: float = 10.0) -> None:
-        """Stop taking messages, let the ones in hand finish (bounded), cancel the rest."""
-        if self._queue is not None and self._tag is not None:
-            with contextlib.suppress(Exception):
-                await self._queue.cancel(self._tag)
-            self._tag = None
-        if self._inflight:
-            _, pending = await asyncio.wait(self._inflight, timeout=drain_timeout)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._inflight.add(task)
-        self.last_taken = clock.monotonic()
+    async def _deliver(self, message: AbstractIncomingMessage) -> None:
         envelope = Envelope.of(message)
         # The block scopes this delivery's fields, and the order fields `_process` binds once
         # the body is decoded (leaving the block restores what was there before both).
@@ -278,9 +163,6 @@ class Consumer:
                 log.exception("unexpected failure handling a message; requeueing it")
                 with contextlib.suppress(Exception):
                     await self._detours.requeue(message, counted=True)
-            finally:
-                if task is not None:
-                    self._inflight.discard(task)
 
     async def _hold_through_outages(
         self, message: AbstractIncomingMessage, envelope: Envelope
@@ -344,10 +226,12 @@ class Consumer:
             user_id=sender,
             retries=envelope.retries(self._policy.delayed_retries),
         )
-        if self._store is None:
-            await self._handle(message, envelope, delivery, holder=None)
+        if self._inbox is None:
+            await self._handle(message, envelope, delivery, claim=None)
         else:
-            await self._dedupe(message, envelope, delivery, holder)
+            await self._dedupe(
+                message, envelope, delivery, Claim(self._inbox, inbox_key(delivery), holder)
+            )
 
     def _authorise(
         self, message: AbstractIncomingMessage, envelope: Envelope
@@ -379,11 +263,11 @@ class Consumer:
         message: AbstractIncomingMessage,
         envelope: Envelope,
         delivery: Delivery,
-        holder: str,
+        claim: Claim,
     ) -> None:
         """Handle the message unless the inbox has its id already (or another consumer does)."""
         try:
-            outcome = await self._claim(inbox_key(delivery), holder)
+            outcome = await claim.take()
         except PermanentError as exc:  # the store refuses this message id
             await self._detours.dead_letter(
                 message, envelope, reason_of(exc), one_line(exc, 1000), sender=delivery.user_id
@@ -402,19 +286,7 @@ class Consumer:
         elif outcome is InboxOutcome.BUSY:
             await self._detours.requeue(message)
         else:
-            await self._handle(message, envelope, delivery, holder=holder)
-
-    async def _claim(self, message_id: str, holder: str) -> InboxOutcome:
-        """Claim the message id; while another live consumer holds it, wait (bounded) for it."""
-        assert self._store is not None
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + self._policy.claim_ttl.total_seconds() + 1
-        while True:
-            claim = InboxClaim(message_id, holder, utcnow() + self._policy.claim_ttl)
-            outcome = await self._claims.submit(claim)
-            if outcome is not InboxOutcome.BUSY or loop.time() >= give_up:
-                return outcome
-            await asyncio.sleep(self._policy.busy_poll)
+            await self._handle(message, envelope, delivery, claim=claim)
 
     async def _handle(
         self,
@@ -422,9 +294,9 @@ class Consumer:
         envelope: Envelope,
         delivery: Delivery,
         *,
-        holder: str | None,
+        claim: Claim | None,
     ) -> None:
-        """`holder` is this delivery's inbox claim, or None when the consumer does not dedupe."""
+        """`claim` is this delivery's in the inbox, or None when the consumer does not dedupe."""
         try:
             async with asyncio.timeout(self._policy.handler_timeout):
                 await self._handler(delivery)
@@ -436,66 +308,19 @@ class Consumer:
             await self._detours.dead_letter(
                 message, envelope, reason_of(exc), text, sender=delivery.user_id
             )
-            if holder:
-                await self._release(inbox_key(delivery), holder)
+            if claim is not None:
+                await claim.release()
             return
         except Exception as exc:
             if is_outage(exc):
                 raise  # held and retried by the caller; the claim stays ours (re-entrant)
-            if holder:
-                await self._release(inbox_key(delivery), holder)
+            if claim is not None:
+                await claim.release()
             await self._detours.set_aside(message, envelope, delivery, exc)
             return
         # Done: from here on nothing may run the handler again, whatever fails.
-        if holder:
-            await self._mark_done(inbox_key(delivery), holder)
+        if claim is not None:
+            await claim.done()
         self.stats.handled += 1
         self._detours.count("handled")
         await message.ack()
-
-    async def _mark_done(self, message_id: str, holder: str) -> None:
-        """Record the message as handled, retrying only this write through an outage (within
-        the patience). Past it the claim expires on its own: a copy that came later could then
-        be handled again, which every handler tolerates (the inbox only saves the work)."""
-        try:
-            await held(
-                lambda: self._complete(message_id, holder),
-                patience=self._policy.outage_patience,
-                backoff_cap=self._policy.outage_backoff_cap,
-            )
-        except Exception as exc:
-            log.warning(
-                "handled, but could not mark it done; its claim will expire",
-                extra={"error": one_line(exc)},
-            )
-
-    async def _claim_batch(self, claims: Sequence[InboxClaim]) -> list[InboxOutcome]:
-        assert self._store is not None
-        return await self._for_the_batch(
-            # Expiry judged allowing for the clock of the consumer that set it.
-            self._store.inbox_claim_many(
-                self._queue_name, claims, now=utcnow() - self._policy.clock_skew
-            )
-        )
-
-    async def _complete(self, message_id: str, holder: str) -> None:
-        keep_until = utcnow() + self._policy.dedupe_window
-        await self._completions.submit(InboxDone(message_id, holder, keep_until))
-
-    async def _complete_batch(self, done: Sequence[InboxDone]) -> list[None]:
-        assert self._store is not None
-        await self._for_the_batch(self._store.inbox_complete_many(self._queue_name, done))
-        return [None] * len(done)
-
-    async def _for_the_batch(self, round_trip: Coroutine[Any, Any, R]) -> R:
-        """Run a group commit's round trip without the fields of the delivery whose submit
-        happened to start the flusher (its task copied that delivery's context): the batch
-        holds many messages, and its lines must not name one of them."""
-        context = contextvars.Context()
-        context.run(bind_log_fields, queue=self._queue_name)
-        return await asyncio.create_task(round_trip, context=context)
-
-    async def _release(self, message_id: str, holder: str) -> None:
-        assert self._store is not None
-        with contextlib.suppress(Exception):
-            await self._store.inbox_release(self._queue_name, message_id, holder=holder)

@@ -21,7 +21,7 @@ from shared.broker.delivery import (
     held,
 )
 from shared.broker.envelope import Envelope, dead_letter_copy, retry_copy, shown
-from shared.broker.publisher import Publisher
+from shared.broker.publisher import Publishing
 from shared.broker.topology import Names
 from shared.domain.redaction import redact_text
 from shared.domain.text import cut, printable
@@ -53,7 +53,7 @@ class Detours:
         *,
         queue: str,
         names: Names,
-        publisher: Publisher,
+        publisher: Publishing,
         policy: ConsumerPolicy,
         stats: Stats,
         on_poison: PoisonHook | None,

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import aio_pika
 import aiormq
@@ -38,44 +37,49 @@ def build_message(
     )
 
 
+class Publishing(Protocol):
+    """What the processes publish through: a `Publisher`, or a fault drill wrapped around one
+    (shared/broker/drills.py, chosen by the bootstrap)."""
+
+    async def publish(
+        self,
+        contract: Contract,
+        *,
+        exchange: str,
+        routing_key: str,
+        message_id: str,
+        correlation_id: str | None = None,
+        reply_to: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+    ) -> None: ...
+
+    async def publish_raw(
+        self, message: aio_pika.Message, *, exchange: str, routing_key: str
+    ) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class Publisher:
     """Publishes on one confirming channel. Safe to share between tasks of one process."""
 
     def __init__(
-        self,
-        channel: AbstractChannel,
-        *,
-        timeout: float,
-        duplicate_rate: float = 0.0,
-        rng: random.Random | None = None,
-        user_id: str | None = None,
+        self, channel: AbstractChannel, *, timeout: float, user_id: str | None = None
     ) -> None:
         self._channel = channel
         self._user_id = user_id
         self._timeout = timeout
         self._exchanges: dict[str, AbstractExchange] = {}
-        self._duplicate_rate = duplicate_rate
-        self._rng = rng or random.Random()
 
     @classmethod
     async def open(
-        cls,
-        connection: aio_pika.abc.AbstractConnection,
-        *,
-        timeout: float,
-        duplicate_rate: float = 0.0,
-        seed: int | None = None,
+        cls, connection: aio_pika.abc.AbstractConnection, *, timeout: float
     ) -> Publisher:
-        """`duplicate_rate` is fault injection: that share of messages is published twice.
-        Every message goes out with the connection's user as its `user_id`, which the broker
+        """Every message goes out with the connection's user as its `user_id`, which the broker
         checks, so receivers know who sent it (shared/broker/senders.py)."""
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         return cls(
-            channel,
-            timeout=timeout,
-            duplicate_rate=duplicate_rate,
-            rng=random.Random(seed),
-            user_id=login_user(str(getattr(connection, "url", ""))),
+            channel, timeout=timeout, user_id=login_user(str(getattr(connection, "url", "")))
         )
 
     async def close(self) -> None:
@@ -107,8 +111,6 @@ class Publisher:
             headers=headers,
         )
         await self.publish_raw(message, exchange=exchange, routing_key=routing_key)
-        if self._duplicate_rate and self._rng.random() < self._duplicate_rate:
-            await self.publish_raw(message, exchange=exchange, routing_key=routing_key)
 
     async def publish_raw(
         self, message: aio_pika.Message, *, exchange: str, routing_key: str

@@ -12,6 +12,8 @@ def instance_id(order_id: str, attempt: int) -> str:
 
 
 def parse_instance_id(value: str) -> tuple[str, int]:
+    """(order id, attempt) of an instance id; ValueError for anything else (the remote service
+    reads the attempt of a fencing token with it: services/remote/ledger.py)."""
     order_id, sep, attempt = value.rpartition(":")
     if not sep or not order_id or not attempt.isdigit():
         raise ValueError(f"not an instance id: {value!r}")

@@ -10,11 +10,12 @@ dead-lettered body passes through `redact_body` first, and its headers through `
   wherever it is: in text, in a key or a header name (the value under it goes too: it is that
   card's data), and in a number (an integer, or the integer part of a float or a Decimal);
 - a **sensitive name** is a key or header name that says card data or a secret (`cvv_code`,
-  `cardNumber`, `X-Card-PAN`, `exp_month`, …; `_sensitive` has the rules). Its value is
-  masked whatever it holds.
+  `cardNumber`, `X-Card-PAN`, `exp_month`, …). Its value is masked whatever it holds.
 
 Both read text alike: a `"name": value` pair in text (a body that is not JSON, or JSON inside
-a string) is found by one linear scan. Redacting is total (any input gives an output, never an
+a string) is found by one linear scan. The rules, and the redaction of text, are in
+shared/domain/redaction_text.py; this module walks bodies, header tables and other values with
+them. Redacting is total (any input gives an output, never an
 exception), linear in the input's size, and idempotent: what it gives back has nothing more
 to mask.
 """
@@ -22,248 +23,31 @@ to mask.
 from __future__ import annotations
 
 import json
-import math
-import re
-from bisect import bisect_left
 from collections.abc import Mapping
-from decimal import Decimal
-from functools import lru_cache
-from itertools import accumulate, pairwise
 from typing import Any
 
 from shared.domain import jsonsafe
-
-MARK = "[redacted]"
-CARD_MARK = "[redacted card number]"
-
-# -- card numbers
-
-_RUN = re.compile(r"\d(?<!\d\d)(?:[ -]?\d){11,}")
-"""A run of 12 or more digits with single separators: where card numbers can be. (The look
-behind comes after the first digit: a pattern that starts with a digit is searched for with
-`re`'s fast scan for its first character, twice as fast over text.)"""
-_SEPARATED = re.compile(r"([ -])")
-_DOUBLED = (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)
-_SHORTEST, _LONGEST = 12, 19
-
-
-def luhn_valid(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        n = int(ch)
-        total += _DOUBLED[n] if i % 2 else n
-    return total % 10 == 0
-
-
-def _is_card(digits: str) -> bool:
-    return _SHORTEST <= len(digits) <= _LONGEST and luhn_valid(digits)
-
-
-def _card_windows(groups: list[str]) -> list[tuple[int, int]]:
-    """The card numbers in a run of digit groups: (first, last) group of each, overlaps merged.
-
-    A card number beside other digits ("4111 1111 1111 1111 123", its CVV) is a window of
-    whole groups. With prefix sums of the Luhn weights, a window is valid when the sums at its
-    two ends are equal modulo 10; so for each end, one bisection finds the farthest start
-    with that residue (ends at an even digit index weigh even indexes plain and odd ones
-    doubled, odd ends the other way round). Linear in the run, and most of it runs in C."""
-    values = list(map(int, "".join(groups)))
-    doubled = list(map(_DOUBLED.__getitem__, values))
-    bounds = list(accumulate(map(len, groups), initial=0))  # where each group starts
-    residues = []
-    for plain, other in ((values, doubled), (doubled, values)):
-        weights = plain.copy()
-        weights[1::2] = other[1::2]
-        sums = list(accumulate(weights, initial=0))
-        residues.append([sums[bound] % 10 for bound in bounds])
-    starts: list[list[list[int]]] = [[[] for _ in range(10)] for _ in range(2)]
-    for bound, even, odd in zip(bounds[:-1], residues[0], residues[1], strict=False):
-        starts[0][even].append(bound)
-        starts[1][odd].append(bound)
-    spans: list[tuple[int, int]] = []
-    for last, end in enumerate(bounds[1:]):
-        parity = (end - 1) % 2
-        candidates = starts[parity][residues[parity][last + 1]]
-        i = bisect_left(candidates, end - _LONGEST)
-        if i == len(candidates) or candidates[i] > end - _SHORTEST:
-            continue
-        first = bisect_left(bounds, candidates[i])
-        while spans and spans[-1][1] >= first:
-            first = min(first, spans.pop()[0])
-        spans.append((first, last))
-    return spans
-
-
-def _mask_digits(run: str) -> str:
-    """A run of digit groups with the card numbers in it masked."""
-    parts = _SEPARATED.split(run)  # digit groups at even indexes, separators between
-    groups = parts[::2]
-    if _is_card("".join(groups)):
-        return CARD_MARK
-    if len(groups) == 1:
-        return run
-    spans = _card_windows(groups)
-    if not spans:
-        return run
-    out, kept_from = [], 0
-    for first, last in spans:
-        out += [*parts[kept_from : 2 * first], CARD_MARK]
-        kept_from = 2 * last + 1
-    out += parts[kept_from:]
-    return "".join(out)
-
-
-def _escaped_digits(text: str, start: int) -> int:
-    """How many digits at `start` end a `\\uXXXX` escape: in JSON read as text (a body cut
-    short), `n\\u00b04111…` is `n°` and a card number, not a 17-digit run."""
-    for escape in range(max(start - 5, 0), start - 1):
-        hexits = text[escape + 2 : escape + 6]
-        if text.startswith("\\u", escape) and len(hexits) == 4 and _HEX.fullmatch(hexits):
-            # `\\u0000…` is a written backslash, then digits: an escape only where the
-            # backslash is not itself escaped (an odd run of them ends at it).
-            backslashes = escape + 1 - len(text[: escape + 1].rstrip("\\"))
-            return escape + 6 - start if backslashes % 2 else 0
-    return 0
-
-
-_HEX = re.compile(r"[0-9a-fA-F]{4}")
-
-
-def _mask_run(match: re.Match[str]) -> str:
-    run = match.group()
-    escaped = _escaped_digits(match.string, match.start()) if match.start() >= 2 else 0
-    if not escaped:
-        return _mask_digits(run)
-    rest = run[escaped:]
-    lead = 1 if rest[:1] in (" ", "-") else 0
-    return run[: escaped + lead] + _mask_digits(rest[lead:])
-
-
-def redact_text(text: str, *, escapes: bool = True) -> str:
-    """`text` with every card number in it masked. `escapes`: the text may be JSON as written
-    (a body cut short, an error line), where `\\u00b0` before digits is one character; a
-    string parsed from JSON has no escapes left, so there `\\u0000` is a backslash, a `u` and
-    digits (a hypothesis finding: the key `\\u000000000000` kept its card number)."""
-    return _RUN.sub(_mask_run if escapes else _mask_plain, text)
-
-
-def _mask_plain(match: re.Match[str]) -> str:
-    return _mask_digits(match.group())
-
-
-def _card_number(value: Any) -> bool:
-    """Whether a number is a card number: an integer, or the integer part of a float or a
-    Decimal (the digits JSON or a log would show of it)."""
-    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
-        return False
-    if isinstance(value, float | Decimal):
-        finite = value.is_finite() if isinstance(value, Decimal) else math.isfinite(value)
-        if not (finite and -(10**_LONGEST) < value < 10**_LONGEST):
-            return False
-        value = int(value)
-    return -(10**_LONGEST) < value < 10**_LONGEST and _is_card(str(abs(value)))
-
-
-# -- sensitive names
-
-_FRAGMENTS = (
-    "cvv", "cvc", "cardnum", "ccnum", "cardcode", "securitycode", "cardverification",
-    "cardsecurity", "creditcard", "debitcard", "paymentcard", "cardholder", "accountnumber",
-    "iban", "trackdata", "track1", "track2", "magstripe", "magneticstripe", "pinblock",
-    "password", "passwd", "passphrase", "secret",
-)  # fmt: skip
-"""Parts of a normalised name (lower case, letters and digits only) that no ordinary word has."""
-_WORDS = frozenset({"pan", "pin", "ccv", "cvn", "cvd", "csc", "cav"})
-"""Short names, sensitive as whole words only (`pan` is in company, `pin` in shipping)."""
-_PAIRS = frozenset({("card", "no"), ("card", "nr"), ("account", "no"), ("cc", "no")})
-_EXACT = frozenset({"card", "ccn"})
-_EXPIRY = frozenset({"exp", "expiry", "expiration"})
-_CARD_CONTEXT = frozenset({"card", "cc", "credit", "debit", "payment"})
-_DATE_PARTS = frozenset({"date", "month", "year", "mm", "yy", "yyyy", "mmyy", "mmyyyy", "on"})
-"""An expiry word is sensitive beside a card word, or with date parts only (`exp_month`), but
-not in `token_expiry` or RabbitMQ's `original-expiration`."""
-
-_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
-_NOT_ALNUM = re.compile(r"[\W_]+")
-_CACHED_NAME = 64
-
-
-def _sensitive(name: str) -> bool:
-    """Whether a key or header name says card data or a secret, in any case and separator
-    style (`cvv_code`, `cardVerificationCode`, `X-Card-PAN`, `CARD_NO`)."""
-    return _sensitive_cached(name) if len(name) <= _CACHED_NAME else _sensitive_uncached(name)
-
-
-def _sensitive_uncached(name: str) -> bool:
-    normal = name.lower() if name.isalnum() else _NOT_ALNUM.sub("", name.lower())
-    if not _TRIGGER.search(normal):
-        return False  # most names: nothing below can be in them
-    if normal in _EXACT or any(fragment in normal for fragment in _FRAGMENTS):
-        return True
-    words = [word.lower() for word in _WORD.findall(name)]
-    if words[:1] == ["x"] and name[1:2] in ("-", "_"):
-        del words[0]  # the custom-header prefix of `X-Card-Expiry` says nothing
-    if _WORDS.intersection(words) or _PAIRS.intersection(pairwise(words)):
-        return True
-    kinds = set(words)
-    return bool(kinds & _EXPIRY) and (bool(kinds & _CARD_CONTEXT) or kinds <= _EXPIRY | _DATE_PARTS)
-
-
-def _any_of(words: set[str]) -> str:
-    """A regex for any of `words`, branching letter by letter: `re` tries every branch of a
-    flat alternation at every position, and this is three times faster on a long name."""
-    if "" in words:
-        rest = _any_of(words - {""}) if len(words) > 1 else ""
-        return f"(?:{rest})?" if rest else ""
-    tails: dict[str, set[str]] = {}
-    for word in words:
-        tails.setdefault(word[0], set()).add(word[1:])
-    branches = [re.escape(head) + _any_of(tails[head]) for head in sorted(tails)]
-    return branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
-
-
-_TRIGGER = re.compile(
-    _any_of({*_FRAGMENTS, *_WORDS, *("".join(pair) for pair in _PAIRS), *_EXPIRY, *_EXACT})
+from shared.domain.redaction_text import (
+    CARD_MARK,
+    MARK,
+    card_number,
+    has_digit_run,
+    is_card,
+    luhn_valid,
+    redact_pairs,
+    redact_text,
+    sensitive_name,
 )
-"""Found in every sensitive name (normalised): the rules need not run where it is not."""
-_sensitive_cached = lru_cache(maxsize=4096)(_sensitive_uncached)
 
-# -- `"name": value` pairs in text
-
-_KEY = re.compile(r'"([^"\\]*(?:\\.[^"\\]*)*)"\s*:\s*')
-"""A `"name":` in text. Each quote starts at most one scan, to the next quote that is not
-escaped, so all of them cost one pass."""
-_VALUE = re.compile(
-    r'"(?:[^"\\]|\\.)*(?:"|\\?\Z)'  # a string, or one cut off at the end
-    r"|\{[^{}]*(?:\}|\Z)|\[[^\[\]]*(?:\]|\Z)"  # a flat object or array
-    r"|[-+\w.]+"  # a number, a literal, or whatever a broken sender wrote
-)
-_MASKED_VALUE = f'"{MARK}"'
-
-
-def _redact_keyed(text: str) -> str:
-    """`text` with the value of each `"name": value` pair under a sensitive name masked.
-
-    Every name is looked at, and the scan goes on right after it (a value under another name
-    may hold pairs of its own), or after the value it masked: one pass, linear. Until it masks
-    something it looks at exactly the names `findall` finds, so when none of those is
-    sensitive (most texts) the scan in C is all there is."""
-    if not any(map(_sensitive, set(_KEY.findall(text)))):
-        return text
-    out: list[str] = []
-    pos = kept_from = 0
-    while (key := _KEY.search(text, pos)) is not None:
-        pos = key.end()
-        if not _sensitive(key.group(1)) or (value := _VALUE.match(text, pos)) is None:
-            continue
-        if value.group() != _MASKED_VALUE:
-            out += [text[kept_from : key.start()], f'"{key.group(1)}": {_MASKED_VALUE}']
-            kept_from = value.end()
-        pos = value.end()
-    return "".join([*out, text[kept_from:]]) if out else text
-
-
-# -- values
+__all__ = [
+    "CARD_MARK",
+    "MARK",
+    "luhn_valid",
+    "redact_body",
+    "redact_headers",
+    "redact_text",
+    "redact_value",
+]
 
 
 class _CardNumber:
@@ -304,11 +88,11 @@ class _Redactor:
             text = bytes(value).decode("utf-8", "surrogateescape")
             masked = self.text(text)
             return value if masked is text else _like(value, masked)
-        return CARD_MARK if self.cards and _card_number(value) else value
+        return CARD_MARK if self.cards and card_number(value) else value
 
     def text(self, text: str) -> str:
         masked = redact_text(text, escapes=False) if self.cards else text
-        masked = _redact_keyed(masked) if self.pairs and '"' in masked else masked
+        masked = redact_pairs(masked) if self.pairs and '"' in masked else masked
         return text if masked == text else masked
 
     def array(self, items: list[Any], depth: int) -> list[Any]:
@@ -320,7 +104,7 @@ class _Redactor:
         changed = False
         for key, value in table.items():
             name = self.name(key)
-            if name is not key or (isinstance(key, str) and _sensitive(key)):
+            if name is not key or (isinstance(key, str) and sensitive_name(key)):
                 out = _masked(value)  # a card number's name says the value is its data
             else:
                 out = self.value(value, depth)
@@ -346,7 +130,7 @@ class _Redactor:
         if isinstance(key, str):
             masked = redact_text(key, escapes=False) if self.cards else key
             return key if masked == key else masked
-        return CARD_MARK if self.cards and _card_number(key) else key
+        return CARD_MARK if self.cards and card_number(key) else key
 
 
 def _like(value: bytes | bytearray, text: str) -> bytes | bytearray:
@@ -400,7 +184,7 @@ def _float(text: str) -> Any:
     # The text's own integer part too: a 19-digit card number does not fit in a float.
     integer = text.lstrip("-").partition(".")[0].partition("e")[0].partition("E")[0]
     value = float(text)
-    return _CARD if _is_card(integer) or _card_number(value) else value
+    return _CARD if is_card(integer) or card_number(value) else value
 
 
 _LENIENT = json.JSONDecoder(
@@ -440,9 +224,7 @@ def _redact_json(raw: Any, text: str) -> bytes | None:
     """The JSON value redacted and written, or None when nothing in it was masked. Strings
     can only hold a card number or a quote if the text has a digit run or an escape."""
     escaped = "\\u" in text
-    redactor = _Redactor(
-        cards=escaped or _RUN.search(text) is not None, pairs=escaped or '\\"' in text
-    )
+    redactor = _Redactor(cards=escaped or has_digit_run(text), pairs=escaped or '\\"' in text)
     redacted = redactor.value(raw, 0)
     if redacted is raw:
         return None
@@ -462,7 +244,7 @@ def redact_body(body: bytes) -> tuple[bytes, bool]:
         redacted = _redact_json(raw, text)
         return (body, False) if redacted is None else (redacted, True)
     text = body.decode("utf-8", errors="surrogateescape")
-    masked = _redact_keyed(redact_text(text))
+    masked = redact_pairs(redact_text(text))
     if masked == text:
         return body, False
     out = masked.encode("utf-8", errors="surrogateescape")

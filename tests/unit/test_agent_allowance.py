@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tenacity import wait_none
 
-import services.agents.agent as agent_module
+import services.agents.calls as calls_module
 from services.agents.agent import Agent
 from services.agents.attempts import MemoryTickets
 from shared.broker.consumer import Delivery
@@ -117,7 +117,7 @@ async def test_no_run_of_handlings_spends_beyond_the_allowance(
         deliveries=1,
     )
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(agent_module, "RETRY_WAIT", wait_none())  # no pauses between attempts
+        patch.setattr(calls_module, "RETRY_WAIT", wait_none())  # no pauses between attempts
         for cut in [*cuts, "none"]:  # the last handling runs to its end
             remote.bug_after_next = cut == "bug-after-call"
             tickets.fail_next = cut if cut.startswith("store") else None

@@ -14,9 +14,10 @@ import click
 import pybreaker
 import pytest
 
-from services.agents.agent import Agent, attempt_outcome
+from services.agents.agent import Agent
 from services.agents.attempts import MemoryTickets
 from services.agents.breakers import Breakers
+from services.agents.calls import attempt_outcome
 from services.cli.up import metrics_ports, topology
 from services.scheduler.leader_watch import LeaderWatch
 from shared.config import load_settings

@@ -182,7 +182,8 @@ def test_two_kinds_sharing_a_password_or_a_set_key_still_have_their_own_keys() -
 
 
 def test_the_inbox_dedupes_a_message_id_within_its_sender_only() -> None:
-    from shared.broker.consumer import Delivery, inbox_key
+    from shared.broker.consumer import Delivery
+    from shared.broker.dedupe import inbox_key
     from shared.domain.messages import SubmitOrder
     from tests.support.factories import order_data
 

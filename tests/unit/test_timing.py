@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from services.remote.ledger import attempt_of
 from shared.domain.identity import instance_id, parse_instance_id
 from shared.domain.timing import deadline, is_expired, recovery_backoff, utcnow
 
@@ -24,6 +25,18 @@ def test_instance_id_round_trips(order_id: str, attempt: int, expected: str) -> 
 def test_parse_instance_id_refuses_what_is_not_one(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_instance_id(bad)
+
+
+@pytest.mark.parametrize(
+    ("token", "attempt"),
+    [("o-1:3", 3), ("shop/o-1:2", 2), ("f-1", 0), (":3", 0), ("o-1:x", 0), ("o-1:\u00b2", 0)],
+)
+def test_the_remote_service_reads_a_fencing_tokens_attempt_by_the_same_parser(
+    token: str, attempt: int
+) -> None:
+    """A token that is not an instance id names attempt 0, which any fence refuses (a
+    superscript digit, which `str.isdigit` takes and `int` refuses, included)."""
+    assert attempt_of(token) == attempt
 
 
 def test_attempts_are_numbered_from_one() -> None:

@@ -1,0 +1,142 @@
+"""A consumer's hold on its queue: its subscription (prefetch, pause, resume, and on stop a bounded
+drain of the deliveries in hand), and what its intake is doing, for the heartbeat, `/healthz` and
+`orderflow stats`. What becomes of each delivery is the consumer's (shared/broker/consumer.py,
+a `Subscription` that decides every delivery's outcome).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+
+from shared import clock
+from shared.broker.delivery import intake_state
+from shared.broker.topology import Names
+from shared.errors import ConfigurationError
+
+
+class Subscription:
+    """Takes the deliveries of one input queue of the hub and hands each to `_deliver`."""
+
+    def __init__(
+        self, *, channel: AbstractChannel, queue: str, names: Names, prefetch: int
+    ) -> None:
+        self._channel = channel
+        self._queue_name = queue
+        self._names = names
+        self._prefetch = prefetch
+        self._queue: AbstractQueue | None = None
+        self._tag: str | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+        self.last_taken: float | None = None
+        """`clock.monotonic()` of the last delivery taken (None: none yet)."""
+        self.subscribed_at: float | None = None
+
+    @property
+    def queue(self) -> str:
+        return self._queue_name
+
+    async def start(self) -> None:
+        await self._channel.set_qos(prefetch_count=self._prefetch)
+        self._queue = await self._channel.get_queue(self._queue_name, ensure=True)
+        for exchange in (self._names.retry(self._queue_name), self._names.dlq(self._queue_name)):
+            try:
+                await self._channel.get_exchange(exchange, ensure=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                # Setting a message aside or dead-lettering it would close the shared
+                # publisher's channel, every time.
+                raise ConfigurationError(
+                    f"exchange {exchange} does not exist: run `orderflow init` (this release "
+                    "adds it) and load the RabbitMQ definitions again"
+                ) from None
+        await self._subscribe()
+
+    async def _subscribe(self) -> None:
+        assert self._queue is not None
+        self._tag = await self._queue.consume(self._take, no_ack=False)
+        self.subscribed_at = clock.monotonic()
+
+    @property
+    def paused(self) -> bool:
+        return self._tag is None
+
+    @property
+    def in_hand(self) -> int:
+        """Deliveries being handled right now."""
+        return len(self._inflight)
+
+    async def subscribed(self) -> bool:
+        """Whether the broker still delivers to this consumer: it has not been paused, and its
+        channel is open and still knows the consumer (the broker may cancel one, e.g. when
+        its queue is deleted, and a channel closed by an error drops them all)."""
+        if self._tag is None or self._channel.is_closed:
+            return False
+        try:
+            underlay = await self._channel.get_underlay_channel()
+        except Exception:  # no underlying channel: reconnecting
+            return False
+        consumers = getattr(underlay, "consumers", None)  # aiormq's Channel has it
+        return consumers is None or self._tag in consumers
+
+    async def intake(self, *, ready: int | None, stall_after_s: float) -> dict[str, Any]:
+        """This consumer's intake, for the heartbeat, `/healthz` and `orderflow stats`; `ready`
+        is its queue's depth, read by the caller on a channel of its own (a passive declare of
+        a queue that is gone closes the channel it runs on, and must not close this one's)."""
+        since = self.last_taken or self.subscribed_at
+        idle_s = clock.monotonic() - since if since is not None else 0.0
+        state = intake_state(
+            started=self._queue is not None,
+            paused=self._tag is None,
+            subscribed=await self.subscribed(),
+            ready=ready,
+            idle_s=idle_s,
+            stall_after_s=stall_after_s,
+        )
+        return {
+            "queue": self._queue_name,
+            "state": state,
+            "ready": ready,
+            "in_hand": len(self._inflight),
+            "idle_s": round(idle_s, 1),
+        }
+
+    async def pause(self) -> None:
+        """Stop taking new messages; the ones in hand finish normally."""
+        if self._queue is not None and self._tag is not None:
+            await self._queue.cancel(self._tag)
+            self._tag = None
+
+    async def resume(self) -> None:
+        if self._queue is not None and self._tag is None:
+            await self._subscribe()
+
+    async def stop(self, drain_timeout: float = 10.0) -> None:
+        """Stop taking messages, let the ones in hand finish (bounded), cancel the rest."""
+        if self._queue is not None and self._tag is not None:
+            with contextlib.suppress(Exception):
+                await self._queue.cancel(self._tag)
+            self._tag = None
+        if self._inflight:
+            _, pending = await asyncio.wait(self._inflight, timeout=drain_timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _take(self, message: AbstractIncomingMessage) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        self.last_taken = clock.monotonic()
+        try:
+            await self._deliver(message)
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
+
+    async def _deliver(self, message: AbstractIncomingMessage) -> None:
+        """What becomes of one delivery (the consumer's outcome table)."""
+        raise NotImplementedError
