@@ -7,13 +7,17 @@ and every exception lands in a row of this table:
 |-------------------------------------------|------------------------------------------|----------|
 | returned                                  | ack                                      | done     |
 | duplicate `message_id`                    | ack, handler not called                  | -        |
+| its `message_id` claimed by another       | waits `busy_wait` in hand, then returned | -        |
+| delivery (a copy handled now, or one      | uncounted: a copy to `<queue>.retry`,    |          |
+| whose consumer died, until its claim      | back after `retry_delay`; original acked |          |
+| expires)                                  |                                          |          |
 | no or unusable `message_id`, a bad body,  | dead-lettered at its first delivery with | released |
 | a `ContractViolation`, any other          | its reason and the error; poison alert   |          |
 | `PermanentError` (`StoreRefused`: data    |                                          |          |
 | the store cannot hold)                    |                                          |          |
 | a known outage (`ServiceUnavailable`:     | held: retried in place with backoff and  | kept     |
 | store or broker unreachable;              | jitter for `outage_patience`, then       |          |
-| `PublishError`, the dead letter's or the  | requeued                                 |          |
+| `PublishError`, the dead letter's or the  | returned uncounted, as above             |          |
 | retry copy's own publish included)        |                                          |          |
 | any other exception, delayed retries left | set aside: a copy to `<queue>.retry`,    | released |
 |                                           | back after `retry_delay`; original acked |          |
@@ -23,7 +27,8 @@ and every exception lands in a row of this table:
 Where each row is done:
 - `Consumer._process`: the refusals before any handling (no usable `message_id`, a body no
   contract accepts, a sender that may not send here) and the `redelivery_limit`;
-- `Consumer._dedupe`: a duplicate, and a failure of the inbox claim itself;
+- `Consumer._dedupe`: a duplicate, an id another delivery holds, and a failure of the inbox
+  claim itself;
 - `Consumer._handle`: whatever the handler returned or raised;
 - `Consumer._hold_through_outages`: an outage, whichever of them met it.
 The copies a message leaves by (a dead letter; a retry copy, or a dead letter once no retries
@@ -284,7 +289,15 @@ class Consumer(Subscription):
             log.info("duplicate message dropped")
             await message.ack()
         elif outcome is InboxOutcome.BUSY:
-            await self._detours.requeue(message)
+            # Another delivery holds its id (a copy handled right now, or one whose consumer
+            # died, until its claim expires): the message waits out of hand, uncounted.
+            await self._detours.return_held(
+                message,
+                envelope,
+                delivery.user_id,
+                f"its message id is claimed by another delivery for {self._policy.busy_wait}s",
+                waiting_for="another delivery's claim",
+            )
         else:
             await self._handle(message, envelope, delivery, claim=claim)
 

@@ -71,9 +71,11 @@ class InboxDedupe:
         )
 
     async def claim(self, key: str, holder: str) -> InboxOutcome:
-        """Claim the message id; while another live consumer holds it, wait (bounded) for it."""
+        """Claim the message id; while another delivery holds it, wait for it, `busy_wait` at
+        most (a copy handled right now ends sooner; one whose consumer died holds it until its
+        claim expires, and the message must not wait for that in hand)."""
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + self._policy.claim_ttl.total_seconds() + 1
+        give_up = loop.time() + self._policy.busy_wait
         while True:
             claim = InboxClaim(key, holder, utcnow() + self._policy.claim_ttl)
             outcome = await self._claims.submit(claim)

@@ -96,6 +96,9 @@ class ConsumerPolicy:
     """How far another consumer's clock may be from ours: its claim on a message id is taken
     over only once it expired by more than this."""
     outage_backoff_cap: float = 5.0
+    busy_wait: float = 2.0
+    """How long a delivery whose message id another delivery has claimed waits in hand for
+    that claim to end, before the message goes back to its queue, uncounted."""
     busy_poll: float = 0.5
 
 

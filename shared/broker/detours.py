@@ -96,12 +96,21 @@ class Detours:
             await message.nack(requeue=True)
 
     async def return_held(
-        self, message: AbstractIncomingMessage, envelope: Envelope, sender: str | None, error: str
+        self,
+        message: AbstractIncomingMessage,
+        envelope: Envelope,
+        sender: str | None,
+        error: str,
+        *,
+        waiting_for: str = "a server",
     ) -> None:
-        """A message held through an outage past the patience goes back to its queue without
-        counting a delivery, however long the outage lasts: a copy that carries the deliveries
-        counted so far waits `retry_delay` in the retry queue (its retries unchanged), then the
-        original is acked. While the broker takes no copy either, it is requeued."""
+        """A message that has waited in hand for something not its own doing (a server in an
+        outage, past the patience; another delivery's claim on its id) goes back to its queue
+        without counting a delivery: a copy that carries the deliveries counted so far waits
+        `retry_delay` in the retry queue (its retries unchanged), then the original is acked.
+        Held, it would count one each time its process died or the broker restarted (every
+        return counts before RabbitMQ 4.3). While the broker takes no copy either, it is
+        requeued."""
         own = self._policy.own_user
         copy = retry_copy(
             message,
@@ -121,7 +130,7 @@ class Detours:
             await self.requeue(message)
             return
         log.warning(
-            "a server is still unavailable; message returned to its queue, its deliveries "
+            f"still waiting for {waiting_for}; message returned to its queue, its deliveries "
             "not counted",
             extra={"delay_s": self._policy.retry_delay, "error": cut(printable(error), 300)},
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from datetime import UTC, datetime, timedelta
 
 import aio_pika
 import pytest
@@ -30,6 +31,8 @@ from shared.errors import (
     TransientError,
 )
 from shared.store.postgres import PostgresStore
+from shared.store.values import InboxClaim
+from tests.conftest import RABBITMQ_USER
 from tests.support.broker_harness import LIMIT, ORDERS_MAX, Broker, reply, send
 from tests.support.waiting import eventually
 
@@ -449,3 +452,31 @@ async def test_a_message_naming_another_user_is_refused_by_the_broker(broker: Br
     queue = await channel.get_queue(broker.names.agent("payment"))
     assert await queue.get(no_ack=True, fail=False) is None
     await channel.close()
+
+
+async def test_a_message_whose_id_another_delivery_holds_waits_out_of_hand_uncounted(
+    broker: Broker,
+) -> None:
+    """Its consumer died handling it, leaving its claim: the copy delivered again does not wait
+    for the claim to expire in hand (every crash or broker restart meanwhile would count a
+    delivery against it: what the simulation found), but goes back to its queue uncounted."""
+    queue = broker.names.agent("inventory")
+    seen: list[Delivery] = []
+
+    async def handler(d: Delivery) -> None:
+        seen.append(d)
+
+    claim_until = datetime.now(UTC) + timedelta(seconds=1.5)
+    key = f"{RABBITMQ_USER}/claimed-elsewhere"
+    await broker.store.inbox_claim_many(
+        queue, [InboxClaim(key, "a-consumer-that-died", claim_until)], now=datetime.now(UTC)
+    )
+    consumer = await broker.consume(queue, handler, busy_wait=0.2, busy_poll=0.05)
+    await send(broker, queue, message_id="claimed-elsewhere")
+
+    async def handled() -> bool:
+        return bool(seen)
+
+    await eventually(handled, what="the message handled once the claim expired")
+    assert consumer.stats.held_returns >= 1, "it waited out of hand at least once"
+    assert [d.deliveries for d in seen] == [1], "the waits counted no delivery"
