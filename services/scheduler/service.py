@@ -24,13 +24,18 @@ from shared.domain.models import StateRecord
 from shared.domain.timing import utcnow
 from shared.errors import ServiceUnavailable, one_line
 from shared.metrics import CLAIMS, INFLIGHT
+from shared.store.port import ArrivalWatch
 
 log = logging.getLogger(__name__)
 
 QUICK_POLL_S = 0.02
-"""How soon a starter looks again after a claim that found orders (but not a full batch): while
-orders keep arriving it looks every 20 ms, so an order waits 10 ms for its claim on average,
-not half the poll interval; each empty look doubles the wait, up to the poll interval."""
+"""Without an arrival watch (a store that cannot watch, or a watch lost), how soon a starter
+looks again after a claim that found orders (but not a full batch): while orders keep arriving
+it looks every 20 ms, so an order waits 10 ms for its claim on average, not half the poll
+interval; each empty look doubles the wait, up to the poll interval."""
+
+WATCH_RETRY_S = 1.0
+"""How often a starter tries again to watch for arrivals after a watch was lost."""
 
 Attempt = Callable[[StateRecord], Awaitable[None]]
 
@@ -50,6 +55,12 @@ class Scheduler:
         self._tasks: set[asyncio.Task[None]] = set()
         self._report = runtime.reporter()
         self._room = asyncio.Event()
+        self._arrived = asyncio.Event()
+        """Set by the store's arrival watch when a new order's state record is inserted."""
+        self._watch: ArrivalWatch | None = None
+        self._watch_due = 0.0
+        self._undo_due = 0.0
+        """Loop time of the next look for compensations."""
         self._room_wanted = 1
         """How much room the starter waits for."""
         self.started = 0
@@ -80,6 +91,8 @@ class Scheduler:
         finally:
             await self._drain()
             await self._replies.stop()
+            if self._watch is not None:
+                await self._watch.close()
 
     async def _starter(
         self, runner: OrderRunner, compensator: Compensator, stop: asyncio.Event, *, burst: bool
@@ -92,7 +105,6 @@ class Scheduler:
         gather = max(1, min(limit, batch) // 5)
         backlog = False
         loop = asyncio.get_running_loop()
-        undo_due = 0.0  # loop time of the next look for compensations
         pauses = Backoff(first=0.4, cap=5.0)
         idle = Backoff(
             first=min(QUICK_POLL_S, self._settings.poll_interval_s),
@@ -100,6 +112,7 @@ class Scheduler:
             jitter=0.0,
         )
         while not stop.is_set():
+            await self._keep_watching(loop.time())
             self._room_wanted = gather if backlog else 1
             if limit - len(self._tasks) < self._room_wanted:
                 self._room.clear()
@@ -107,16 +120,11 @@ class Scheduler:
                 continue
             free = limit - len(self._tasks)
             try:
-                # Compensations first: they finish orders that already hold resources. They are
-                # rare, so they are looked for once a poll interval unless some were found.
-                undo: list[StateRecord] = []
-                if burst or loop.time() >= undo_due:
-                    undo = await self._claim(min(free, batch), compensating=True)
-                    undo_due = loop.time() + (0.0 if undo else self._settings.poll_interval_s)
+                undo = await self._claim_compensations(min(free, batch), burst=burst)
                 for record in undo:
                     self._spawn(compensator.run, record)
-                free -= len(undo)
-                want = min(free, batch)
+                want = min(free - len(undo), batch)
+                self._arrived.clear()  # an arrival from now on is one this claim may miss
                 claimed = await self._claim(want) if want else []
                 pauses.reset()
             except ServiceUnavailable as exc:
@@ -136,7 +144,46 @@ class Scheduler:
             if claimed or undo:
                 idle.reset()
             if not backlog and not undo:
-                await _wait_any(stop, timeout=idle.next())
+                await _wait_any(stop, self._arrived, timeout=self._idle_wait(idle))
+
+    def _idle_wait(self, idle: Backoff) -> float:
+        """How long an idle starter waits for an arrival: the poll interval while a watch tells
+        it of each one; without one, shorter while claims keep finding orders."""
+        if self._watch is not None and self._watch.alive and self._watch.tells:
+            return self._settings.poll_interval_s
+        return idle.next()
+
+    async def _claim_compensations(self, limit: int, *, burst: bool) -> list[StateRecord]:
+        """Compensations first: they finish orders that already hold resources. They are rare,
+        so they are looked for once a poll interval unless some were found."""
+        loop = asyncio.get_running_loop()
+        if not burst and loop.time() < self._undo_due:
+            return []
+        undo = await self._claim(limit, compensating=True)
+        self._undo_due = loop.time() + (0.0 if undo else self._settings.poll_interval_s)
+        return undo
+
+    async def _keep_watching(self, now: float) -> None:
+        """Watch for arrivals (a new order is claimed at once, not at the next poll); a watch
+        that died (its connection was lost) is replaced, tried once a second at most. Without
+        one the starter polls, and nothing is missed."""
+        if self._watch is not None and self._watch.alive:
+            return
+        if now < self._watch_due:
+            return
+        self._watch_due = now + WATCH_RETRY_S
+        if self._watch is not None:
+            with contextlib.suppress(Exception):
+                await self._watch.close()
+            self._watch = None
+        try:
+            self._watch = await self._rt.store.watch_arrivals(self._arrived.set)
+        except Exception as exc:
+            log.warning(
+                "cannot watch for new orders; polling for them", extra={"error": one_line(exc)}
+            )
+        else:
+            self._arrived.set()  # whatever arrived while nobody watched
 
     async def _started(self, claimed: list[StateRecord]) -> None:
         """One history append for the whole claimed batch (before any of its steps). A failure

@@ -83,7 +83,15 @@ class Submission:
             retry_budget=self._rt.settings.retry_budget,
             reply_to=reply_to,
         )
-        outcome = await self._rt.store.insert_order(order, state)
+        # Its timeline's first event goes with the records, written only if the order is new.
+        submitted = self._report.event(
+            order.order_id,
+            HistoryEventType.ORDER_SUBMITTED,
+            message_id=delivery.message_id,
+            reply_to=reply_to,
+            fingerprint=order.fingerprint,
+        )
+        outcome = await self._rt.store.insert_order(order, state, history=[submitted])
         order_id = order.order_id
         if outcome is InsertOutcome.CONFLICT:
             await self._report.alert(
@@ -101,16 +109,10 @@ class Submission:
             self._backlog += 1
             if self._backlog > self._threshold:
                 await self._pause()
-        if outcome is InsertOutcome.CREATED or not await self._submitted(order_id):
-            # A redelivery after a crash between the inserts and this append finds the records
-            # in place but no OrderSubmitted: the timeline gets it now.
-            await self._report.history(
-                order_id,
-                HistoryEventType.ORDER_SUBMITTED,
-                message_id=delivery.message_id,
-                reply_to=reply_to,
-                fingerprint=order.fingerprint,
-            )
+        elif not await self._submitted(order_id):
+            # A redelivery after a crash between the inserts and the append (MongoDB) finds the
+            # records in place but no OrderSubmitted: the timeline gets it now.
+            await self._rt.store.append_history(submitted)
         await self._report.status(
             order_id,
             reply_to,

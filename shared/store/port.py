@@ -9,7 +9,7 @@ conditional and says if it matched.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -34,6 +34,7 @@ from shared.store.values import (
 
 __all__ = [
     "Alerts",
+    "ArrivalWatch",
     "ComponentStatuses",
     "Inbox",
     "InboxClaim",
@@ -57,12 +58,31 @@ __all__ = [
 ]
 
 
+class ArrivalWatch(Protocol):
+    """A watch for new state records (`OrderStates.watch_arrivals`)."""
+
+    @property
+    def alive(self) -> bool:
+        """False once the watch can no longer wake anyone (its connection was lost)."""
+
+    @property
+    def tells(self) -> bool:
+        """Whether arrivals wake it at all (False: a store that cannot watch)."""
+
+    async def close(self) -> None: ...
+
+
 class OrderStates(Protocol):
     """Order and state records by id, and their conditional changes: submission, scheduler,
     supervisor, operator."""
 
-    async def insert_order(self, order: OrderRecord, state: StateRecord) -> InsertOutcome:
-        """Insert the order and its state record, each only if absent, never overwriting."""
+    async def insert_order(
+        self, order: OrderRecord, state: StateRecord, *, history: Sequence[HistoryEvent] = ()
+    ) -> InsertOutcome:
+        """Insert the order and its state record, each only if absent, never overwriting;
+        `history` is appended only when the order was new (CREATED): in the same statement
+        where the store allows (PostgreSQL), right after otherwise. A state record inserted
+        here tells the arrival watchers (`watch_arrivals`)."""
 
     async def get_order(self, order_id: str) -> OrderRecord | None: ...
 
@@ -88,6 +108,12 @@ class OrderStates(Protocol):
         matched: in the same statement where the store allows (PostgreSQL), right after it
         otherwise. So the log is fenced like the record: a superseded compensator marks nothing.
         One round trip instead of three for a scheduler's step bookkeeping."""
+
+    async def watch_arrivals(self, wake: Callable[[], None]) -> ArrivalWatch:
+        """Call `wake` (soon, perhaps once for several) whenever a new state record is inserted,
+        by any process, until the watch is closed: a scheduler claims at once instead of at
+        its next poll. A hint only: a wake may be lost (a reconnect), and a store that cannot
+        watch never wakes (the scheduler's poll finds the records anyway)."""
 
     async def claim(
         self,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -118,3 +120,51 @@ class Purged:
             self.history + other.history,
             self.compensation + other.compensation,
         )
+
+
+class Wakers:
+    """The arrival watchers of a store that sees every insert itself (the memory store), and
+    the watch of a store that cannot watch (MongoDB here: `NEVER`)."""
+
+    def __init__(self) -> None:
+        self._wakes: dict[int, Callable[[], None]] = {}
+        self._numbers = itertools.count()
+
+    def watch(self, wake: Callable[[], None]) -> WakerWatch:
+        number = next(self._numbers)
+        self._wakes[number] = wake
+        return WakerWatch(self, number)
+
+    def forget(self, number: int) -> None:
+        self._wakes.pop(number, None)
+
+    def wake(self) -> None:
+        for wake in list(self._wakes.values()):
+            wake()
+
+
+class WakerWatch:
+    """An arrival watch among `Wakers` (`shared.store.port.ArrivalWatch`)."""
+
+    def __init__(self, wakers: Wakers | None, number: int) -> None:
+        self._wakers = wakers
+        self._number = number
+        self._closed = False
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed
+
+    @property
+    def tells(self) -> bool:
+        return self._wakers is not None
+
+    async def close(self) -> None:
+        if self._wakers is not None:  # NEVER stays as it is, whoever closes it
+            self._wakers.forget(self._number)
+            self._closed = True
+
+
+NEVER = WakerWatch(None, -1)
+"""The watch of a store that cannot tell arrivals: it never wakes anyone, and its scheduler's
+poll finds every record."""

@@ -8,6 +8,8 @@ from datetime import timedelta
 import pytest
 
 from shared.domain.claims import claim_for
+from shared.domain.journal import HistoryEvent
+from shared.domain.journal import HistoryEventType as H
 from shared.domain.models import ErrorInfo
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
 from shared.domain.timing import utcnow
@@ -48,6 +50,71 @@ async def test_insert_is_idempotent_and_never_overwrites(store: StateStore) -> N
     stored = await store.get_order("o-1")
     assert stored == order
     assert stored.data.customer_id == "c-42"
+
+
+async def test_insert_writes_the_history_of_a_new_order_only(store: StateStore) -> None:
+    order, state = order_pair("o-hist")
+    first = HistoryEvent(order_id="o-hist", type=H.ORDER_SUBMITTED, at=utcnow(), data={"n": 1})
+    again = HistoryEvent(order_id="o-hist", type=H.ORDER_SUBMITTED, at=utcnow(), data={"n": 2})
+    assert await store.insert_order(order, state, history=[first]) is InsertOutcome.CREATED
+    assert await store.insert_order(order, state, history=[again]) is InsertOutcome.EXISTS
+    other, other_state = order_pair("o-hist", customer_id="someone-else")
+    refused = await store.insert_order(other, other_state, history=[again])
+    assert refused is InsertOutcome.CONFLICT
+    assert [e.data for e in await store.read_history("o-hist")] == [{"n": 1}]
+
+
+async def test_concurrent_inserts_of_one_order_make_one_order(store: StateStore) -> None:
+    """Copies of one order recorded side by side (PostgreSQL: statements whose snapshots do
+    not see each other's insert): one is CREATED, the others EXISTS, never CONFLICT; one state
+    record, one history event; a different order under the id is still a CONFLICT."""
+    for round_ in range(5):
+        order_id = f"o-race-{round_}"
+        order, state = order_pair(order_id)
+
+        async def insert(n: int, order=order, state=state, order_id=order_id) -> InsertOutcome:
+            event = HistoryEvent(order_id=order_id, type=H.ORDER_SUBMITTED, at=utcnow(), data={})
+            return await store.insert_order(order, state, history=[event])
+
+        outcomes = await asyncio.gather(*(insert(n) for n in range(8)))
+        assert sorted(outcomes) == sorted([InsertOutcome.CREATED] + [InsertOutcome.EXISTS] * 7)
+        assert await store.get_state(order_id) == state
+        assert len(await store.read_history(order_id)) == 1
+        other, other_state = order_pair(order_id, customer_id="someone-else")
+        outcomes = await asyncio.gather(*(store.insert_order(other, other_state) for _ in range(3)))
+        assert set(outcomes) == {InsertOutcome.CONFLICT}
+
+
+async def test_an_inserted_state_record_wakes_the_arrival_watchers(store: StateStore) -> None:
+    if store.kind == "mongodb":
+        # It cannot watch: its watch never wakes, and stays alive (the scheduler polls).
+        watch = await store.watch_arrivals(lambda: None)
+        assert watch.alive
+        await watch.close()
+        return
+    woken = asyncio.Event()
+    watch = await store.watch_arrivals(woken.set)
+    try:
+        assert watch.alive
+        await store.insert_order(*order_pair("o-other-before"))
+        await asyncio.wait_for(woken.wait(), timeout=5)
+        woken.clear()
+        order, state = order_pair("o-arrives")
+        await store.insert_order(order, state)
+        await asyncio.wait_for(woken.wait(), timeout=5)
+        # The same order again inserts nothing new: no wake (given a moment to come).
+        woken.clear()
+        await store.insert_order(order, state)
+        await store.get_state("o-arrives")  # a round trip after it, for a notification
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(woken.wait(), timeout=0.3)
+    finally:
+        await watch.close()
+    assert not watch.alive
+    woken.clear()
+    await store.insert_order(*order_pair("o-after-close"))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(woken.wait(), timeout=0.3)
 
 
 async def test_records_round_trip_exactly(store: StateStore) -> None:

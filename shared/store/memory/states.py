@@ -4,7 +4,7 @@ A conditional update is `matches` and `apply` of `shared.domain.updates` over th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from shared.domain.claims import claim_for
@@ -13,13 +13,16 @@ from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.updates import Changes, Expect, apply, matches
 from shared.store.memory.journal import MemoryJournal
 from shared.store.memory.tables import oldest
+from shared.store.port import ArrivalWatch
 from shared.store.values import InsertOutcome, UndoMark
 
 
 class MemoryStates(MemoryJournal):
     """The state writes carry their journal entries (`update_state`), hence the journal part."""
 
-    async def insert_order(self, order: OrderRecord, state: StateRecord) -> InsertOutcome:
+    async def insert_order(
+        self, order: OrderRecord, state: StateRecord, *, history: Sequence[HistoryEvent] = ()
+    ) -> InsertOutcome:
         await asyncio.sleep(0)
         outcome = InsertOutcome.CREATED
         existing = self._orders.get(order.order_id)
@@ -28,8 +31,16 @@ class MemoryStates(MemoryJournal):
                 return InsertOutcome.CONFLICT
             outcome = InsertOutcome.EXISTS
         self._orders.setdefault(order.order_id, order)
-        self._states.setdefault(state.order_id, state)
+        if outcome is InsertOutcome.CREATED:
+            self._append_history(history)
+        if state.order_id not in self._states:
+            self._states[state.order_id] = state
+            self._arrivals.wake()
         return outcome
+
+    async def watch_arrivals(self, wake: Callable[[], None]) -> ArrivalWatch:
+        await asyncio.sleep(0)
+        return self._arrivals.watch(wake)
 
     async def get_order(self, order_id: str) -> OrderRecord | None:
         await asyncio.sleep(0)

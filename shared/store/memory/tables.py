@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from shared.domain.coordination import ComponentStatus, Lease
 from shared.domain.journal import Alert, CompensationEntry, HistoryEvent
 from shared.domain.models import OrderRecord, StateRecord
+from shared.store.values import Wakers
 
 T = TypeVar("T")
 
@@ -47,6 +48,7 @@ class MemoryPart:
     kind = "memory"
 
     def __init__(self) -> None:
+        self._arrivals = Wakers()
         self._reset()
 
     def _reset(self) -> None:

@@ -53,6 +53,27 @@ STATE_COLUMNS = (
     "created_at",
     "updated_at",
 )
+STATE_TYPES = {
+    "order_id": "text",
+    "process_state": "text",
+    "locked_by": "text",
+    "owner": "text",
+    "complete_by": "timestamptz",
+    "failure_count": "int",
+    "attempt": "int",
+    "workflow": "text",
+    "workflow_version": "int",
+    "schema_version": "int",
+    "steps": "jsonb",
+    "retry_budget": "jsonb",
+    "reply_to": "text",
+    "next_attempt_at": "timestamptz",
+    "error": "jsonb",
+    "created_at": "timestamptz",
+    "updated_at": "timestamptz",
+}
+"""Each state column's type, for a statement whose parameters PostgreSQL cannot type from
+their place (an INSERT from a SELECT)."""
 
 
 async def create_pool(

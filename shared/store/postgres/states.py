@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from shared.domain.claims import claim_for
 from shared.domain.journal import CompensationEntry, HistoryEvent, UndoStatus
@@ -12,7 +16,14 @@ from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.transitions import Action
 from shared.domain.updates import ANY, Changes, Expect
 from shared.store.codec import jsonable, state_from
-from shared.store.postgres.connection import STATE_COLUMNS, PostgresPart, column_value, order_from
+from shared.store.port import ArrivalWatch
+from shared.store.postgres.connection import (
+    STATE_COLUMNS,
+    STATE_TYPES,
+    PostgresPart,
+    column_value,
+    order_from,
+)
 from shared.store.postgres.journal import history_row
 from shared.store.values import InsertOutcome, UndoMark
 
@@ -30,35 +41,90 @@ class PostgresStates(PostgresPart):
     (the scheduler's crash drill dies there); without it, a claim is one autocommitted
     statement."""
 
-    async def insert_order(self, order: OrderRecord, state: StateRecord) -> InsertOutcome:
-        # Two insert-if-absent writes that share no transaction, as on MongoDB: a crash between
-        # them leaves an order without its state record, which the redelivered message completes
-        # (the order is found with the same data, the state is inserted).
-        async with self._pool.acquire() as conn:
-            created = await conn.fetchval(
-                f"INSERT INTO {self._s}.orders VALUES ($1, $2, $3, $4, $5) "
-                "ON CONFLICT (order_id) DO NOTHING RETURNING true",
-                order.order_id,
-                jsonable(order.data),
-                order.fingerprint,
-                order.received_at,
-                order.schema_version,
-            )
-            if not created:
-                existing = await conn.fetchval(
-                    f"SELECT fingerprint FROM {self._s}.orders WHERE order_id = $1",
-                    order.order_id,
-                )
-                if existing != order.fingerprint:
-                    return InsertOutcome.CONFLICT
-            values = [column_value(c, getattr(state, c)) for c in STATE_COLUMNS]
-            marks = ", ".join(f"${i}" for i in range(1, len(values) + 1))
-            await conn.execute(
+    async def insert_order(
+        self, order: OrderRecord, state: StateRecord, *, history: Sequence[HistoryEvent] = ()
+    ) -> InsertOutcome:
+        # One statement: the order if absent; its state record if the order is new or is the
+        # same order (a crash between the two writes of an earlier try left it without one);
+        # the history of a new order; and a notification to the arrival watchers when a state
+        # record was inserted. Its snapshot is taken before it runs, so an order inserted
+        # concurrently by another statement is seen by neither `o` nor `f`: that rare case
+        # goes the long way (`_insert_order_again`).
+        args: list[Any] = []
+
+        def arg(value: Any) -> str:
+            args.append(value)
+            return f"${len(args)}"
+
+        o = (
+            f"o AS (INSERT INTO {self._s}.orders VALUES ({arg(order.order_id)}, "
+            f"{arg(jsonable(order.data))}, {arg(order.fingerprint)}, {arg(order.received_at)}, "
+            f"{arg(order.schema_version)}) ON CONFLICT (order_id) DO NOTHING RETURNING true)"
+        )
+        f = f"f AS (SELECT fingerprint FROM {self._s}.orders WHERE order_id = $1)"
+        values = ", ".join(
+            f"{arg(column_value(c, getattr(state, c)))}::{STATE_TYPES[c]}" for c in STATE_COLUMNS
+        )
+        st = (
+            f"st AS (INSERT INTO {self._s}.state ({', '.join(STATE_COLUMNS)}) SELECT {values} "
+            "WHERE EXISTS (SELECT 1 FROM o) OR EXISTS (SELECT 1 FROM f WHERE fingerprint = $3) "
+            "ON CONFLICT (order_id) DO NOTHING RETURNING true)"
+        )
+        parts = [o, f, st]
+        if history:
+            parts.append(self._history_part(history, arg, guard="o"))
+        parts.append(
+            f"n AS (SELECT pg_notify({arg(self._arrivals)}, '') WHERE EXISTS (SELECT 1 FROM st))"
+        )
+        row = await self._pool.fetchrow(
+            f"WITH {', '.join(parts)} SELECT EXISTS (SELECT 1 FROM o) AS created, "
+            "(SELECT fingerprint FROM f) AS existing, (SELECT count(*) FROM n) AS notified",
+            *args,
+        )
+        assert row is not None
+        if row["created"]:
+            return InsertOutcome.CREATED
+        if row["existing"] is None:
+            return await self._insert_order_again(order, state)
+        if row["existing"] != order.fingerprint:
+            return InsertOutcome.CONFLICT
+        return InsertOutcome.EXISTS
+
+    async def _insert_order_again(self, order: OrderRecord, state: StateRecord) -> InsertOutcome:
+        """The order was inserted by a statement that ran beside ours: compare with it now, and
+        complete the pair if it is the same order."""
+        existing = await self._pool.fetchval(
+            f"SELECT fingerprint FROM {self._s}.orders WHERE order_id = $1", order.order_id
+        )
+        if existing != order.fingerprint:
+            return InsertOutcome.CONFLICT
+        values = [column_value(c, getattr(state, c)) for c in STATE_COLUMNS]
+        marks = ", ".join(f"${i}" for i in range(1, len(values) + 1))
+        async with self._pool.acquire() as conn, conn.transaction():
+            inserted = await conn.fetchval(
                 f"INSERT INTO {self._s}.state ({', '.join(STATE_COLUMNS)}) VALUES ({marks}) "
-                "ON CONFLICT (order_id) DO NOTHING",
+                "ON CONFLICT (order_id) DO NOTHING RETURNING true",
                 *values,
             )
-        return InsertOutcome.CREATED if created else InsertOutcome.EXISTS
+            if inserted:
+                await conn.execute("SELECT pg_notify($1, '')", self._arrivals)
+        return InsertOutcome.EXISTS
+
+    @property
+    def _arrivals(self) -> str:
+        """The notification channel of this hub's new state records."""
+        return f"{self._schema}.arrivals"
+
+    async def watch_arrivals(self, wake: Callable[[], None]) -> ArrivalWatch:
+        # A connection of the pool kept for the watch: LISTEN lasts as long as its session.
+        conn: PoolConnectionProxy = await self._pool.acquire()
+        callback = _waker(wake)
+        try:
+            await conn.add_listener(self._arrivals, callback)
+        except BaseException:
+            await self._pool.release(conn)
+            raise
+        return _ListeningConnection(self._pool, conn, self._arrivals, callback)
 
     async def get_order(self, order_id: str) -> OrderRecord | None:
         row = await self._pool.fetchrow(
@@ -117,7 +183,7 @@ class PostgresStates(PostgresPart):
         row = await self._pool.fetchrow(statement, *args)
         return None if row is None else state_from(dict(row))
 
-    def _history_part(self, history: Sequence[HistoryEvent], arg: Arg) -> str:
+    def _history_part(self, history: Sequence[HistoryEvent], arg: Arg, *, guard: str = "u") -> str:
         columns = list(zip(*(history_row(e) for e in history), strict=True))
         return (
             f"h AS (INSERT INTO {self._s}.history "
@@ -128,7 +194,7 @@ class PostgresStates(PostgresPart):
             f"{arg(list(columns[4]))}::text[], {arg(list(columns[5]))}::text[], "
             f"{arg(list(columns[6]))}::text[], {arg(list(columns[7]))}::int[]) "
             "WITH ORDINALITY AS x(o, t, a, n, i, p, d, v, k) "
-            "WHERE EXISTS (SELECT 1 FROM u) ORDER BY k)"
+            f"WHERE EXISTS (SELECT 1 FROM {guard}) ORDER BY k)"
         )
 
     def _compensation_part(self, c: CompensationEntry, arg: Arg) -> str:
@@ -222,3 +288,45 @@ def conditions(expect: Expect, arg: Arg, *, literal_states: bool = False) -> lis
     if expect.due_by is not ANY:
         where.append(f"next_attempt_at <= {arg(expect.due_by)}")
     return where
+
+
+def _waker(wake: Callable[[], None]) -> Callable[..., None]:
+    def on_notification(*_: object) -> None:
+        wake()
+
+    return on_notification
+
+
+class _ListeningConnection:
+    """An `ArrivalWatch` on PostgreSQL: a pooled connection that LISTENs until closed."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        conn: PoolConnectionProxy,
+        channel: str,
+        callback: Callable[..., None],
+    ) -> None:
+        self._pool = pool
+        self._conn = conn
+        self._channel = channel
+        self._callback = callback
+        self._closed = False
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and not self._conn.is_closed()
+
+    @property
+    def tells(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            # UNLISTEN before the connection serves anyone else.
+            await self._conn.remove_listener(self._channel, self._callback)
+        with contextlib.suppress(Exception):
+            await self._pool.release(self._conn)
