@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timedelta
 
+import pytest
+
 from shared.domain.coordination import ComponentStatus, InboxOutcome
 from shared.domain.journal import (
     Alert,
@@ -19,6 +21,8 @@ from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.domain.updates import Changes, Expect
 from shared.store.port import InboxClaim, InboxDone, StateStore, UndoMark
+from shared.store.postgres import PostgresStore
+from tests.conftest import POSTGRES_URL
 from tests.support.factories import order_pair
 from tests.support.stores import StoreUnderTest
 
@@ -441,3 +445,74 @@ async def test_journal_records_keep_the_schema_version_they_were_written_with(
     assert [e.schema_version for e in await store.read_compensation("o-sv")] == [2]
     assert [a.schema_version for a in await store.list_alerts() if a.alert_id == "a-sv"] == [2]
     assert HistoryEvent(order_id="o", type=H.ORDER_SUBMITTED, at=t).schema_version == 1
+
+
+async def test_concurrent_inbox_calls_of_one_process_keep_their_order(store: StateStore) -> None:
+    """Claims, completions and attempt tickets made side by side (a PostgreSQL store sends them
+    in shared round trips): each call ends as it would have alone, in the order made."""
+    now = utcnow()
+    until = now + timedelta(seconds=30)
+    keep = now + timedelta(hours=1)
+    first, _, ticket, second, again = await asyncio.gather(
+        store.inbox_claim_many(
+            "q", [InboxClaim("a", "h1", until), InboxClaim("b", "h1", until)], now=now
+        ),
+        store.inbox_complete_many("q", [InboxDone("a", "h1", keep)]),
+        store.inbox_claim_many("q:attempts", [InboxClaim("a#1", "t1", keep)], now=now),
+        store.inbox_claim_many(
+            "q", [InboxClaim("a", "h2", until), InboxClaim("b", "h2", until)], now=now
+        ),
+        store.inbox_claim_many("q:attempts", [InboxClaim("a#1", "t2", keep)], now=now),
+    )
+    assert first == [InboxOutcome.CLAIMED, InboxOutcome.CLAIMED]
+    assert ticket == [InboxOutcome.CLAIMED]
+    assert second == [InboxOutcome.DUPLICATE, InboxOutcome.BUSY]
+    assert again == [InboxOutcome.BUSY]
+
+
+async def test_processes_writing_the_same_ids_in_crossing_order_never_deadlock(
+    store: StateStore, hub: str
+) -> None:
+    """Four PostgreSQL stores (four processes' pools) claiming and completing the same ids in
+    crossing order, their calls sent in shared round trips: every id is claimed once, and no
+    statement deadlocks."""
+    if store.kind != "postgresql":
+        pytest.skip("the round trips shared between calls are PostgreSQL's")
+    others = [
+        await PostgresStore.connect(
+            POSTGRES_URL, hub, pool_size=2, timeout=5.0, command_timeout=10.0
+        )
+        for _ in range(3)
+    ]
+    try:
+        now = utcnow()
+        until = now + timedelta(seconds=30)
+        keep = now + timedelta(hours=1)
+        for attempt in range(5):
+            ids = [f"y{attempt}-{i:03}" for i in range(200)]
+            done_ids = [f"d{attempt}-{i:03}" for i in range(200)]
+            calls = []
+            for j, s in enumerate([store, *others] * 2):
+                order = ids if j % 2 else ids[::-1]
+                calls.append(
+                    s.inbox_claim_many(
+                        "q", [InboxClaim(m, f"h-{j}", until) for m in order], now=now
+                    )
+                )
+                calls.append(
+                    s.inbox_complete_many(
+                        "q",
+                        [
+                            InboxDone(m, f"k-{j}", keep)
+                            for m in (done_ids if j % 2 else done_ids[::-1])
+                        ],
+                    )
+                )
+            results = await asyncio.gather(*calls)
+            claimed = results[0::2]
+            for m in ids:
+                winners = [r[(ids if j % 2 else ids[::-1]).index(m)] for j, r in enumerate(claimed)]
+                assert winners.count(InboxOutcome.CLAIMED) == 1, (m, winners)
+    finally:
+        for other in others:
+            await other.close()

@@ -1,69 +1,110 @@
-"""The inbox on PostgreSQL: MessageId dedupe for the consumers (`Inbox`)."""
+"""The inbox on PostgreSQL: MessageId dedupe for the consumers (`Inbox`).
+
+Every claim and completion of the store's callers in this process goes through one round-trip
+batcher (`_RoundTrips`): calls made while a round trip is in flight go together in the next one,
+as one statement, whatever their queue and kind. An agent's message claims, its attempt tickets
+(claims under `<queue>:attempts`) and its completions, which were three round trips, share one
+under load.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from shared.domain.coordination import InboxOutcome
 from shared.store.postgres.connection import PostgresPart, affected
 from shared.store.values import InboxClaim, InboxDone
 
+MAX_ENTRIES = 500
+"""Entries one round trip writes at most (more calls wait for the next)."""
+
 
 class PostgresInbox(PostgresPart):
+    _round_trips: _RoundTrips | None = None
+
+    def _batcher(self) -> _RoundTrips:
+        if self._round_trips is None:
+            self._round_trips = _RoundTrips(self)
+        return self._round_trips
+
     async def inbox_claim_many(
         self, queue: str, claims: Sequence[InboxClaim], *, now: datetime
     ) -> list[InboxOutcome]:
         first: dict[str, InboxClaim] = {}
         for claim in claims:
             first.setdefault(claim.message_id, claim)
-        # One lock order for every batch: two consumers holding copies of the same messages
-        # wait for each other instead of deadlocking.
-        unique = sorted(first.values(), key=lambda c: c.message_id)
-        taken = await self._take_ids(queue, unique, now)
+        taken = await self._batcher().submit(_Call(queue, claims=list(first.values()), now=now))
         # Rare (a duplicate, or a copy being handled elsewhere): one primary-key read each.
         states = {
-            c.message_id: await self._pool.fetchval(
+            m: await self._pool.fetchval(
                 f"SELECT state FROM {self._s}.inbox WHERE queue = $1 AND message_id = $2",
                 queue,
-                c.message_id,
+                m,
             )
-            for c in unique
-            if c.message_id not in taken
+            for m in first
+            if m not in taken
         }
         return [_outcome(c, first[c.message_id], taken, states) for c in claims]
 
-    async def _take_ids(self, queue: str, unique: Sequence[InboxClaim], now: datetime) -> set[str]:
-        """The ids of `unique` (one claim per id) that were new, or expired (a dedupe window
-        that passed, or a claim whose holder died), or held by the same holder: now taken."""
-        rows = await self._pool.fetch(
+    async def inbox_complete_many(self, queue: str, done: Sequence[InboxDone]) -> None:
+        # The last of several completions of one id in a call is the one that stands.
+        last = {d.message_id: d for d in done}
+        await self._batcher().submit(_Call(queue, done=list(last.values())))
+
+    async def _write_entries(self, calls: Sequence[_Call]) -> list[set[str]]:
+        """One statement for the calls' claims and completions (no id twice among them); the
+        ids each call's claims took. An entry is claimed when it is new, or expired (a dedupe
+        window that passed, or a claim whose holder died), or held by the same holder; it is
+        marked done unless another holder has taken its id since (an upsert: the purge may have
+        deleted a claim that expired while its message was handled, and the dedupe record must
+        be written anyway). The rows go in one order, (queue, id), for every round trip: two
+        processes writing the same ids wait for each other instead of deadlocking."""
+        rows = sorted(
+            [
+                *(
+                    (c.queue, x.message_id, "processing", x.holder, x.claim_until)
+                    for c in calls
+                    for x in c.claims
+                ),
+                *(
+                    (c.queue, d.message_id, "done", d.holder, d.keep_until)
+                    for c in calls
+                    for d in c.done
+                ),
+            ],
+            key=lambda r: (r[0], r[1]),
+        )
+        # Expiry judged at the earliest `now` of the calls: an entry that expired only later
+        # counts as live (the caller waits, or counts a ticket as spent: the safe side).
+        nows = [c.now for c in calls if c.now is not None]
+        now = min(nows) if nows else datetime.now(UTC)
+        returned = await self._pool.fetch(
             f"""
             INSERT INTO {self._s}.inbox AS i (queue, message_id, state, holder, expires_at)
-            SELECT $1, m, 'processing', h, e
-              FROM unnest($2::text[], $3::text[], $4::timestamptz[])
-                   WITH ORDINALITY AS x(m, h, e, k)
+            SELECT q, m, s, h, e
+              FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamptz[])
+                   WITH ORDINALITY AS x(q, m, s, h, e, k)
              ORDER BY k
             ON CONFLICT (queue, message_id) DO UPDATE
-               SET state = 'processing', holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
-             WHERE i.expires_at <= $5 OR (i.holder = EXCLUDED.holder AND i.state = 'processing')
-            RETURNING message_id
+               SET state = EXCLUDED.state, holder = EXCLUDED.holder,
+                   expires_at = EXCLUDED.expires_at
+             WHERE CASE WHEN EXCLUDED.state = 'done' THEN i.holder = EXCLUDED.holder
+                        ELSE i.expires_at <= $6
+                             OR (i.holder = EXCLUDED.holder AND i.state = 'processing') END
+            RETURNING queue, message_id, state
             """,
-            queue,
-            [c.message_id for c in unique],
-            [c.holder for c in unique],
-            [c.claim_until for c in unique],
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            [r[2] for r in rows],
+            [r[3] for r in rows],
+            [r[4] for r in rows],
             now,
         )
-        return {r["message_id"] for r in rows}
-
-    async def inbox_complete_many(self, queue: str, done: Sequence[InboxDone]) -> None:
-        # One round trip (asyncpg pipelines the executions) of the one-row statement, whose
-        # every plan is a primary-key lookup. A join against the batch was tried: its plan,
-        # cached while the table was small, read the queue's whole inbox each time.
-        await self._pool.executemany(
-            _INBOX_COMPLETE.format(s=self._s),
-            [(queue, d.message_id, d.holder, d.keep_until) for d in done],
-        )
+        taken = {(r["queue"], r["message_id"]) for r in returned if r["state"] == "processing"}
+        return [{x.message_id for x in c.claims if (c.queue, x.message_id) in taken} for c in calls]
 
     async def inbox_release(self, queue: str, message_id: str, *, holder: str) -> bool:
         result = await self._pool.execute(
@@ -92,21 +133,108 @@ class PostgresInbox(PostgresPart):
 
 
 _INBOX_COMPLETE = (
-    # An upsert: the purge may have deleted a claim that expired while its message was
-    # handled, and the dedupe record must be written anyway; an entry another holder took
-    # since stays theirs.
     "INSERT INTO {s}.inbox AS i (queue, message_id, state, holder, expires_at) "
     "VALUES ($1, $2, 'done', $3, $4) ON CONFLICT (queue, message_id) DO UPDATE "
     "SET state = 'done', expires_at = EXCLUDED.expires_at WHERE i.holder = EXCLUDED.holder"
 )
 
 
+@dataclass
+class _Call:
+    """One caller's claims (distinct ids) or completions (distinct ids) of one queue."""
+
+    queue: str
+    claims: list[InboxClaim] = field(default_factory=list)
+    done: list[InboxDone] = field(default_factory=list)
+    now: datetime | None = None
+
+    @property
+    def keys(self) -> set[tuple[str, str]]:
+        return {(self.queue, x.message_id) for x in self.claims} | {
+            (self.queue, d.message_id) for d in self.done
+        }
+
+    @property
+    def size(self) -> int:
+        return len(self.claims) + len(self.done)
+
+
+class _RoundTrips:
+    """Group commit of inbox writes: a call made while none is in flight goes at once; calls
+    made meanwhile go together next, each id at most once per statement (a call with an id
+    already in the batch waits for the following one, so calls on one id keep their order)."""
+
+    def __init__(self, inbox: PostgresInbox) -> None:
+        self._inbox = inbox
+        self._waiting: list[tuple[_Call, asyncio.Future[set[str]]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def submit(self, call: _Call) -> set[str]:
+        if not call.size:
+            return set()
+        future: asyncio.Future[set[str]] = asyncio.get_running_loop().create_future()
+        self._waiting.append((call, future))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._run())
+        return await future
+
+    def _next_batch(self) -> list[tuple[_Call, asyncio.Future[set[str]]]]:
+        """The waiting calls that go next, in order: each unless an id of it is in the batch
+        already or in a call left waiting before it, or the batch is full."""
+        batch: list[tuple[_Call, asyncio.Future[set[str]]]] = []
+        later: list[tuple[_Call, asyncio.Future[set[str]]]] = []
+        keys: set[tuple[str, str]] = set()
+        left: set[tuple[str, str]] = set()
+        size = 0
+        for item in self._waiting:
+            call_keys = item[0].keys
+            full = bool(batch) and size + item[0].size > MAX_ENTRIES
+            if full or not call_keys.isdisjoint(keys) or not call_keys.isdisjoint(left):
+                later.append(item)
+                left |= call_keys
+                continue
+            batch.append(item)
+            keys |= call_keys
+            size += item[0].size
+        self._waiting = later
+        return batch
+
+    async def _run(self) -> None:
+        try:
+            while self._waiting:
+                await self._settle(self._next_batch())
+        except asyncio.CancelledError:
+            for _, future in self._waiting:
+                future.cancel()
+            self._waiting.clear()
+            raise
+        finally:
+            self._flusher = None
+
+    async def _settle(self, batch: list[tuple[_Call, asyncio.Future[set[str]]]]) -> None:
+        try:
+            results = await self._inbox._write_entries([call for call, _ in batch])
+        except asyncio.CancelledError:
+            for _, future in batch:
+                if not future.done():
+                    future.cancel()
+            raise
+        except Exception as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, future), taken in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(taken)
+
+
 def _outcome(
     claim: InboxClaim, head: InboxClaim, taken: set[str], states: dict[str, str | None]
 ) -> InboxOutcome:
-    """One claim's outcome; `head` is the batch's first claim of the same id."""
+    """One claim's outcome; `head` is the call's first claim of the same id."""
     if claim.message_id in taken:
-        # A later copy of the id by another holder in the same batch finds it taken, as it
+        # A later copy of the id by another holder in the same call finds it taken, as it
         # would a moment later.
         mine = head is claim or head.holder == claim.holder
         return InboxOutcome.CLAIMED if mine else InboxOutcome.BUSY
