@@ -10,7 +10,7 @@ import pytest
 from shared.domain.claims import claim_for
 from shared.domain.journal import HistoryEvent
 from shared.domain.journal import HistoryEventType as H
-from shared.domain.models import ErrorInfo
+from shared.domain.models import ErrorInfo, OrderRecord, StateRecord
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
 from shared.domain.timing import utcnow
 from shared.domain.updates import (
@@ -25,7 +25,10 @@ from shared.domain.updates import (
     start_step,
 )
 from shared.domain.workflow import ORDER_WORKFLOW
+from shared.errors import StoreRefused
 from shared.store.port import InsertOutcome, ListCursor, StateQuery, StateStore
+from shared.store.postgres import PostgresStore
+from tests.conftest import POSTGRES_URL
 from tests.support.factories import order_pair
 
 PROCESSING = frozenset({ProcessState.PROCESSING})
@@ -64,25 +67,84 @@ async def test_insert_writes_the_history_of_a_new_order_only(store: StateStore) 
     assert [e.data for e in await store.read_history("o-hist")] == [{"n": 1}]
 
 
-async def test_concurrent_inserts_of_one_order_make_one_order(store: StateStore) -> None:
-    """Copies of one order recorded side by side (PostgreSQL: statements whose snapshots do
-    not see each other's insert): one is CREATED, the others EXISTS, never CONFLICT; one state
-    record, one history event; a different order under the id is still a CONFLICT."""
-    for round_ in range(5):
-        order_id = f"o-race-{round_}"
-        order, state = order_pair(order_id)
+async def test_concurrent_inserts_of_one_order_make_one_order(store: StateStore, hub: str) -> None:
+    """Copies of one order recorded side by side, in one process and (PostgreSQL) in four,
+    whose statements' snapshots do not see each other's insert: one is CREATED, the others
+    EXISTS, never CONFLICT; one state record, one history event; a different order under the
+    id is still a CONFLICT."""
+    stores: list[StateStore] = [store]
+    if store.kind == "postgresql":
+        stores += [
+            await PostgresStore.connect(
+                POSTGRES_URL, hub, pool_size=2, timeout=5.0, command_timeout=10.0
+            )
+            for _ in range(3)
+        ]
+    try:
+        for round_ in range(5):
+            order_id = f"o-race-{round_}"
+            order, state = order_pair(order_id)
 
-        async def insert(n: int, order=order, state=state, order_id=order_id) -> InsertOutcome:
-            event = HistoryEvent(order_id=order_id, type=H.ORDER_SUBMITTED, at=utcnow(), data={})
-            return await store.insert_order(order, state, history=[event])
+            async def insert(
+                s: StateStore, order: OrderRecord = order, state: StateRecord = state
+            ) -> InsertOutcome:
+                event = HistoryEvent(
+                    order_id=order.order_id, type=H.ORDER_SUBMITTED, at=utcnow(), data={}
+                )
+                return await s.insert_order(order, state, history=[event])
 
-        outcomes = await asyncio.gather(*(insert(n) for n in range(8)))
-        assert sorted(outcomes) == sorted([InsertOutcome.CREATED] + [InsertOutcome.EXISTS] * 7)
-        assert await store.get_state(order_id) == state
-        assert len(await store.read_history(order_id)) == 1
-        other, other_state = order_pair(order_id, customer_id="someone-else")
-        outcomes = await asyncio.gather(*(store.insert_order(other, other_state) for _ in range(3)))
-        assert set(outcomes) == {InsertOutcome.CONFLICT}
+            outcomes = await asyncio.gather(*(insert(s) for s in stores for _ in range(2)))
+            assert outcomes.count(InsertOutcome.CREATED) == 1
+            assert outcomes.count(InsertOutcome.EXISTS) == len(outcomes) - 1
+            assert await store.get_state(order_id) == state
+            assert len(await store.read_history(order_id)) == 1
+            other, other_state = order_pair(order_id, customer_id="someone-else")
+            outcomes = await asyncio.gather(*(s.insert_order(other, other_state) for s in stores))
+            assert set(outcomes) == {InsertOutcome.CONFLICT}
+    finally:
+        for s in stores[1:]:
+            await s.close()
+
+
+async def test_side_by_side_writes_each_get_their_own_answer(store: StateStore) -> None:
+    """Conditional updates made side by side (PostgreSQL sends those of one statement in one
+    round trip): each gets its own record, or None when its condition does not hold, and one
+    update whose value the store refuses fails alone."""
+    ids = [f"o-side-{i:02}" for i in range(12)]
+    for order_id in ids:
+        await store.insert_order(*order_pair(order_id))
+    records = {r.order_id: r for r in await _claim_all(store, ids)}
+    now = utcnow()
+
+    def one(order_id: str, *, stale: bool = False, owner: str = "sched-b"):
+        record = records[order_id]
+        expect = Expect(locked_by="not-the-lock" if stale else record.locked_by)
+        changes = Changes(fields={"owner": owner, "updated_at": now})
+        return store.update_state(order_id, expect, changes)
+
+    results = await asyncio.gather(*(one(i, stale=n % 3 == 0) for n, i in enumerate(ids)))
+    for n, (order_id, after) in enumerate(zip(ids, results, strict=True)):
+        if n % 3 == 0:
+            assert after is None
+        else:
+            assert after is not None and after.order_id == order_id and after.updated_at == now
+    if store.kind != "postgresql":
+        return  # only PostgreSQL refuses NUL in text (the other stores hold it)
+    # The same statement as the others (the same fields), so the three go together.
+    outcomes = await asyncio.gather(
+        one(ids[1], owner="bad\x00owner"), one(ids[2]), one(ids[4]), return_exceptions=True
+    )
+    assert isinstance(outcomes[0], StoreRefused)
+    assert all(isinstance(o, StateRecord) for o in outcomes[1:])
+
+
+async def _claim_all(store: StateStore, ids: list[str]):
+    now = utcnow()
+    claimed = await store.claim(
+        now=now, limit=len(ids), owner="sched-a", complete_by=now + timedelta(seconds=30)
+    )
+    assert sorted(r.order_id for r in claimed) == sorted(ids)
+    return claimed
 
 
 async def test_an_inserted_state_record_wakes_the_arrival_watchers(store: StateStore) -> None:

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from shared.domain.models import STORED, OrderRecord
 from shared.errors import ConfigurationError, ServiceUnavailable, one_line
 from shared.store.codec import jsonable
+from shared.store.postgres.batches import StatementBatches
 from shared.store.urls import redact
 
 UNAVAILABLE = (
@@ -120,6 +121,8 @@ class PostgresPart:
         self._pool = pool
         self._s = f'"{schema}"'
         self._schema = schema
+        self._batches = StatementBatches(pool)
+        """One-record writes made side by side, sent together (shared/store/postgres/batches.py)."""
 
 
 class PostgresAdmin(PostgresPart):

@@ -76,10 +76,12 @@ class PostgresStates(PostgresPart):
         parts.append(
             f"n AS (SELECT pg_notify({arg(self._arrivals)}, '') WHERE EXISTS (SELECT 1 FROM st))"
         )
-        row = await self._pool.fetchrow(
-            f"WITH {', '.join(parts)} SELECT EXISTS (SELECT 1 FROM o) AS created, "
-            "(SELECT fingerprint FROM f) AS existing, (SELECT count(*) FROM n) AS notified",
-            *args,
+        row = await self._batches.fetchrow(
+            f"WITH {', '.join(parts)} SELECT $1::text AS order_id, "
+            "EXISTS (SELECT 1 FROM o) AS created, (SELECT fingerprint FROM f) AS existing, "
+            "(SELECT count(*) FROM n) AS notified",
+            args,
+            key=order.order_id,
         )
         assert row is not None
         if row["created"]:
@@ -180,7 +182,7 @@ class PostgresStates(PostgresPart):
         if undo is not None:
             parts.append(self._undo_part(undo, arg))
         statement = update if len(parts) == 1 else f"WITH {', '.join(parts)} SELECT * FROM u"
-        row = await self._pool.fetchrow(statement, *args)
+        row = await self._batches.fetchrow(statement, args, key=order_id)
         return None if row is None else state_from(dict(row))
 
     def _history_part(self, history: Sequence[HistoryEvent], arg: Arg, *, guard: str = "u") -> str:
