@@ -21,6 +21,7 @@ from shared.store.postgres.connection import (
     REFUSED,
     UNAVAILABLE,
     PostgresAdmin,
+    broken_connection,
     create_pool,
 )
 from shared.store.postgres.coordination import PostgresCoordination
@@ -34,7 +35,7 @@ from shared.store.unavailable import translate_errors
 __all__ = ["BeforeClaimCommit", "PostgresStore"]
 
 
-@translate_errors("PostgreSQL", unavailable=UNAVAILABLE, refused=REFUSED)
+@translate_errors("PostgreSQL", unavailable=UNAVAILABLE, refused=REFUSED, outage=broken_connection)
 class PostgresStore(
     PostgresAdmin,
     PostgresStates,

@@ -27,6 +27,14 @@ UNAVAILABLE = (
 )
 """Driver errors that mean the server cannot be reached now (`StoreUnavailable`)."""
 
+
+def broken_connection(exc: BaseException) -> bool:
+    """A pooled connection left mid-protocol by a server that is shutting down: asyncpg can hand
+    it out once more before it notices the socket closed, and the next statement on it fails
+    client-side ("another operation is in progress"). The server is going away: an outage."""
+    return isinstance(exc, asyncpg.InternalClientError) and "another operation" in str(exc)
+
+
 REFUSED = (
     asyncpg.DataError,  # the server's SQLSTATE class 22: NUL in text, a value out of range
     asyncpg.exceptions._base.DataError,  # the client's: a parameter it cannot encode

@@ -317,7 +317,14 @@ class _ListeningConnection:
 
     @property
     def alive(self) -> bool:
-        return not self._closed and not self._conn.is_closed()
+        if self._closed:
+            return False
+        try:
+            return not self._conn.is_closed()
+        except asyncpg.InterfaceError:
+            # A pooled connection that was lost goes back to its pool at once, and the proxy
+            # this watch holds refuses every call from then on: the watch is dead.
+            return False
 
     @property
     def tells(self) -> bool:
