@@ -80,3 +80,32 @@ async def test_a_flush_that_loses_results_is_an_error_for_its_callers() -> None:
     batcher: GroupCommit[int, int] = GroupCommit(short)
     with pytest.raises(RuntimeError, match="gave 0 results"):
         await batcher.submit(1)
+
+
+async def test_a_select_chooses_what_goes_next_and_the_rest_keep_their_turn() -> None:
+    rec = Recorder()
+
+    def evens_first(waiting: Sequence[int], max_batch: int) -> list[int]:
+        evens = [i for i, item in enumerate(waiting) if item % 2 == 0]
+        return sorted(evens[:max_batch], key=lambda i: -waiting[i])  # the order they go in
+
+    batcher: GroupCommit[int, int] = GroupCommit(rec.flush, max_batch=2, select=evens_first)
+    first = asyncio.create_task(batcher.submit(1))  # no even one waiting: the first goes alone
+    await _until(lambda: rec.batches == [[1]])
+    others = [asyncio.create_task(batcher.submit(i)) for i in (3, 2, 4, 6, 5)]
+    await asyncio.sleep(0)
+    rec.gate.set()
+    assert await first == 10
+    assert await asyncio.gather(*others) == [30, 20, 40, 60, 50]
+    # 3 and 5 wait while an even one does; then, none chosen, each goes alone in turn.
+    assert rec.batches == [[1], [4, 2], [6], [3], [5]]
+
+
+async def test_a_flush_fails_one_item_alone_by_answering_it_with_an_exception() -> None:
+    async def picky(items: Sequence[int]) -> list[int | Exception]:
+        return [ValueError(f"no {i}") if i == 2 else i for i in items]
+
+    batcher: GroupCommit[int, int] = GroupCommit(picky)
+    results = await asyncio.gather(*(batcher.submit(i) for i in (1, 2, 3)), return_exceptions=True)
+    assert results[0] == 1 and results[2] == 3
+    assert isinstance(results[1], ValueError) and str(results[1]) == "no 2"

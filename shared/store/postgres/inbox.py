@@ -1,19 +1,19 @@
 """The inbox on PostgreSQL: MessageId dedupe for the consumers (`Inbox`).
 
 Every claim and completion of the store's callers in this process goes through one round-trip
-batcher (`_RoundTrips`): calls made while a round trip is in flight go together in the next one,
-as one statement, whatever their queue and kind. An agent's message claims, its attempt tickets
-(claims under `<queue>:attempts`) and its completions, which were three round trips, share one
-under load.
+batcher (a `GroupCommit` choosing calls with no id in common): calls made while a round trip is
+in flight go together in the next one, as one statement, whatever their queue and kind. An
+agent's message claims, its attempt tickets (claims under `<queue>:attempts`) and its
+completions, which were three round trips, share one under load.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from shared.batching import GroupCommit
 from shared.domain.coordination import InboxOutcome
 from shared.store.postgres.connection import PostgresPart, affected
 from shared.store.values import InboxClaim, InboxDone
@@ -23,12 +23,19 @@ MAX_ENTRIES = 500
 
 
 class PostgresInbox(PostgresPart):
-    _round_trips: _RoundTrips | None = None
+    _round_trips: GroupCommit[_Call, set[str]] | None = None
 
-    def _batcher(self) -> _RoundTrips:
+    def _batcher(self) -> GroupCommit[_Call, set[str]]:
+        """Group commit of inbox writes: a call made while none is in flight goes at once;
+        calls made meanwhile go together next, each id at most once per statement."""
         if self._round_trips is None:
-            self._round_trips = _RoundTrips(self)
+            self._round_trips = GroupCommit(
+                self._write_entries, max_batch=MAX_ENTRIES, select=_disjoint_calls
+            )
         return self._round_trips
+
+    async def _submit(self, call: _Call) -> set[str]:
+        return await self._batcher().submit(call) if call.size else set()
 
     async def inbox_claim_many(
         self, queue: str, claims: Sequence[InboxClaim], *, now: datetime
@@ -36,7 +43,7 @@ class PostgresInbox(PostgresPart):
         first: dict[str, InboxClaim] = {}
         for claim in claims:
             first.setdefault(claim.message_id, claim)
-        taken = await self._batcher().submit(_Call(queue, claims=list(first.values()), now=now))
+        taken = await self._submit(_Call(queue, claims=list(first.values()), now=now))
         # Rare (a duplicate, or a copy being handled elsewhere): one primary-key read each.
         states = {
             m: await self._pool.fetchval(
@@ -52,7 +59,7 @@ class PostgresInbox(PostgresPart):
     async def inbox_complete_many(self, queue: str, done: Sequence[InboxDone]) -> None:
         # The last of several completions of one id in a call is the one that stands.
         last = {d.message_id: d for d in done}
-        await self._batcher().submit(_Call(queue, done=list(last.values())))
+        await self._submit(_Call(queue, done=list(last.values())))
 
     async def _write_entries(self, calls: Sequence[_Call]) -> list[set[str]]:
         """One statement for the calls' claims and completions (no id twice among them); the
@@ -159,74 +166,24 @@ class _Call:
         return len(self.claims) + len(self.done)
 
 
-class _RoundTrips:
-    """Group commit of inbox writes: a call made while none is in flight goes at once; calls
-    made meanwhile go together next, each id at most once per statement (a call with an id
-    already in the batch waits for the following one, so calls on one id keep their order)."""
-
-    def __init__(self, inbox: PostgresInbox) -> None:
-        self._inbox = inbox
-        self._waiting: list[tuple[_Call, asyncio.Future[set[str]]]] = []
-        self._flusher: asyncio.Task[None] | None = None
-
-    async def submit(self, call: _Call) -> set[str]:
-        if not call.size:
-            return set()
-        future: asyncio.Future[set[str]] = asyncio.get_running_loop().create_future()
-        self._waiting.append((call, future))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._run())
-        return await future
-
-    def _next_batch(self) -> list[tuple[_Call, asyncio.Future[set[str]]]]:
-        """The waiting calls that go next, in order: each unless an id of it is in the batch
-        already or in a call left waiting before it, or the batch is full."""
-        batch: list[tuple[_Call, asyncio.Future[set[str]]]] = []
-        later: list[tuple[_Call, asyncio.Future[set[str]]]] = []
-        keys: set[tuple[str, str]] = set()
-        left: set[tuple[str, str]] = set()
-        size = 0
-        for item in self._waiting:
-            call_keys = item[0].keys
-            full = bool(batch) and size + item[0].size > MAX_ENTRIES
-            if full or not call_keys.isdisjoint(keys) or not call_keys.isdisjoint(left):
-                later.append(item)
-                left |= call_keys
-                continue
-            batch.append(item)
-            keys |= call_keys
-            size += item[0].size
-        self._waiting = later
-        return batch
-
-    async def _run(self) -> None:
-        try:
-            while self._waiting:
-                await self._settle(self._next_batch())
-        except asyncio.CancelledError:
-            for _, future in self._waiting:
-                future.cancel()
-            self._waiting.clear()
-            raise
-        finally:
-            self._flusher = None
-
-    async def _settle(self, batch: list[tuple[_Call, asyncio.Future[set[str]]]]) -> None:
-        try:
-            results = await self._inbox._write_entries([call for call, _ in batch])
-        except asyncio.CancelledError:
-            for _, future in batch:
-                if not future.done():
-                    future.cancel()
-            raise
-        except Exception as exc:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for (_, future), taken in zip(batch, results, strict=True):
-            if not future.done():
-                future.set_result(taken)
+def _disjoint_calls(waiting: Sequence[_Call], _: int) -> list[int]:
+    """The waiting calls that go next, in order: each unless an id of it is in the batch already
+    or in a call left waiting before it (so calls on one id keep their order), or the batch is
+    full (`MAX_ENTRIES`)."""
+    chosen: list[int] = []
+    keys: set[tuple[str, str]] = set()
+    left: set[tuple[str, str]] = set()
+    size = 0
+    for i, call in enumerate(waiting):
+        call_keys = call.keys
+        full = bool(chosen) and size + call.size > MAX_ENTRIES
+        if full or not call_keys.isdisjoint(keys) or not call_keys.isdisjoint(left):
+            left |= call_keys
+            continue
+        chosen.append(i)
+        keys |= call_keys
+        size += call.size
+    return chosen
 
 
 def _outcome(
