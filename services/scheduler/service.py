@@ -34,6 +34,12 @@ looks again after a claim that found orders (but not a full batch): while orders
 it looks every 20 ms, so an order waits 10 ms for its claim on average, not half the poll
 interval; each empty look doubles the wait, up to the poll interval."""
 
+CLAIM_GAP_S = 0.05
+"""The least time between two claims of a starter that arrivals woke: an order arriving after a
+quiet spell is claimed at once; under a steady stream, the orders that arrive within the gap go
+in one claim, and their steps to the agents together, which costs every process less per order
+than a claim each (decision 103)."""
+
 WATCH_RETRY_S = 1.0
 """How often a starter tries again to watch for arrivals after a watch was lost."""
 
@@ -59,6 +65,8 @@ class Scheduler:
         """Set by the store's arrival watch when a new order's state record is inserted."""
         self._watch: ArrivalWatch | None = None
         self._watch_due = 0.0
+        self._claimed_at = -CLAIM_GAP_S
+        """Loop time of the last claim of new orders."""
         self._undo_due = 0.0
         """Loop time of the next look for compensations."""
         self._room_wanted = 1
@@ -125,6 +133,7 @@ class Scheduler:
                     self._spawn(compensator.run, record)
                 want = min(free - len(undo), batch)
                 self._arrived.clear()  # an arrival from now on is one this claim may miss
+                self._claimed_at = loop.time()
                 claimed = await self._claim(want) if want else []
                 pauses.reset()
             except ServiceUnavailable as exc:
@@ -144,7 +153,15 @@ class Scheduler:
             if claimed or undo:
                 idle.reset()
             if not backlog and not undo:
-                await _wait_any(stop, self._arrived, timeout=self._idle_wait(idle))
+                await self._rest(stop, idle)
+
+    async def _rest(self, stop: asyncio.Event, idle: Backoff) -> None:
+        """Wait for an arrival or the next poll, and at least out the claim gap: the orders
+        that arrive meanwhile go in the next claim together."""
+        await _wait_any(stop, self._arrived, timeout=self._idle_wait(idle))
+        gap = self._claimed_at + CLAIM_GAP_S - asyncio.get_running_loop().time()
+        if gap > 0:
+            await _wait_any(stop, timeout=gap)
 
     def _idle_wait(self, idle: Backoff) -> float:
         """How long an idle starter waits for an arrival: the poll interval while a watch tells
