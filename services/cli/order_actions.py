@@ -20,7 +20,7 @@ import click
 from services.cli.orders import check_ids, duration_of, kind_choice, kind_of, orders
 from services.cli.render import plain, progress_bar
 from services.cli.settings import pass_settings
-from services.operator import actions
+from services.operator import actions, cancellation
 from services.operator.actions import COMPENSATE, Action, Chooser, Outcome, refused
 from services.operator.explain import Undo
 from services.operator.views import state_query
@@ -210,6 +210,24 @@ def compensate_cmd(
             sys.exit(1)
         return
     report(outcomes, as_json=False, dry_run=dry_run)
+
+
+@orders.command("cancel")
+@click.argument("order_ids", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@by_option
+@pass_settings()
+def cancel_cmd(settings: Settings, order_ids: tuple[str, ...], as_json: bool, by: str) -> None:
+    """Cancel orders for their customers (as the shop's `POST /orders/{id}/cancel` does).
+
+    An order none of whose steps was sent becomes Cancelled at once, and its application is
+    told; one that has begun (Processing, or Pending or in Error after an attempt) is
+    compensated: its running attempt is fenced out, the steps it made are undone, newest
+    first, and it ends Compensated. A Processed order, or one already compensated or being
+    compensated, is refused with the reason (exit 1)."""
+    check_ids(order_ids)
+    outcomes = asyncio.run(cancellation.cancel_orders(settings, order_ids, by=by))
+    report([(o.order_id, str(o)) for o in outcomes], as_json=as_json, dry_run=False)
 
 
 def _selection(state: str, error_kind: str | None, older_than: str | None) -> StateQuery:

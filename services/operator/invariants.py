@@ -32,6 +32,7 @@ from shared.store.port import StateStore
 SETTLED = {
     ProcessState.PROCESSED,
     ProcessState.COMPENSATED,
+    ProcessState.CANCELLED,
     ProcessState.ERROR,
     ProcessState.COMPENSATION_FAILED,
 }
@@ -194,7 +195,8 @@ def _effects_after_undo(state: StateRecord, effects: list[dict[str, Any]]) -> li
 
 
 def _missing_effects(state: StateRecord, applied: Applied) -> list[str]:
-    """A Processed order made every step's effect; a Compensated one undid each it made."""
+    """A Processed order made every step's effect; a Compensated one undid each it made; a
+    Cancelled one (cancelled before any step was sent) made none."""
     workflow = get_workflow(state.workflow, state.workflow_version)
     order_id = state.order_id
     if workflow is None:
@@ -210,6 +212,12 @@ def _missing_effects(state: StateRecord, applied: Applied) -> list[str]:
             f"Compensated but {step.operation} was never undone ({step.undo})"
             for step in workflow.steps
             if applied.get((order_id, step.operation)) and not applied.get((order_id, step.undo))
+        ]
+    if state.process_state is ProcessState.CANCELLED:
+        return [
+            f"Cancelled but {step.operation} made an effect"
+            for step in workflow.steps
+            if applied.get((order_id, step.operation))
         ]
     return []
 

@@ -178,6 +178,7 @@ class Compensator:
                 OrderStatus.COMPENSATED,
                 after.process_state,
                 message_id=f"{record.order_id}:status:compensated",
+                detail=after.error.message if after.error is not None else None,
             )
             return
         assert failure is not None

@@ -24,7 +24,12 @@ from shared.domain.messages import Contract, OrderStatus, OrderStatusUpdate, Sub
 from shared.domain.models import OrderData
 from shared.errors import ConfigurationError, PublishError, PublishRejected
 
-FINAL = {OrderStatus.COMPLETED, OrderStatus.FAILED, OrderStatus.COMPENSATED}
+FINAL = {
+    OrderStatus.COMPLETED,
+    OrderStatus.FAILED,
+    OrderStatus.COMPENSATED,
+    OrderStatus.CANCELLED,
+}
 
 
 def app_name(settings: Settings, app: str | None) -> str:

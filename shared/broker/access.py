@@ -150,10 +150,12 @@ def grant(names: Names, role: str) -> Grant:
         )
     if role == "operator":
         inputs = names.input_queues()
+        # status: the Cancelled message of an order it cancels (`orderflow orders cancel`).
         return Grant(
-            write=_one(*(names.replay(q) for q in inputs)),
+            write=_one(*(names.replay(q) for q in inputs), names.status),
             # alerts.feed: `orderflow alerts follow`, the alert feed's reader.
             read=_one(*(names.dlq(q) for q in inputs), names.alert_feed),
+            topics=(TopicGrant(names.status, write=status_keys),),
         )
     raise ValueError(f"no role {role!r}: one of {', '.join(SERVICE_ROLES)} (or an application)")
 

@@ -10,7 +10,7 @@ and every receiver checks it against the roles allowed to send to it:
 | `<hub>.orders` (submission)      | submitting applications (any user that is no service's)   |
 | `<hub>.agent.X` (agent X)        | schedulers                                                |
 | a scheduler's reply queue        | the agent of the step each reply answers                  |
-| an application's status queue    | submission, schedulers, supervisors                       |
+| an application's status queue    | submission, schedulers, supervisors, operators            |
 
 A message set aside comes back from its retry queue under the receiver's own user, with the
 original sender in a header (`Envelope.sender`); a replay from a dead-letter queue comes under
@@ -46,8 +46,9 @@ SERVICE_ROLES = (
 )
 """Every role but the submitting applications, which are named one by one."""
 
-STATUS_SENDERS = frozenset({"submission", "scheduler", "supervisor"})
-"""The processes that report an order's status to its application."""
+STATUS_SENDERS = frozenset({"submission", "scheduler", "supervisor", "operator"})
+"""The processes that report an order's status to its application (the operator: an order it
+cancels for its customer, `orderflow orders cancel`)."""
 
 
 def role_users(hub: str, prefix: str | None = None) -> dict[str, str]:

@@ -78,6 +78,7 @@ class HistoryEventType(StrEnum):
     COMPENSATION_COMPLETED = "CompensationCompleted"
     COMPENSATION_FAILED = "CompensationFailed"
     RESUBMITTED = "Resubmitted"
+    CANCELLED = "Cancelled"
 
 
 class HistoryEvent(_Record):

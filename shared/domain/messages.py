@@ -135,6 +135,7 @@ class OrderStatus(StrEnum):
     COMPLETED = "Completed"
     FAILED = "Failed"
     COMPENSATED = "Compensated"
+    CANCELLED = "Cancelled"
 
 
 class OrderStatusUpdate(Contract):

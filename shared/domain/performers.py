@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from shared.domain.cancellation import cancel_at_once, cancel_by_compensation
 from shared.domain.claims import claim_compensations, claim_orders
 from shared.domain.compensation import finish_compensation, record_undo, recover_compensation
 from shared.domain.operator_actions import request_compensation, resubmit
@@ -35,5 +36,7 @@ PERFORMED_BY: Mapping[Action, Callable[..., Any]] = MappingProxyType(
         Action.RECORD_UNDO: record_undo,
         Action.FINISH_COMPENSATION: finish_compensation,
         Action.RECOVER_COMPENSATION: recover_compensation,
+        Action.CANCEL: cancel_at_once,
+        Action.CANCEL_BY_COMPENSATION: cancel_by_compensation,
     }
 )

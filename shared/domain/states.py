@@ -22,6 +22,9 @@ class ProcessState(StrEnum):
     """Every completed step has been undone. Terminal."""
     COMPENSATION_FAILED = "CompensationFailed"
     """An undo still failed after its retries; an operator may compensate again."""
+    CANCELLED = "Cancelled"
+    """Cancelled by its customer before any step was sent: nothing to undo. Terminal. (An order
+    cancelled later is compensated, and ends Compensated with the cancellation as its error.)"""
 
     @property
     def is_terminal(self) -> bool:
@@ -32,13 +35,16 @@ class ProcessState(StrEnum):
         return self in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED)
 
 
-TERMINAL_STATES = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED})
+TERMINAL_STATES = frozenset(
+    {ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.CANCELLED}
+)
 """States no actor ever leaves."""
 
 SETTLED_STATES = frozenset(
     {
         ProcessState.PROCESSED,
         ProcessState.COMPENSATED,
+        ProcessState.CANCELLED,
         ProcessState.ERROR,
         ProcessState.COMPENSATION_FAILED,
     }
@@ -80,3 +86,5 @@ class ErrorKind(StrEnum):
     """The state record names a workflow or version this build does not know."""
     COMPENSATION = "compensation"
     """An undo failed after its retries."""
+    CANCELLED = "cancelled"
+    """Its customer cancelled it (the error of an order compensated because of that)."""

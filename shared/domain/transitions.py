@@ -23,6 +23,7 @@ class Actor(StrEnum):
     SUPERVISOR = "supervisor"
     OPERATOR = "operator"
     COMPENSATOR = "compensator"
+    CUSTOMER = "customer"
 
 
 class Action(StrEnum):
@@ -53,6 +54,10 @@ class Action(StrEnum):
     """Every undo done, or one failed after its retries."""
     RECOVER_COMPENSATION = "recover-compensation"
     """The supervisor releases an expired compensation attempt so another can take it."""
+    CANCEL = "cancel"
+    """Its customer (or an operator for them) cancels an order none of whose steps was sent."""
+    CANCEL_BY_COMPENSATION = "cancel-by-compensation"
+    """Its customer cancels an order that has begun: what it did is undone."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,12 @@ TRANSITIONS: tuple[Transition, ...] = (
          {P.COMPENSATING, P.COMPENSATION_FAILED}, fenced=True,
          condition="locked_by = the id seen and complete_by = the expired deadline; "
                    "at the failure threshold -> CompensationFailed + alert"),
+    _row(Action.CANCEL, Actor.CUSTOMER, {P.PENDING}, {P.CANCELLED}, fenced=False,
+         condition="process_state, locked_by and updated_at as read; no step ever sent"),
+    _row(Action.CANCEL_BY_COMPENSATION, Actor.CUSTOMER, {P.PENDING, P.PROCESSING, P.ERROR},
+         {P.COMPENSATING}, fenced=False,
+         condition="process_state, locked_by and updated_at as read; locked_by null (the "
+                   "running attempt is fenced out), due for a compensator"),
 )  # fmt: skip
 
 _BY_ACTION: dict[Action, Transition] = {row.action: row for row in TRANSITIONS}

@@ -399,3 +399,51 @@ async def test_bad_input_and_unreachable_servers_give_one_line_and_an_exit_code(
         ),
         3,
     )
+
+
+async def test_cancel_a_pending_order_at_once_and_a_processing_one_by_compensation(
+    topo: Topology,
+) -> None:
+    await topo.start_all(schedulers=0)  # nothing claims: the first order stays Pending
+    [pending] = as_json(topo.cli("submit", "--json", "--order-id", "o-cancel-1"))["order_ids"]
+
+    async def recorded() -> bool:
+        return await topo.store.get_state(pending) is not None
+
+    await eventually(recorded, timeout=30, what="the order recorded")
+    out = ok(topo.cli("orders", "cancel", pending, "--by", "customer-7"))
+    assert f"{pending}: Pending -> Cancelled" in out
+    [event] = await topo.history(pending, HistoryEventType.CANCELLED)
+    assert event.data == {"by": "customer-7", "from": "Pending", "to": "Cancelled"}
+
+    # A step that hangs inside the remote service: its order is Processing when cancelled.
+    await topo.remote.set_faults(hang_rate=1.0, hang_s=8.0)
+    topo.serve("scheduler-1", "scheduler")
+    [running] = as_json(topo.cli("submit", "--json", "--order-id", "o-cancel-2"))["order_ids"]
+
+    async def step_running() -> bool:
+        state = await topo.store.get_state(running)
+        return state is not None and state.process_state is ProcessState.PROCESSING and any(
+            s.attempts for s in state.steps.values()
+        )
+
+    await eventually(step_running, timeout=30, what="a step of the order sent")
+    out = ok(topo.cli("orders", "cancel", running, "--json"))
+    [done] = json.loads(out)["done"]
+    assert done == {"order_id": running, "outcome": "Processing -> Compensating"}
+    await topo.remote.set_faults(hang_rate=0.0)  # the undos go through
+
+    async def compensated() -> StateRecord | None:
+        state = await topo.store.get_state(running)
+        return state if state and state.process_state is ProcessState.COMPENSATED else None
+
+    final = await eventually(compensated, timeout=60, what="the cancelled order Compensated")
+    assert final.error is not None and final.error.kind is ErrorKind.CANCELLED
+
+    # Finished orders refuse, with the reason, and exit 1; the others are still cancelled.
+    refused = topo.cli("orders", "cancel", running, pending)
+    assert refused.returncode == 1
+    assert "Compensated already" in refused.stdout and "Cancelled already" in refused.stdout
+    report = await topo.audit()
+    assert report["ok"], report["violations"]
+    assert report["by_state"] == {"Cancelled": 1, "Compensated": 1}

@@ -337,8 +337,13 @@ USES: dict[str, tuple[set[str], set[str], set[str]]] = {
         for a in AGENTS
     },
     # The operator replays through each input queue's own replay exchange, never `direct`, and
-    # reads the alert feed (`alerts follow`), never the alerts exchange (which it could bind).
-    "operator": (set(), {N.replay(q) for q in N.input_queues()}, DLQS | {N.alert_feed}),
+    # reads the alert feed (`alerts follow`), never the alerts exchange (which it could bind);
+    # it tells an application of an order it cancelled (`orders cancel`).
+    "operator": (
+        set(),
+        {N.replay(q) for q in N.input_queues()} | {N.status},
+        DLQS | {N.alert_feed},
+    ),
     # An application reads no exchange: submission binds its status queues.
     "shop": ({OWN_STATUS_Q}, {N.submit}, {OWN_STATUS_Q}),
 }
@@ -352,6 +357,7 @@ TOPIC_USES: dict[tuple[str, str], tuple[set[str], set[str]]] = {
     ),
     ("scheduler", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
     ("supervisor", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
+    ("operator", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
     ("scheduler", N.replies): (set(), {REPLY_Q}),
     **{(f"agent-{a}", N.replies): ({REPLY_Q, f"{H}.reply.#"}, set()) for a in AGENTS},
 }

@@ -90,7 +90,16 @@ TRIES: dict[Action, list[Try]] = {
     A.RECOVER_COMPENSATION: [
         lambda f, r, p=p: f(r, now=NOW, policy=p) for p in (policy(3), policy(1))
     ],
+    # before any step was sent (a Pending order: Cancelled at once)
+    A.CANCEL: [lambda f, r: f(r.model_copy(update={"steps": fresh_steps(r)}), now=NOW, by="c")],
+    A.CANCEL_BY_COMPENSATION: [lambda f, r: f(r, now=NOW, by="c")],
 }
+
+
+def fresh_steps(record: StateRecord) -> dict[str, StepState]:
+    return {name: StepState() for name in record.steps}
+
+
 CASES = [
     pytest.param(action, n, id=f"{action}-{n}")
     for action, tries in TRIES.items()
@@ -180,6 +189,9 @@ def test_a_row_s_function_fences_exactly_as_its_row_says(action: Action, n: int)
             assert matched == {INSTANCE: True, OTHER: False, None: False}
         elif "locked_by is null" in row.condition:
             assert matched == {INSTANCE: False, OTHER: False, None: True}
+        elif "locked_by and updated_at as read" in row.condition:
+            # the customer's: whoever held it when it was read, and only that holder
+            assert matched == {h: h == record.locked_by for h in holders}
         else:  # the operator's: as the record was seen, whoever holds it
             assert matched == {INSTANCE: True, OTHER: True, None: True}
 

@@ -115,7 +115,7 @@ class MongoRetention(MongoPart):
 
 
 def _finished_before(cutoff: datetime) -> dict[str, Any]:
-    """State records of orders that finished (Processed, Compensated) before `cutoff`."""
+    """State records of orders that finished (Processed, Compensated, Cancelled) before `cutoff`."""
     return {
         "process_state": {"$in": sorted(s.value for s in TERMINAL_STATES)},
         "updated_at": {"$lt": cutoff},

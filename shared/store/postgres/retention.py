@@ -15,7 +15,7 @@ from shared.store.postgres.connection import PostgresPart, affected
 from shared.store.values import Purged
 
 _FINISHED = ", ".join(f"'{state.value}'" for state in sorted(TERMINAL_STATES))
-"""The finished states as SQL literals, as the partial index `state_finished` names them (a
+"""The finished states as SQL literals, as the partial index `state_finished_3` names them (a
 parameter could not be proven to match its predicate)."""
 
 
