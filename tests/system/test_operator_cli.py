@@ -423,8 +423,10 @@ async def test_cancel_a_pending_order_at_once_and_a_processing_one_by_compensati
 
     async def step_running() -> bool:
         state = await topo.store.get_state(running)
-        return state is not None and state.process_state is ProcessState.PROCESSING and any(
-            s.attempts for s in state.steps.values()
+        return (
+            state is not None
+            and state.process_state is ProcessState.PROCESSING
+            and any(s.attempts for s in state.steps.values())
         )
 
     await eventually(step_running, timeout=30, what="a step of the order sent")
