@@ -21,7 +21,12 @@ from shared import clock
 from shared.broker.dead_letters import dead_letters
 from shared.broker.memory import connect
 from shared.broker.topology import Names
-from shared.domain.states import SETTLED_STATES
+from shared.domain.states import SETTLED_STATES, ProcessState
+
+CANCELLED_ENDS = frozenset(
+    {ProcessState.CANCELLED, ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED}
+)
+"""Where an order may end once its customer's cancellation was accepted."""
 
 
 @dataclass
@@ -91,6 +96,11 @@ async def judge(world: World, shop: Shop, outcome: Outcome) -> None:
             outcome.violations.append(
                 f"1: {placed.order_id} still {state.process_state} "
                 f"{SETTLE_S:.0f} s after the last fault"
+            )
+        elif placed.cancelled and state.process_state not in CANCELLED_ENDS:
+            outcome.violations.append(
+                f"cancel: {placed.order_id} ended {state.process_state} after its "
+                "cancellation was accepted"
             )
         order = await store.get_order(placed.order_id)
         if order is not None and order.fingerprint != placed.fingerprint:

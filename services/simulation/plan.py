@@ -3,6 +3,7 @@ run, and its schedule of faults (the nemesis's catalogue, and quick kills on top
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 from dataclasses import dataclass
@@ -50,6 +51,9 @@ class Conditions:
     max_store_latency_s: float
     kills: int
     """Kills beside the schedule's faults, quickly restarted: a process dying mid-work."""
+    cancels: int = 0
+    """Orders their customer cancels, each at a random time: before it is claimed, during a
+    step, while it is recovered or compensated, or after it finished (refused)."""
 
     @classmethod
     def draw(cls, rng: random.Random, orders: int) -> Conditions:
@@ -72,7 +76,8 @@ class Conditions:
             f"hangs of {self.hang_s:.0f} s; wire: {self.delay_rate:.0%} late by up to "
             f"{self.max_delay_s} s, {self.duplicate_rate:.0%} twice; store: "
             f"{self.slow_store_rate:.0%} of calls slow by up to {self.max_store_latency_s} s "
-            f"each way; {self.conflicts} conflicts; {self.kills} quick kills"
+            f"each way; {self.conflicts} conflicts; {self.kills} quick kills; "
+            f"{self.cancels} cancelled"
         )
 
 
@@ -86,6 +91,10 @@ class Plan:
     def of(cls, rng: random.Random, seed: int, *, orders: int, faults: int) -> Plan:
         settings = settings_for(seed)
         conditions = Conditions.draw(rng, orders)
+        # Drawn apart, so that every seed's other conditions and schedule stay what they were
+        # before cancellations came (the pinned regressions still run their own runs).
+        cancels = random.Random(f"cancels:{seed}").choice((0, 1, 2, 3)) if orders else 0
+        conditions = dataclasses.replace(conditions, cancels=cancels)
         schedule = draw(
             rng, faults, span_s=FAULT_SPAN_S, clock_skew_s=settings.clock_skew_s,
             longest_s=LONGEST_FAULT_S,

@@ -25,6 +25,9 @@ from collections import Counter
 from collections.abc import Coroutine
 from typing import Any
 
+from aiormq.exceptions import AMQPError
+
+from services.operator.cancellation import cancel_order, status_teller
 from services.remote.app import Faults, RemoteService
 from services.remote.ledger import Ledger
 from services.remote.local import LocalRemote
@@ -32,12 +35,16 @@ from services.simulation import loop as virtual
 from services.simulation.faults import Striker, Wire
 from services.simulation.judge import Outcome, judge, settle
 from services.simulation.plan import HUB, PLACING_S, SETTLE_S, TOPOLOGY, Plan, settings_for
-from services.simulation.shop import Shop
-from services.simulation.world import ProcessClock, StoreLink, World
+from services.simulation.shop import Placed, Shop
+from services.simulation.world import ProcessClock, StoreHandle, StoreLink, World
 from shared import clock
-from shared.broker.memory import MemoryBroker, MemoryConnection
+from shared.bootstrap import open_publisher
+from shared.broker.memory import MemoryBroker, MemoryConnection, connect
 from shared.broker.topology import Names, QueuePolicy, declare_topology
 from shared.config import Settings
+from shared.domain.models import StateRecord
+from shared.errors import StoreUnavailable
+from shared.reporting import Reporter
 
 __all__ = ["HUB", "Outcome", "initialise", "settings_for", "simulate"]
 
@@ -139,6 +146,10 @@ async def _run(
     for placed_order in rng.sample(placed, min(outcome.conditions.conflicts, len(placed))):
         conflict = _after_recorded(world, placed_order.order_id, shop.conflict(placed_order))
         placing.append(_later(rng.uniform(0, PLACING_S * 2), conflict))
+    cancelling = random.Random(f"cancel-times:{seed}")
+    for placed_order in cancelling.sample(placed, min(outcome.conditions.cancels, len(placed))):
+        cancel = _after_recorded(world, placed_order.order_id, _cancel(world, placed_order))
+        placing.append(_later(cancelling.uniform(0, PLACING_S * 3), cancel))
     tasks = [shop.run(p) for p in placing]
     striker = Striker(
         world,
@@ -173,6 +184,30 @@ async def _after_recorded(world: World, order_id: str, work: Coroutine[Any, Any,
             return
         await asyncio.sleep(1.0)
     work.close()
+
+
+async def _cancel(world: World, placed: Placed) -> None:
+    """The order's customer cancels it, through a store connection of its own (as the shop's
+    API would): a store outage fails the request, as it would the API's. The application is
+    told over a broker connection of its own, when the broker is up: the status message is a
+    notification, and the store holds what happened."""
+    store: Any = StoreHandle(world.store, world)
+
+    async def tell(record: StateRecord) -> None:
+        connection = connect(world.broker, world.user_of("operator"), name="customer")
+        try:
+            publisher = await open_publisher(world.settings, connection)
+            await status_teller(Reporter(store, publisher, Names(HUB), "customer"))(record)
+        except (AMQPError, ConnectionError, RuntimeError):  # as the publisher takes them
+            pass  # the broker is down: the shop is not told (its order is Cancelled)
+        finally:
+            await connection.close()
+
+    try:
+        outcome = await cancel_order(store, placed.order_id, by="customer", tell=tell)
+    except StoreUnavailable:
+        return  # the customer's request failed; the order goes on as if it was never made
+    placed.cancelled = outcome.done
 
 
 async def initialise(world: World) -> None:

@@ -40,6 +40,8 @@ class Placed:
     accepted: bool = False
     """The broker confirmed it (so the system must not lose it)."""
     statuses: list[OrderStatus] = field(default_factory=list)
+    cancelled: bool = False
+    """Its customer's cancellation was accepted (so it must never be Processed)."""
 
     @property
     def order_id(self) -> str:
