@@ -71,7 +71,7 @@ def show_cmd(settings: Settings, message_id: str, queue: str | None, as_json: bo
     letters = asyncio.run(find_dead_letter(settings, message_id, queue))
     if not letters:
         raise BadInput(f"no dead-lettered message {message_id!r} in hub {settings.hub}")
-    found = [letter.row | {"body": _body(letter.body)} for letter in letters]
+    found = [letter.row | {"body": body_text(letter.body)} for letter in letters]
     if as_json:
         click.echo(json.dumps({"messages": found}))
         return
@@ -85,7 +85,7 @@ def show_cmd(settings: Settings, message_id: str, queue: str | None, as_json: bo
         click.echo("  body: " + plain(row["body"], keep_lines=True).replace("\n", "\n    "))
 
 
-def _body(body: bytes) -> str:
+def body_text(body: bytes) -> str:
     """The body as text: pretty JSON (every control escaped by `json.dumps`; payment tokens
     shortened, as `orders show` does), or else decoded with replacement characters. Not
     escaped yet: JSON output must keep it as it is; the human view escapes it."""

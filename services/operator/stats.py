@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
 
+from aio_pika.abc import AbstractConnection
+
 from services.supervisor.service import LEASE
 from shared.bootstrap import open_broker
 from shared.broker.topology import Names
@@ -20,6 +22,7 @@ from shared.domain.durations import human_age
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.store.factory import open_store
+from shared.store.port import StateStore
 
 COUNT_CAP = 1000
 """The most stuck Pending and overdue orders `stats` reads; beyond it, it says `1000+`."""
@@ -28,24 +31,34 @@ COUNT_CAP = 1000
 async def gather_stats(settings: Settings) -> dict[str, Any]:
     """Orders per state, stuck and overdue orders, queue depths, running processes, open
     circuit breakers and the supervisor leader: one snapshot for `stats` and `watch`."""
-    now = utcnow()
     store = await open_store(settings)
     try:
-        by_state = await store.count_by_state()
-        lease = await store.lease_get(LEASE)
-        # One more than the cap, to tell "exactly the cap" from "more than the cap".
-        stuck = await store.find_stuck_pending(
-            due_before=now - timedelta(seconds=settings.stuck_pending_s), limit=COUNT_CAP + 1
-        )
-        overdue = await store.scan_expired(
-            now=now - timedelta(seconds=settings.step_timeout_s),
-            states=frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING}),
-            limit=COUNT_CAP + 1,
-        )
-        components = await store.list_status(now=now)
+        snapshot = await store_stats(store, settings)
     finally:
         await store.close()
-    queues = await queue_depths(settings)
+    connection = await open_broker(settings, name="orderflow-stats")
+    try:
+        snapshot["queues"] = await queue_depths_on(connection, Names(settings.hub))
+    finally:
+        await connection.close()
+    return snapshot
+
+
+async def store_stats(store: StateStore, settings: Settings) -> dict[str, Any]:
+    """What `gather_stats` reads from the store (all but the queue depths)."""
+    now = utcnow()
+    by_state = await store.count_by_state()
+    lease = await store.lease_get(LEASE)
+    # One more than the cap, to tell "exactly the cap" from "more than the cap".
+    stuck = await store.find_stuck_pending(
+        due_before=now - timedelta(seconds=settings.stuck_pending_s), limit=COUNT_CAP + 1
+    )
+    overdue = await store.scan_expired(
+        now=now - timedelta(seconds=settings.step_timeout_s),
+        states=frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING}),
+        limit=COUNT_CAP + 1,
+    )
+    components = await store.list_status(now=now)
     leader = lease.holder if lease is not None and lease.expires_at > now else None
     breakers = sorted(
         {f"{c.name}: {op}" for c in components for op in c.data.get("open_breakers", [])}
@@ -59,7 +72,6 @@ async def gather_stats(settings: Settings) -> dict[str, Any]:
         "overdue": [r.order_id for r in overdue.records[:COUNT_CAP]],
         "overdue_capped": len(overdue.records) > COUNT_CAP,
         "count_cap": COUNT_CAP,
-        "queues": queues,
         "processes": processes(components, now),
         "open_breakers": breakers,
         "leader": leader,
@@ -70,23 +82,27 @@ async def gather_stats(settings: Settings) -> dict[str, Any]:
 async def queue_depths(settings: Settings) -> dict[str, int | None]:
     """Messages in each input queue, its dead-letter queue and its retry queue; None for a
     queue not declared (run `orderflow init`)."""
-    names = Names(settings.hub)
-    queues: dict[str, int | None] = {}
     connection = await open_broker(settings, name="orderflow-stats")
     try:
-        for base in names.input_queues():
-            for queue in (base, names.dlq(base), names.retry(base)):
-                channel = await connection.channel()
-                try:
-                    declared = await channel.declare_queue(queue, passive=True)
-                    queues[queue] = declared.declaration_result.message_count
-                except Exception:
-                    queues[queue] = None  # not declared: run `orderflow init`
-                finally:
-                    if not channel.is_closed:
-                        await channel.close()
+        return await queue_depths_on(connection, Names(settings.hub))
     finally:
         await connection.close()
+
+
+async def queue_depths_on(connection: AbstractConnection, names: Names) -> dict[str, int | None]:
+    """`queue_depths` over a connection already open."""
+    queues: dict[str, int | None] = {}
+    for base in names.input_queues():
+        for queue in (base, names.dlq(base), names.retry(base)):
+            channel = await connection.channel()
+            try:
+                declared = await channel.declare_queue(queue, passive=True)
+                queues[queue] = declared.declaration_result.message_count
+            except Exception:
+                queues[queue] = None  # not declared: run `orderflow init`
+            finally:
+                if not channel.is_closed:
+                    await channel.close()
     return queues
 
 

@@ -108,13 +108,20 @@ async def list_orders(
     """The orders matching, most recently changed first, `limit` at most."""
     store = await open_store(settings)
     try:
-        found: list[StateRecord] = []
-        async for record in matching(store, query, step, after):
-            found.append(record)
-            if len(found) > limit:
-                break
+        return await order_page(store, query, step, after, limit)
     finally:
         await store.close()
+
+
+async def order_page(
+    store: StateStore, query: StateQuery, step: str | None, after: ListCursor | None, limit: int
+) -> OrderPage:
+    """`list_orders` on a store already open."""
+    found: list[StateRecord] = []
+    async for record in matching(store, query, step, after):
+        found.append(record)
+        if len(found) > limit:
+            break
     more = len(found) > limit
     records = found[:limit]
     return OrderPage(records, cursor_text(records[-1]) if more and records else None)
@@ -152,11 +159,16 @@ async def order_view(settings: Settings, order_id: str) -> dict[str, Any]:
     steps, retry budget, lease, undo log and what happens next."""
     store = await open_store(settings)
     try:
-        record = await store.get_state(order_id)
-        order = await store.get_order(order_id)
-        log = await store.read_compensation(order_id)
+        return await order_view_in(store, settings, order_id)
     finally:
         await store.close()
+
+
+async def order_view_in(store: StateStore, settings: Settings, order_id: str) -> dict[str, Any]:
+    """`order_view` on a store already open."""
+    record = await store.get_state(order_id)
+    order = await store.get_order(order_id)
+    log = await store.read_compensation(order_id)
     if record is None and order is None:
         raise BadInput(f"no order {order_id} in hub {settings.hub}{purged_note(settings)}")
     now = utcnow()
@@ -209,9 +221,14 @@ async def order_timeline(settings: Settings, order_id: str) -> list[dict[str, An
     the one before; BadInput when there are none (an expired journal says so)."""
     store = await open_store(settings)
     try:
-        events, state = await store.read_history(order_id), await store.get_state(order_id)
+        return await timeline_in(store, settings, order_id)
     finally:
         await store.close()
+
+
+async def timeline_in(store: StateStore, settings: Settings, order_id: str) -> list[dict[str, Any]]:
+    """`order_timeline` on a store already open."""
+    events, state = await store.read_history(order_id), await store.get_state(order_id)
     if not events:
         if state is not None and state.process_state.is_terminal:
             raise BadInput(
@@ -246,6 +263,6 @@ def purged_note(settings: Settings) -> str:
     kept = settings.order_retention_s
     span = f"{kept / 86_400:g} days" if kept >= 86_400 else f"{kept:g} s"
     return (
-        f" (a finished order, Processed or Compensated, is deleted {span} after it "
+        f" (a finished order, Processed, Compensated or Cancelled, is deleted {span} after it "
         "finished: ORDERFLOW_ORDER_RETENTION_S)"
     )
