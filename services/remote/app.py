@@ -124,6 +124,11 @@ class Faults:
             setattr(self, name, value)
 
 
+DECLINED_TEST_TOKEN = "tok_declined"
+"""A test payment token whose card is always declined (as payment providers' test cards are):
+the shop's checkout offers it, to see a declined payment compensated."""
+
+
 def declined(order_id: str, rate: float) -> bool:
     """Deterministic per order: the same orders are declined on every run and every retry."""
     digest = hashlib.sha256(f"decline:{order_id}".encode()).digest()
@@ -298,7 +303,10 @@ class RemoteService:
             if not done:
                 return "noop", {"undid": None}
             return "applied", {"undid": done[0].seq}
-        if operation in DECLINABLE and declined(body.order_id, self.faults.decline_rate):
+        if operation in DECLINABLE and (
+            declined(body.order_id, self.faults.decline_rate)
+            or body.payload.get("payment_token") == DECLINED_TEST_TOKEN
+        ):
             return "declined", {"reason": "card declined"}
         ref = hashlib.sha256(body.idempotency_key.encode()).hexdigest()[:12]
         kept = {k: v for k, v in body.payload.items() if k != "payment_token"}
