@@ -23,6 +23,7 @@ from services.cli.serve import serve
 from services.cli.settings import LoadedSettings
 from services.cli.simulate import simulate
 from services.cli.submit import submit
+from services.cli.tokens import tokens
 from services.cli.up import up
 from services.cli.workflows import workflows
 from shared.errors import ConfigurationError, OrderflowError, ServiceUnavailable, one_line
@@ -100,6 +101,7 @@ main.add_command(serve)
 main.add_command(simulate)
 main.add_command(stats)
 main.add_command(submit)
+main.add_command(tokens)
 main.add_command(up)
 main.add_command(watch)
 main.add_command(workflows)

@@ -2,9 +2,9 @@
 
 Each Protocol is one part of what the processes keep, and a caller names the parts it uses: the
 consumer the `Inbox`, the heartbeat the `ComponentStatuses`, the supervisor's retention the
-`Purges`. `StateStore` is all of them: what every adapter implements (PostgreSQL, MongoDB, the
-reference adapter in memory) and what the one contract suite runs against. Every state change is
-conditional and says if it matched.
+`Purges`, the API's authentication the `ApiTokens`. `StateStore` is all of them: what every
+adapter implements (PostgreSQL, MongoDB, the reference adapter in memory) and what the one
+contract suite runs against. Every state change is conditional and says if it matched.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from shared.domain.coordination import ComponentStatus, InboxOutcome, Lease
 from shared.domain.journal import Alert, CompensationEntry, HistoryEvent
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.states import ProcessState
+from shared.domain.tokens import ApiToken
 from shared.domain.updates import Changes, Expect
 from shared.store.values import (
     InboxClaim,
@@ -34,6 +35,7 @@ from shared.store.values import (
 
 __all__ = [
     "Alerts",
+    "ApiTokens",
     "ArrivalWatch",
     "ComponentStatuses",
     "Inbox",
@@ -250,6 +252,25 @@ class ComponentStatuses(Protocol):
         """A cleanly stopped process removes its status."""
 
 
+class ApiTokens(Protocol):
+    """API tokens, kept hashed (shared/domain/tokens.py): made, revoked and listed by the
+    operator (`orderflow tokens`), looked up by digest on every API request."""
+
+    async def token_create(self, token: ApiToken) -> bool:
+        """Insert the token; False, and nothing written, when an active (not revoked) token
+        already has its name (or its digest). Of concurrent creates of one name, one wins. A
+        revoked token's name may be reused."""
+
+    async def token_find(self, digest: str) -> ApiToken | None:
+        """The active token with that digest; None if there is none, or it was revoked."""
+
+    async def token_revoke(self, name: str, *, at: datetime) -> bool:
+        """Mark the active token of that name revoked `at`; False when no active token has it."""
+
+    async def token_list(self) -> list[ApiToken]:
+        """Every token, active and revoked, newest first (then by name, then digest)."""
+
+
 class Purges(Protocol):
     """Retention (the supervisor leader): each call one bounded batch, safe to run twice at
     once; and the sizes retention keeps bounded."""
@@ -303,6 +324,7 @@ class StateStore(
     Leases,
     Alerts,
     ComponentStatuses,
+    ApiTokens,
     Purges,
     StoreAdmin,
     Protocol,

@@ -21,8 +21,9 @@ documents it, so that a test can be written once and run here and against a real
   `read`, `readWrite`, `dbAdmin`, `dbOwner` and `root` (code 13, Unauthorized), like the
   `orderflow` user the compose init script creates (`readWrite` on its database only).
 - **Indexes**: an index whose name or keys exist with other options fails as `createIndexes`
-  does (85 IndexOptionsConflict, 86 IndexKeySpecsConflict), and TTL indexes are kept so that
-  `ttl_pass(now)` deletes what the server's TTL monitor would.
+  does (85 IndexOptionsConflict, 86 IndexKeySpecsConflict), TTL indexes are kept so that
+  `ttl_pass(now)` deletes what the server's TTL monitor would, and a unique index with a partial
+  filter holds only among the documents the filter names (mongomock's own unique check).
 """
 
 from __future__ import annotations
@@ -293,8 +294,13 @@ class _Collection:
                 pairs,
                 options,
             )
-            # mongomock ignores partial filters and TTLs: the stand-in keeps them itself.
+            # mongomock ignores partial filters and TTLs: the stand-in keeps them itself. Except
+            # in one place: its check of a unique index applies the index's partial filter (as
+            # MongoDB does, only the documents it names must be unique), so a unique index's
+            # filter is handed on (API tokens: one active token per name, revoked ones aside).
             rest = {k: v for k, v in options.items() if k not in _KEPT_OPTIONS}
+            if options.get("unique") and "partialFilterExpression" in options:
+                rest["partialFilterExpression"] = options["partialFilterExpression"]
             return str(self._c.create_index(pairs, name=name, **rest))
 
         return str(await self._session.run(self._db, "create_index", create))

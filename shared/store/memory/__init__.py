@@ -11,8 +11,8 @@ as one statement is in the real stores; every method yields to the loop once fir
 concurrent callers interleave between operations as they would over a connection.
 
 One class per part of the port, in modules named as the other adapters' are (`states.py`,
-`queries.py`, `journal.py`, `inbox.py`, `coordination.py`, `retention.py`), over the tables of
-`tables.py`.
+`queries.py`, `journal.py`, `inbox.py`, `coordination.py`, `tokens.py`, `retention.py`), over the
+tables of `tables.py`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from shared.store.memory.queries import MemoryQueries
 from shared.store.memory.retention import MemoryRetention
 from shared.store.memory.states import MemoryStates
 from shared.store.memory.tables import TABLES, MemoryAdmin
+from shared.store.memory.tokens import MemoryTokens
 from shared.store.port import StateStore
 
 __all__ = ["TABLES", "MemoryStore"]
@@ -36,6 +37,7 @@ class MemoryStore(
     MemoryQueries,
     MemoryInbox,
     MemoryCoordination,
+    MemoryTokens,
     MemoryRetention,
 ):
     """State store in this process's memory (one hub; `MemoryStore()` per hub)."""

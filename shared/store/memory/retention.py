@@ -67,6 +67,7 @@ class MemoryRetention(MemoryPart):
         await asyncio.sleep(0)
         sizes: dict[str, Sized] = {
             "alerts": self._alerts,
+            "api_tokens": self._tokens,
             "compensation_log": self._compensation,
             "components": self._components,
             "history": self._history,

@@ -13,12 +13,14 @@ from typing import Any, TypeVar
 from shared.domain.coordination import ComponentStatus, Lease
 from shared.domain.journal import Alert, CompensationEntry, HistoryEvent
 from shared.domain.models import OrderRecord, StateRecord
+from shared.domain.tokens import ApiToken
 from shared.store.values import Wakers
 
 T = TypeVar("T")
 
 TABLES = (
     "alerts",
+    "api_tokens",
     "compensation_log",
     "components",
     "history",
@@ -61,6 +63,8 @@ class MemoryPart:
         self._leases: dict[str, Lease] = {}
         self._alerts: dict[str, Alert] = {}
         self._components: dict[str, ComponentStatus] = {}
+        self._tokens: dict[str, ApiToken] = {}
+        """By digest."""
         self._numbers = itertools.count(1)
 
 

@@ -18,6 +18,7 @@ One class per part of the port, each in its module, all sharing the store's one 
 | `journal.py`      | history, compensation log (`Journal`)                        |
 | `inbox.py`        | MessageId dedupe (`Inbox`)                                   |
 | `coordination.py` | lease, alerts, component statuses                            |
+| `tokens.py`       | API tokens, by digest (`ApiTokens`)                          |
 | `retention.py`    | bounded purges, record counts (`Purges`)                     |
 """
 
@@ -43,6 +44,7 @@ from shared.store.mongo.queries import MongoQueries
 from shared.store.mongo.retention import MongoRetention
 from shared.store.mongo.schema import MongoSchema
 from shared.store.mongo.states import MongoStates
+from shared.store.mongo.tokens import MongoTokens
 from shared.store.unavailable import translate_errors
 from shared.store.urls import redact
 
@@ -69,6 +71,7 @@ class MongoStore(
     MongoQueries,
     MongoInbox,
     MongoCoordination,
+    MongoTokens,
     MongoRetention,
 ):
     """State store on MongoDB: every part of the port over one client and the hub's database."""

@@ -34,6 +34,7 @@ COLLECTIONS = frozenset(
         "lease",
         "alerts",
         "components",
+        "api_tokens",
     }
 )
 """Every collection of a hub's database."""
@@ -64,6 +65,7 @@ class MongoPart:
         self._lease = self._named("lease")
         self._alerts = self._named("alerts")
         self._components = self._named("components")
+        self._tokens = self._named("api_tokens")
 
     def _named(self, name: str) -> Any:
         """The hub's collection of that name (under the hub's prefix: `hub_location`)."""

@@ -68,3 +68,12 @@ class MongoSchema(MongoPart):
         await self._components.create_index(
             "expires_at", name="components_expiry", expireAfterSeconds=3600
         )
+        # API tokens are keyed by digest (`_id`); one active token per name, which also settles
+        # two concurrent creates of one name. A partial filter may test equality with null: it
+        # matches a revoked_at that is null (every active token's: it is always written).
+        await self._tokens.create_index(
+            [("name", ASCENDING)],
+            name="api_tokens_active_name",
+            unique=True,
+            partialFilterExpression={"revoked_at": None},
+        )

@@ -10,6 +10,7 @@ One class per part of the port, each in its module, all sharing the store's one 
 | `journal.py`      | history, compensation log (`Journal`)                  |
 | `inbox.py`        | MessageId dedupe (`Inbox`)                             |
 | `coordination.py` | lease, alerts, component statuses                      |
+| `tokens.py`       | API tokens, by digest (`ApiTokens`)                    |
 | `retention.py`    | bounded purges, record counts (`Purges`)               |
 """
 
@@ -30,6 +31,7 @@ from shared.store.postgres.journal import PostgresJournal
 from shared.store.postgres.queries import PostgresQueries
 from shared.store.postgres.retention import PostgresRetention
 from shared.store.postgres.states import BeforeClaimCommit, PostgresStates
+from shared.store.postgres.tokens import PostgresTokens
 from shared.store.unavailable import translate_errors
 
 __all__ = ["BeforeClaimCommit", "PostgresStore"]
@@ -43,6 +45,7 @@ class PostgresStore(
     PostgresJournal,
     PostgresInbox,
     PostgresCoordination,
+    PostgresTokens,
     PostgresRetention,
 ):
     """State store on PostgreSQL: every part of the port over one pool and one schema."""

@@ -124,3 +124,18 @@ CREATE INDEX IF NOT EXISTS compensation_by_time ON "{schema}".compensation_log (
 CREATE INDEX IF NOT EXISTS state_finished_3 ON "{schema}".state (updated_at)
     WHERE process_state IN ('Cancelled', 'Compensated', 'Processed');
 DROP INDEX IF EXISTS "{schema}".state_finished;
+
+-- API tokens (the HTTP API's authentication), kept hashed: the secret's SHA-256 is the key each
+-- request looks its token up by. A name belongs to one active token at a time (the partial
+-- unique index, which also settles two concurrent creates of one name); a revoked token stays,
+-- its name free for a new one.
+CREATE TABLE IF NOT EXISTS "{schema}".api_tokens (
+    digest          text PRIMARY KEY,
+    name            text NOT NULL,
+    role            text NOT NULL,
+    created_at      timestamptz NOT NULL,
+    revoked_at      timestamptz,
+    schema_version  integer NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS api_tokens_active_name ON "{schema}".api_tokens (name)
+    WHERE revoked_at IS NULL;
