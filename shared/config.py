@@ -183,13 +183,14 @@ class Settings(BaseSettings):
 
     # -- data retention
     retention_s: float = Field(default=30 * 24 * 3600.0, gt=0)
-    """History and compensation records of a finished order (Processed or Compensated) are
-    deleted this long after it finished (the order and its state record stay until
-    `order_retention_s`)."""
+    """History and compensation records of a finished order (Processed, Compensated or
+    Cancelled) are deleted this long after it finished (the order and its state record stay
+    until `order_retention_s`)."""
     order_retention_s: float = Field(default=90 * 24 * 3600.0, gt=0)
-    """A finished order (Processed or Compensated) is deleted, its order record, state record
-    and journal together, this long after it finished; parked (Error, CompensationFailed) and
-    live orders never are. A submission of its id after that is a new order."""
+    """A finished order (Processed, Compensated or Cancelled) is deleted, its order record,
+    state record and journal together, this long after it finished; parked (Error,
+    CompensationFailed) and live orders never are. A submission of its id after that is a new
+    order."""
     alert_retention_s: float = Field(default=90 * 24 * 3600.0, gt=0)
     """Stored alerts are deleted this long after they were raised."""
     retention_interval_s: float = Field(default=600.0, gt=0)
@@ -221,6 +222,21 @@ class Settings(BaseSettings):
     no_leader_alert_after_s: float = Field(default=60.0, gt=0)
     """Schedulers raise a `no-leader` alert when no supervisor has held the leader lease for
     longer than this; one alert per leaderless period."""
+
+    # -- the HTTP API (`orderflow serve api`): the shop, the console, their API
+    api_host: str = "127.0.0.1"
+    """Address the API listens on (`0.0.0.0` in a container, published behind 127.0.0.1)."""
+    api_port: int = Field(default=8000, ge=1, le=65535)
+    """Port of the HTTP API, the shop and the operator console."""
+    api_record_wait_s: float = Field(default=3.0, ge=0, le=60)
+    """How long `POST /orders` waits for the order to be recorded before it answers 202
+    Accepted instead of 201 Created (a conflict found in that time is a 409)."""
+    api_stream_poll_s: float = Field(default=2.0, gt=0, le=60)
+    """How often a live status stream reads its order again, besides the status messages that
+    wake it (so a lost message, or a change nobody reports, is seen within this)."""
+    api_catalogue_path: str | None = None
+    """A JSON file of the shop's catalogue (`[{"sku", "name", "unit_price_cents"}, …]`);
+    unset: a small built-in catalogue."""
 
     # -- the simulated remote service
     remote_transient_error_rate: float = Field(default=0.0, ge=0, le=1)

@@ -182,3 +182,13 @@ def remote(settings: Settings, name: str | None) -> None:
         await serve_remote(settings, stop)
 
     run_loop(run())
+
+
+@serve.command()
+@name_option
+@pass_settings()
+def api(settings: Settings, name: str | None) -> None:
+    """Serve the HTTP API, the shop and the operator console on ORDERFLOW_API_PORT."""
+    from services.api.app import serve_api  # noqa: PLC0415 - only this command needs FastAPI
+
+    _serve(settings, "api", name, serve_api)

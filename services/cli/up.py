@@ -28,7 +28,7 @@ MAX_PORT = 65535
 
 
 def topology(
-    schedulers: int, supervisors: int, agents: int, remote: bool
+    schedulers: int, supervisors: int, agents: int, remote: bool, *, api: bool = False
 ) -> list[tuple[str, list[str]]]:
     procs: list[tuple[str, list[str]]] = []
     if remote:
@@ -38,6 +38,8 @@ def topology(
     procs += [(f"supervisor-{i}", ["serve", "supervisor"]) for i in range(1, supervisors + 1)]
     for name in AGENTS:
         procs += [(f"{name}-{i}", ["serve", "agent", name]) for i in range(1, agents + 1)]
+    if api:
+        procs.append(("api", ["serve", "api"]))
     return procs
 
 
@@ -160,19 +162,33 @@ async def _stop_all(children: dict[str, asyncio.subprocess.Process], *, timeout:
     help="Run the simulated remote service too (off: use ORDERFLOW_REMOTE_URL's).",
 )
 @click.option(
+    "--api/--no-api",
+    default=True,
+    show_default=True,
+    help="Serve the HTTP API, the shop and the console on ORDERFLOW_API_PORT too.",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(min=0, max=MAX_PORT),
     help="First metrics port: each process serves Prometheus metrics on its own port, this one "
     "upwards in start order [default: ORDERFLOW_METRICS_PORT; 0: no metrics endpoints].",
 )
 @pass_settings("metrics_port")
-def up(settings: Settings, schedulers: int, supervisors: int, agents: int, remote: bool) -> None:
+def up(
+    settings: Settings, schedulers: int, supervisors: int, agents: int, remote: bool, api: bool
+) -> None:
     """Initialise, then run the whole topology as separate processes until Ctrl-C/SIGTERM."""
-    procs = topology(schedulers, supervisors, agents, remote)
+    procs = topology(schedulers, supervisors, agents, remote, api=api)
     ports = metrics_ports(procs, settings.metrics_port)
     report = asyncio.run(initialise(settings))
     click.echo(
         plain(f"up: hub {report.hub!r} on {report.store_kind}, RabbitMQ {report.broker_version}")
     )
+    if api:
+        base = f"http://{settings.api_host}:{settings.api_port}"
+        click.echo(
+            f"up: the shop at {base}/, the console at {base}/console, the API's document at "
+            f"{base}/docs (tokens: `orderflow tokens create --role shop|viewer|operator --name N`)"
+        )
     code = asyncio.run(run_up(settings, procs, ports))
     sys.exit(code)

@@ -1,0 +1,141 @@
+"""The API as a FastAPI application, and `orderflow serve api`: the app served by uvicorn inside
+the process's own event loop, beside its status queue and its heartbeat.
+
+FastAPI, rather than the aiohttp the other processes serve metrics with, because it generates
+the OpenAPI document (`/openapi.json`) from the very models that validate each request and
+answer it, so the document cannot drift from the code; schemathesis checks the served document
+against the running API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.api import operations, pages, shop
+from services.api.context import ApiContext, StatusBridge, load_catalogue
+from shared.bootstrap import Runtime
+from shared.broker.connection import login_user
+from shared.broker.private import PrivateQueue
+from shared.broker.senders import APP, Senders
+from shared.errors import ConfigurationError, ServiceUnavailable
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """\
+orderflow's HTTP API: shops place, follow and cancel orders; operators find, inspect and act on
+them. Every endpoint but the pages takes an API token (`Authorization: Bearer <token>`, made by
+`orderflow tokens create --role shop|viewer|operator`). A refusal is a 4xx with a `detail`
+saying why; nothing is changed by a refused request.
+"""
+
+
+def create_app(ctx: ApiContext) -> FastAPI:
+    app = FastAPI(
+        title="orderflow",
+        version="1",
+        description=DESCRIPTION,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.context = ctx
+    app.include_router(shop.router)
+    app.include_router(operations.router)
+    app.include_router(pages.router)
+
+    @app.exception_handler(ServiceUnavailable)
+    async def unavailable(request: Request, exc: ServiceUnavailable) -> JSONResponse:
+        log.warning("a server is unavailable", extra={"error": str(exc)[:300]})
+        return JSONResponse(
+            {"detail": f"a server orderflow needs is unavailable: {exc}"[:500]},
+            status_code=503,
+            headers={"Retry-After": "5"},
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def refused(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(
+            {"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers
+        )
+
+    return app
+
+
+def api_app(settings: Any) -> str:
+    """The API's application name: its broker user, which prefixes its status queue."""
+    name = login_user(settings.rabbitmq_url) or ""
+    try:
+        Senders.of(settings.hub, settings.broker_user_prefix, name, APP)
+        return name
+    except ValueError as exc:  # pragma: no cover - a user name is always some string
+        raise ConfigurationError(str(exc)) from None
+
+
+async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
+    """Serve the API on `api_host:api_port` until `stop`."""
+    settings = runtime.settings
+    app_name = api_app(settings)
+    try:
+        status_queue = runtime.names.status_queue(app_name)
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"the API's broker user {app_name!r} cannot name a status queue: {exc}"
+        ) from None
+    bridge = StatusBridge(
+        Senders.of(settings.hub, settings.broker_user_prefix, app_name or None, APP)
+    )
+    statuses = PrivateQueue(
+        runtime.connection, status_queue, bridge.on_status, max_bytes=settings.max_message_bytes
+    )
+    await statuses.start()
+    ctx = ApiContext(
+        settings=settings,
+        store=runtime.store,
+        connection=runtime.connection,
+        publisher=runtime.publisher,
+        names=runtime.names,
+        app=app_name,
+        status_queue=status_queue,
+        bridge=bridge,
+        catalogue=load_catalogue(settings),
+    )
+    config = uvicorn.Config(
+        create_app(ctx),
+        host=settings.api_host,
+        port=settings.api_port,
+        log_config=None,  # the process's own JSON logging
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+        # Longer than a proxy's or a browser's idle connection (60 s is the usual), so the
+        # server never closes one just as its client sends a request on it (uvicorn's 5 s did,
+        # under a client pausing a few seconds: a POST the client could not safely send again).
+        timeout_keep_alive=75,
+    )
+    server = uvicorn.Server(config)
+
+    def status() -> dict[str, Any]:
+        return {"port": settings.api_port, "streams": bridge.watched, "jobs": len(ctx.jobs)}
+
+    async with runtime.heartbeat("api", status):
+        serving = asyncio.create_task(server.serve())
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if serving in done and not server.started:
+                serving.result()  # raise what stopped it
+                raise ConfigurationError(
+                    f"the API could not listen on {settings.api_host}:{settings.api_port}"
+                )
+            log.info("api stopping")
+        finally:
+            server.should_exit = True
+            await serving
+            stopping.cancel()
+            await statuses.stop()

@@ -1,0 +1,202 @@
+"""What the HTTP API takes and answers: the models its OpenAPI document is generated from.
+
+A shop's order is the object `order.submit` carries in `order` (shared/domain/messages.py), with
+the shop's own id. What the API answers a shop is the customer's view of its order: a status
+in the words a shop shows (`Received`, `Processing`, `Completed`, …), its steps and what happens
+next; never the payment token, nor anything of another shop.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.domain.models import APP_ORDER_ID, OrderData, OrderRecord, StateRecord
+from shared.domain.states import ProcessState, StepStatus
+from shared.domain.workflow import get_workflow
+
+SHOP_ORDER_ID = rf"^{APP_ORDER_ID}$"
+
+
+class ErrorBody(BaseModel):
+    """Every refusal: what was wrong, in one sentence."""
+
+    detail: str
+
+
+class NewOrder(OrderData):
+    """An order as a shop places it: `order.submit`'s `order`, with the shop's own id (which
+    the API keeps apart from every other shop's)."""
+
+    model_config = ConfigDict(
+        strict=True,
+        frozen=True,
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "order_id": "o-1001",
+                    "customer_id": "cust-42",
+                    "lines": [{"sku": "mug-blue", "quantity": 2, "unit_price_cents": 1250}],
+                    "currency": "EUR",
+                    "payment_token": "tok_visa",
+                    "shipping_address": {
+                        "name": "A. Customer",
+                        "line1": "1 Main Street",
+                        "city": "Springfield",
+                        "postal_code": "12345",
+                        "country": "DE",
+                    },
+                }
+            ]
+        },
+    )
+    order_id: str = Field(pattern=SHOP_ORDER_ID, max_length=40)
+    """The shop's id of the order: 1-40 letters, digits, '.', '_' or '-', starting with a letter
+    or digit; the same id with the same data is the same order."""
+
+
+class CustomerStatus(StrEnum):
+    """Where an order stands, as a shop tells its customer."""
+
+    RECEIVED = "Received"
+    PROCESSING = "Processing"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    COMPENSATING = "Compensating"
+    COMPENSATED = "Compensated"
+    CANCELLED = "Cancelled"
+
+
+_STATUS = {
+    ProcessState.PENDING: CustomerStatus.RECEIVED,
+    ProcessState.PROCESSING: CustomerStatus.PROCESSING,
+    ProcessState.PROCESSED: CustomerStatus.COMPLETED,
+    ProcessState.ERROR: CustomerStatus.FAILED,
+    ProcessState.COMPENSATING: CustomerStatus.COMPENSATING,
+    ProcessState.COMPENSATED: CustomerStatus.COMPENSATED,
+    ProcessState.COMPENSATION_FAILED: CustomerStatus.FAILED,
+    ProcessState.CANCELLED: CustomerStatus.CANCELLED,
+}
+FINAL = frozenset({CustomerStatus.COMPLETED, CustomerStatus.COMPENSATED, CustomerStatus.CANCELLED})
+"""Statuses that never change again (a Failed order waits for an operator)."""
+
+_NEXT = {
+    ProcessState.PENDING: "waiting for its turn: its steps start soon",
+    ProcessState.PROCESSING: "its steps are running",
+    ProcessState.PROCESSED: "nothing: every step is done",
+    ProcessState.ERROR: "stopped: an operator is looking at it (it may still be cancelled)",
+    ProcessState.COMPENSATING: "what its steps did is being undone, newest first",
+    ProcessState.COMPENSATED: "nothing: what its steps did was undone",
+    ProcessState.COMPENSATION_FAILED: "an undo failed: an operator is looking at it",
+    ProcessState.CANCELLED: "nothing: it was cancelled before any step ran",
+}
+
+
+class StepView(BaseModel):
+    name: str
+    status: StepStatus
+    attempts: int
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    error: str | None = None
+
+
+class LineView(BaseModel):
+    sku: str
+    quantity: int
+    unit_price_cents: int
+
+
+class ShopOrderView(BaseModel):
+    """A shop's order as its customer may see it."""
+
+    order_id: str
+    """The shop's own id."""
+    status: CustomerStatus
+    process_state: ProcessState
+    steps: list[StepView]
+    next: str
+    """What happens next, in a sentence."""
+    cancellable: bool
+    """Whether `POST /orders/{order_id}/cancel` would cancel it now."""
+    error: str | None = None
+    lines: list[LineView]
+    total_cents: int
+    currency: str
+    created_at: datetime
+    updated_at: datetime
+
+
+class PlacedOrder(BaseModel):
+    """The answer to `POST /orders`."""
+
+    order_id: str
+    recorded: bool
+    """False: the broker took it, and it was not recorded yet (202): follow it."""
+    order: ShopOrderView | None = None
+
+
+class CancelResult(BaseModel):
+    order_id: str
+    outcome: ProcessState
+    """Cancelled (nothing had run), or Compensating (what ran is being undone)."""
+    order: ShopOrderView
+
+
+class CatalogueItem(BaseModel):
+    sku: str = Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    name: str = Field(min_length=1, max_length=200)
+    unit_price_cents: int = Field(ge=0, le=100_000_000)
+
+
+class Catalogue(BaseModel):
+    currency: str
+    items: list[CatalogueItem]
+    test_payment_tokens: dict[str, str]
+    """Payment tokens a test checkout may use, and what each does."""
+
+
+def shop_view(shop_id: str, order: OrderRecord, record: StateRecord) -> ShopOrderView:
+    """The customer's view of a recorded order."""
+    data = order.data
+    from shared.domain.cancellation import refusal  # noqa: PLC0415 - a leaf import
+
+    workflow = get_workflow(record.workflow, record.workflow_version)
+    names = [s.name for s in workflow.steps] if workflow is not None else sorted(record.steps)
+    steps = [
+        StepView(
+            name=name,
+            status=state.status,
+            attempts=state.attempts,
+            started_at=state.started_at,
+            completed_at=state.completed_at,
+            error=state.error.message if state.error is not None else None,
+        )
+        for name in names
+        if (state := record.steps.get(name)) is not None
+    ]
+    return ShopOrderView(
+        order_id=shop_id,
+        status=_STATUS[record.process_state],
+        process_state=record.process_state,
+        steps=steps,
+        next=_NEXT[record.process_state],
+        cancellable=refusal(record) is None,
+        error=record.error.message if record.error is not None else None,
+        lines=[LineView(**line.model_dump()) for line in data.lines],
+        total_cents=data.total_cents,
+        currency=data.currency,
+        created_at=record.created_at,
+        updated_at=record.updated_at,
+    )
+
+
+def jsonable(value: Any) -> Any:
+    """A model or a structure of them as plain JSON values (for a server-sent event)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return value
