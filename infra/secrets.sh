@@ -69,11 +69,14 @@ random_secret rabbitmq_agent_payment_password  # RabbitMQ user orderflow-agent-p
 random_secret rabbitmq_agent_shipping_password  # RabbitMQ user orderflow-agent-shipping's password
 random_secret rabbitmq_operator_password  # RabbitMQ user orderflow-operator's password
 random_secret rabbitmq_app_shop_password  # RabbitMQ user shop's password (an application)
+random_secret rabbitmq_app_web_password  # RabbitMQ user web's password (an application)
 random_secret mongo_root_password  # MongoDB's root user (profile mongodb; creates the app user once)
 random_secret mongo_app_password  # MongoDB user `orderflow`: readWrite on the hub's database only
 random_secret mongo_keyfile  # MongoDB's replica-set key: its members authenticate to each other with it
 random_secret postgres_password  # PostgreSQL's superuser `postgres` (profile postgres)
 random_secret postgres_app_password  # PostgreSQL role `orderflow`: owns database `orderflow` only
+random_secret mongo_api_password  # MongoDB user `orderflow_api` (the HTTP API): the hub's documents only, no structure
+random_secret postgres_api_password  # PostgreSQL role `orderflow_api` (the HTTP API): rows of database `orderflow` only
 random_secret remote_admin_token  # bearer token of the remote stand-in's /admin and /ledger
 keyfile_check mongo_keyfile
 
@@ -86,10 +89,17 @@ url_secret rabbitmq_agent_payment_url 'amqp://orderflow-agent-payment:' rabbitmq
 url_secret rabbitmq_agent_shipping_url 'amqp://orderflow-agent-shipping:' rabbitmq_agent_shipping_password '@rabbitmq:5672/orderflow'
 url_secret rabbitmq_operator_url 'amqp://orderflow-operator:' rabbitmq_operator_password '@rabbitmq:5672/orderflow'
 url_secret rabbitmq_app_shop_url 'amqp://shop:' rabbitmq_app_shop_password '@rabbitmq:5672/orderflow'
+url_secret rabbitmq_app_web_url 'amqp://web:' rabbitmq_app_web_password '@rabbitmq:5672/orderflow'
 
 case $store in
-    mongodb) url_secret store_url 'mongodb://orderflow:' mongo_app_password '@mongodb:27017/orderflow?authSource=orderflow&replicaSet=rs0' ;;
-    postgres) url_secret store_url 'postgresql://orderflow:' postgres_app_password '@postgres:5432/orderflow' ;;
+    mongodb)
+        url_secret store_url 'mongodb://orderflow:' mongo_app_password '@mongodb:27017/orderflow?authSource=orderflow&replicaSet=rs0'
+        url_secret store_api_url 'mongodb://orderflow_api:' mongo_api_password '@mongodb:27017/orderflow?authSource=orderflow&replicaSet=rs0'
+        ;;
+    postgres)
+        url_secret store_url 'postgresql://orderflow:' postgres_app_password '@postgres:5432/orderflow'
+        url_secret store_api_url 'postgresql://orderflow_api:' postgres_api_password '@postgres:5432/orderflow'
+        ;;
 esac
 unset password
 # Readable by the containers' users (postgres, mongodb and orderflow run unprivileged).
@@ -103,11 +113,14 @@ chmod 644 \
     "$dir/rabbitmq_agent_shipping_password" \
     "$dir/rabbitmq_operator_password" \
     "$dir/rabbitmq_app_shop_password" \
+    "$dir/rabbitmq_app_web_password" \
     "$dir/mongo_root_password" \
     "$dir/mongo_app_password" \
     "$dir/mongo_keyfile" \
     "$dir/postgres_password" \
     "$dir/postgres_app_password" \
+    "$dir/mongo_api_password" \
+    "$dir/postgres_api_password" \
     "$dir/remote_admin_token" \
     "$dir/rabbitmq_admin_url" \
     "$dir/rabbitmq_submission_url" \
@@ -118,5 +131,7 @@ chmod 644 \
     "$dir/rabbitmq_agent_shipping_url" \
     "$dir/rabbitmq_operator_url" \
     "$dir/rabbitmq_app_shop_url" \
+    "$dir/rabbitmq_app_web_url" \
+    "$dir/store_api_url" \
     "$dir/store_url"
 echo "secrets: $dir holds every secret of docker-compose.yml (store: $store)"

@@ -234,6 +234,10 @@ class Settings(BaseSettings):
     api_stream_poll_s: float = Field(default=2.0, gt=0, le=60)
     """How often a live status stream reads its order again, besides the status messages that
     wake it (so a lost message, or a change nobody reports, is seen within this)."""
+    api_operator_rabbitmq_url: str | None = None
+    """AMQP URL of the broker user the API's dead-letter endpoints act as: the operator's, whose
+    replays the consumers trust (the compose deployment gives the API the operator's URL here
+    and an application's of its own as `ORDERFLOW_RABBITMQ_URL`); unset: the API's own."""
     api_catalogue_path: str | None = None
     """A JSON file of the shop's catalogue (`[{"sku", "name", "unit_price_cents"}, …]`);
     unset: a small built-in catalogue."""
@@ -321,9 +325,11 @@ class Settings(BaseSettings):
         _check_port(value)
         return value
 
-    @field_validator("rabbitmq_url")
+    @field_validator("rabbitmq_url", "api_operator_rabbitmq_url")
     @classmethod
-    def _amqp(cls, value: str) -> str:
+    def _amqp(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         parts = urlsplit(value)
         if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
             raise ValueError("RabbitMQ URL must look like amqp://user:password@host:5672/vhost")

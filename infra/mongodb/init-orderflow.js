@@ -20,6 +20,32 @@ if (app.getUser("orderflow") === null) {
 } else {
   app.updateUser("orderflow", { pwd: password, roles: roles });
 }
+// The HTTP API's user, when its password is given: the documents of every collection
+// of the hub's database, read and written; no index, collection or user.
+const apiPasswordFile = process.env.MONGO_API_PASSWORD_FILE;
+if (apiPasswordFile && process.env.MONGO_API_PASSWORD) {
+  throw new Error("both MONGO_API_PASSWORD and MONGO_API_PASSWORD_FILE "+ "are set");
+}
+const apiPassword = apiPasswordFile
+  ? require("fs").readFileSync(apiPasswordFile, "utf8").replace(/\n+$/, "")
+  : process.env.MONGO_API_PASSWORD;
+if (apiPassword) {
+  const rows = { role: "orderflowRows", privileges: [
+    { resource: { db: hub, collection: "" },
+      actions: ["find", "insert", "update", "remove"] },
+  ], roles: [] };
+  if (app.getRole("orderflowRows") === null) {
+    app.createRole(rows);
+  } else {
+    app.updateRole("orderflowRows", { privileges: rows.privileges, roles: [] });
+  }
+  const apiRoles = [{ role: "orderflowRows", db: hub }];
+  if (app.getUser("orderflow_api") === null) {
+    app.createUser({ user: "orderflow_api", pwd: apiPassword, roles: apiRoles });
+  } else {
+    app.updateUser("orderflow_api", { pwd: apiPassword, roles: apiRoles });
+  }
+}
 // The indexes of MongoStore.init.
 app.getCollection("state").createIndex({"next_attempt_at": 1}, {"name": "state_claimable", "partialFilterExpression": {"process_state": "Pending", "locked_by": null}});
 app.getCollection("state").createIndex({"next_attempt_at": 1}, {"name": "state_compensation_claimable", "partialFilterExpression": {"process_state": "Compensating", "locked_by": null}});

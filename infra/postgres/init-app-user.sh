@@ -13,6 +13,14 @@
 # role added later that needs `postgres` (a monitoring exporter, say) is granted CONNECT on it
 # explicitly. POSTGRES_KEEP_PUBLIC_CONNECT=1 skips the revocation, for a server shared with
 # roles that rely on it (the test suite's).
+#
+# The HTTP API's role (POSTGRES_API_USER, default orderflow_api; made only when its password is
+# given, in POSTGRES_API_PASSWORD_FILE or POSTGRES_API_PASSWORD): it connects to the
+# application's database and reads and writes the rows of every table the application's role
+# creates there later (`orderflow init`), through default privileges: SELECT, INSERT, UPDATE,
+# DELETE and the sequences, nothing else. It cannot create, alter or drop a table or a schema,
+# nor truncate one, so the process facing the web holds credentials of its own that can change
+# rows and no structure.
 set -eu
 if [ -n "${POSTGRES_APP_PASSWORD_FILE:-}" ]; then
     if [ -n "${POSTGRES_APP_PASSWORD:-}" ]; then
@@ -23,6 +31,19 @@ if [ -n "${POSTGRES_APP_PASSWORD_FILE:-}" ]; then
     export POSTGRES_APP_PASSWORD
 fi
 : "${POSTGRES_APP_PASSWORD:?POSTGRES_APP_PASSWORD is not set (see infra/secrets.sh)}"
+if [ -n "${POSTGRES_API_PASSWORD_FILE:-}" ]; then
+    if [ -n "${POSTGRES_API_PASSWORD:-}" ]; then
+        echo "init-app-user: both POSTGRES_API_PASSWORD and POSTGRES_API_PASSWORD_FILE are set" >&2
+        exit 1
+    fi
+    POSTGRES_API_PASSWORD=$(cat "$POSTGRES_API_PASSWORD_FILE")
+    export POSTGRES_API_PASSWORD
+fi
+api=off
+if [ -n "${POSTGRES_API_PASSWORD:-}" ]; then
+    api=on
+fi
+api_user=${POSTGRES_API_USER:-orderflow_api}
 app_user=${POSTGRES_APP_USER:-orderflow}
 app_db=${POSTGRES_APP_DB:-orderflow}
 isolate=on
@@ -30,7 +51,8 @@ if [ "${POSTGRES_KEEP_PUBLIC_CONNECT:-}" = 1 ]; then
     isolate=off
 fi
 psql -v ON_ERROR_STOP=1 --no-psqlrc --username "${POSTGRES_USER:-postgres}" --dbname postgres \
-    -v app_user="$app_user" -v app_db="$app_db" -v isolate="$isolate" <<'SQL'
+    -v app_user="$app_user" -v app_db="$app_db" -v isolate="$isolate" \
+    -v api="$api" -v api_user="$api_user" <<'SQL'
 \getenv app_password POSTGRES_APP_PASSWORD
 CREATE ROLE :"app_user" LOGIN PASSWORD :'app_password' NOSUPERUSER NOCREATEDB NOCREATEROLE;
 CREATE DATABASE :"app_db" OWNER :"app_user";
@@ -39,5 +61,15 @@ GRANT CONNECT ON DATABASE :"app_db" TO :"app_user";
 \if :isolate
 REVOKE CONNECT ON DATABASE postgres FROM PUBLIC;
 REVOKE CONNECT ON DATABASE template1 FROM PUBLIC;
+\endif
+\if :api
+\getenv api_password POSTGRES_API_PASSWORD
+CREATE ROLE :"api_user" LOGIN PASSWORD :'api_password' NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT;
+GRANT CONNECT ON DATABASE :"app_db" TO :"api_user";
+\connect :"app_db"
+ALTER DEFAULT PRIVILEGES FOR ROLE :"app_user" GRANT USAGE ON SCHEMAS TO :"api_user";
+ALTER DEFAULT PRIVILEGES FOR ROLE :"app_user"
+    GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO :"api_user";
+ALTER DEFAULT PRIVILEGES FOR ROLE :"app_user" GRANT USAGE, SELECT ON SEQUENCES TO :"api_user";
 \endif
 SQL

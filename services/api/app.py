@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from services.api import operations, pages, shop
 from services.api.context import ApiContext, StatusBridge, load_catalogue
 from shared.bootstrap import Runtime
-from shared.broker.connection import login_user
+from shared.broker.connection import connect, login_user
 from shared.broker.private import PrivateQueue
 from shared.broker.senders import APP, Senders
 from shared.errors import ConfigurationError, ServiceUnavailable
@@ -94,6 +94,13 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
         runtime.connection, status_queue, bridge.on_status, max_bytes=settings.max_message_bytes
     )
     await statuses.start()
+    operator = runtime.connection
+    if settings.api_operator_rabbitmq_url:
+        operator = await connect(
+            settings.api_operator_rabbitmq_url,
+            timeout=settings.connect_timeout_s,
+            name=f"{runtime.name}-operator",
+        )
     ctx = ApiContext(
         settings=settings,
         store=runtime.store,
@@ -104,6 +111,7 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
         status_queue=status_queue,
         bridge=bridge,
         catalogue=load_catalogue(settings),
+        operator_connection=operator,
     )
     config = uvicorn.Config(
         create_app(ctx),
@@ -139,3 +147,5 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
             await serving
             stopping.cancel()
             await statuses.stop()
+            if operator is not runtime.connection:
+                await operator.close()

@@ -14,9 +14,9 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from shared.domain.tokens import Role, digest_of
 
 from services.api.context import ApiContext
+from shared.domain.tokens import Role, digest_of
 
 bearer = HTTPBearer(
     auto_error=False,

@@ -115,6 +115,9 @@ class ApiContext:
     status_queue: str
     bridge: StatusBridge
     catalogue: Catalogue
+    operator_connection: AbstractRobustConnection
+    """What the dead-letter endpoints and the queue depths use: a connection as the operator's
+    broker user (`api_operator_rabbitmq_url`), or else `connection`."""
     jobs: dict[str, BulkJob] = field(default_factory=dict)
     _numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 

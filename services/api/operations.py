@@ -385,7 +385,7 @@ def _sources(ctx: ApiContext, queue: str | None) -> list[str]:
 @router.get("/dead-letters", responses=ERRORS)
 async def list_dead_letters(ctx: Context, who: Viewer, queue: QueueName = None) -> Json:
     """Dead-lettered messages with their reasons (they stay where they are)."""
-    rows = await dead_letters.dead_letters(ctx.connection, _sources(ctx, queue))
+    rows = await dead_letters.dead_letters(ctx.operator_connection, _sources(ctx, queue))
     return {"messages": rows}
 
 
@@ -397,7 +397,7 @@ async def show_dead_letter(
     queue: QueueName = None,
 ) -> Json:
     """One dead-lettered message: its reason, headers and body (payment tokens shortened)."""
-    found = await dead_letters.find(ctx.connection, _sources(ctx, queue), message_id)
+    found = await dead_letters.find(ctx.operator_connection, _sources(ctx, queue), message_id)
     if not found:
         raise HTTPException(404, f"no dead letter {message_id}")
     return {"messages": [f.row | {"body": body_text(f.body)} for f in found]}
@@ -415,11 +415,10 @@ class Replay(Body):
 async def replay_dead_letters(ctx: Context, who: Operator, body: Replay) -> Json:
     """Send dead letters back to their queue, each removed from its DLQ once confirmed."""
     settings = ctx.settings
-    senders = Senders.of(
-        settings.hub, settings.broker_user_prefix, login_user(settings.rabbitmq_url), "operator"
-    )
+    url = settings.api_operator_rabbitmq_url or settings.rabbitmq_url
+    senders = Senders.of(settings.hub, settings.broker_user_prefix, login_user(url), "operator")
     done = await dead_letters.replay(
-        ctx.connection,
+        ctx.operator_connection,
         ctx.names,
         _sources(ctx, body.queue),
         body.message_ids,
@@ -438,7 +437,7 @@ async def purge_dead_letters(
     queue: QueueName = None,
 ) -> Json:
     """Delete dead-lettered messages for good."""
-    return {"purged": await dead_letters.purge(ctx.connection, _sources(ctx, queue))}
+    return {"purged": await dead_letters.purge(ctx.operator_connection, _sources(ctx, queue))}
 
 
 @router.get("/alerts", responses=ERRORS)
@@ -458,7 +457,7 @@ async def stats(ctx: Context, who: Viewer) -> Json:
     """Orders per state, stuck and overdue orders, queue depths, processes, open circuit
     breakers and the supervisor leader (`orderflow stats`)."""
     snapshot = await store_stats(ctx.store, ctx.settings)
-    snapshot["queues"] = await queue_depths_on(ctx.connection, ctx.names)
+    snapshot["queues"] = await queue_depths_on(ctx.operator_connection, ctx.names)
     return snapshot
 
 

@@ -3,7 +3,9 @@
 The official mongo image runs it once, as root, on an empty data directory. It creates the
 application's user, with `readWrite` on the hub's database and nothing else (not even on other
 hubs' databases), its password read from the file `MONGO_APP_PASSWORD_FILE` names (the compose
-secret) or else from `MONGO_APP_PASSWORD`, and the indexes. The index
+secret) or else from `MONGO_APP_PASSWORD`; the HTTP API's user, when `MONGO_API_PASSWORD[_FILE]`
+gives its password, with a role that reads and writes the documents of the hub's collections and
+nothing else; and the indexes. The index
 list is not written by hand: `MongoStore.init` runs against a recorder here, so the script makes
 exactly the indexes the adapter makes (`orderflow init` makes them again, idempotently).
 """
@@ -20,6 +22,13 @@ from shared.store.mongo import MongoStore
 APP_USER = "orderflow"
 PASSWORD_VARIABLE = "MONGO_APP_PASSWORD"
 PASSWORD_FILE_VARIABLE = f"{PASSWORD_VARIABLE}_FILE"
+API_USER = "orderflow_api"
+API_ROLE = "orderflowRows"
+API_PASSWORD_VARIABLE = "MONGO_API_PASSWORD"
+API_PASSWORD_FILE_VARIABLE = f"{API_PASSWORD_VARIABLE}_FILE"
+API_ACTIONS = ("find", "insert", "update", "remove")
+"""What the HTTP API's user may do to the hub's collections: their documents, no structure (no
+index, collection or user made or dropped)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,33 @@ def init_script(hub: str) -> str:
         f'  app.createUser({{ user: "{APP_USER}", pwd: password, roles: roles }});',
         "} else {",
         f'  app.updateUser("{APP_USER}", {{ pwd: password, roles: roles }});',
+        "}",
+        "// The HTTP API's user, when its password is given: the documents of every collection",
+        "// of the hub's database, read and written; no index, collection or user.",
+        f"const apiPasswordFile = process.env.{API_PASSWORD_FILE_VARIABLE};",
+        f"if (apiPasswordFile && process.env.{API_PASSWORD_VARIABLE}) {{",
+        f'  throw new Error("both {API_PASSWORD_VARIABLE} and {API_PASSWORD_FILE_VARIABLE} "'
+        '+ "are set");',
+        "}",
+        "const apiPassword = apiPasswordFile",
+        '  ? require("fs").readFileSync(apiPasswordFile, "utf8").replace(/\\n+$/, "")',
+        f"  : process.env.{API_PASSWORD_VARIABLE};",
+        "if (apiPassword) {",
+        f"  const rows = {{ role: {json.dumps(API_ROLE)}, privileges: [",
+        '    { resource: { db: hub, collection: "" },',
+        f"      actions: {json.dumps(list(API_ACTIONS))} }},",
+        "  ], roles: [] };",
+        f'  if (app.getRole("{API_ROLE}") === null) {{',
+        "    app.createRole(rows);",
+        "  } else {",
+        f'    app.updateRole("{API_ROLE}", {{ privileges: rows.privileges, roles: [] }});',
+        "  }",
+        f'  const apiRoles = [{{ role: "{API_ROLE}", db: hub }}];',
+        f'  if (app.getUser("{API_USER}") === null) {{',
+        f'    app.createUser({{ user: "{API_USER}", pwd: apiPassword, roles: apiRoles }});',
+        "  } else {",
+        f'    app.updateUser("{API_USER}", {{ pwd: apiPassword, roles: apiRoles }});',
+        "  }",
         "}",
         "// The indexes of MongoStore.init.",
     ]

@@ -29,8 +29,9 @@ from shared.broker.topology import Names
 
 HASHING = "rabbit_password_hashing_sha256"
 PLACEHOLDER = re.compile(r"@HASH:([A-Z][A-Z0-9_]*)@")
-DEFAULT_APPS = ("shop",)
-"""The compose deployment's one submitting application: the shop's web front end."""
+DEFAULT_APPS = ("shop", "web")
+"""The compose deployment's submitting applications: `shop` (`orderflow submit`, the tools
+profile) and `web`, the HTTP API (`orderflow serve api`), which submits its shops' orders."""
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,22 @@ STORE_URLS = {
 }
 """The store URL of each profile: the application user's, as `orderflow init` and every process
 use it."""
+API_STORE_URLS = {
+    "mongodb": (
+        "mongodb://orderflow_api:",
+        "mongo_api_password",
+        f"@mongodb:27017/orderflow?authSource=orderflow&replicaSet={REPLICA_SET}",
+    ),
+    "postgres": (
+        "postgresql://orderflow_api:",
+        "postgres_api_password",
+        "@postgres:5432/orderflow",
+    ),
+}
+"""The HTTP API's store URL of each profile: a user of its own that reads and writes rows, and
+changes no structure (infra/postgres/init-app-user.sh, infra/mongodb/init-orderflow.js)."""
+PROFILE_URLS = {"store_url": STORE_URLS, "store_api_url": API_STORE_URLS}
+"""The URL secrets that depend on the store profile."""
 
 STORE_SECRETS = [
     Secret(
@@ -79,6 +95,14 @@ STORE_SECRETS = [
     Secret(KEYFILE, "MongoDB's replica-set key: its members authenticate to each other with it"),
     Secret("postgres_password", "PostgreSQL's superuser `postgres` (profile postgres)"),
     Secret("postgres_app_password", "PostgreSQL role `orderflow`: owns database `orderflow` only"),
+    Secret(
+        "mongo_api_password",
+        "MongoDB user `orderflow_api` (the HTTP API): the hub's documents only, no structure",
+    ),
+    Secret(
+        "postgres_api_password",
+        "PostgreSQL role `orderflow_api` (the HTTP API): rows of database `orderflow` only",
+    ),
 ]
 
 
@@ -113,6 +137,7 @@ def secrets(apps: tuple[str, ...] = DEFAULT_APPS) -> list[Secret]:
         )
         for app in apps
     ]
+    found.append(Secret("store_api_url", "the HTTP API's store URL of the chosen profile"))
     found.append(Secret("store_url", "the store URL of the chosen profile (mongodb or postgres)"))
     return found
 
@@ -185,7 +210,7 @@ def secrets_script(apps: tuple[str, ...] = DEFAULT_APPS) -> str:
         "",
     ]
     for secret in secrets(apps):
-        if secret.url is None and secret.name != "store_url":
+        if secret.url is None and secret.name not in PROFILE_URLS:
             lines.append(f"random_secret {secret.name}  # {secret.what}")
     # 64 hex digits: in the base64 alphabet, so a valid key; one of your own is checked.
     lines += [f"keyfile_check {KEYFILE}", ""]
@@ -194,8 +219,12 @@ def secrets_script(apps: tuple[str, ...] = DEFAULT_APPS) -> str:
             before, password, after = secret.url
             lines.append(f"url_secret {secret.name} '{before}' {password} '{after}'")
     lines += ["", "case $store in"]
-    for store, (before, password, after) in STORE_URLS.items():
-        lines.append(f"    {store}) url_secret store_url '{before}' {password} '{after}' ;;")
+    for store in STORE_URLS:
+        lines.append(f"    {store})")
+        for name, urls in PROFILE_URLS.items():
+            before, password, after = urls[store]
+            lines.append(f"        url_secret {name} '{before}' {password} '{after}'")
+        lines.append("        ;;")
     lines += [
         "esac",
         "unset password",

@@ -55,6 +55,7 @@ from shared.domain.timing import utcnow
 from shared.metrics import REGISTRY
 from shared.store.postgres import PostgresStore
 from tests.conftest import POSTGRES_URL, service_missing
+from tests.support.api import start_api, token
 from tests.support.factories import order_data
 from tests.support.topology import Topology, free_port, running_topology
 from tests.support.waiting import eventually
@@ -351,6 +352,33 @@ async def test_the_real_processes_work_end_to_end_each_under_its_own_user(
         refused_dlq = topo.cli("dlq", "list", ORDERFLOW_RABBITMQ_URL=broker.url(app))
         assert refused_dlq.returncode != 0
         assert "ACCESS_REFUSED" in refused_dlq.stderr + refused_dlq.stdout
+
+        # The HTTP API as the compose deployment runs it: an application's user of its own,
+        # and the operator's for the dead letters and queue depths.
+        api = await start_api(
+            topo,
+            ORDERFLOW_RABBITMQ_URL=broker.url(broker.apps[1]),
+            ORDERFLOW_API_OPERATOR_RABBITMQ_URL=broker.url("operator"),
+        )
+        try:
+            shop, otto = token(topo, "shop", "acme"), token(topo, "operator", "otto")
+            body = order_data("o-web").model_dump(mode="json")
+            placed = await api.call("POST", "/orders", shop, body)
+            assert placed.status == 201, placed
+
+            async def completed() -> bool:
+                seen = await api.call("GET", "/orders/o-web", shop)
+                return seen.body["status"] == "Completed"
+
+            await eventually(completed, timeout=60, what="the API's order Completed")
+            letters = await api.call("GET", "/ops/dead-letters", otto)
+            assert letters.status == 200, letters
+            depths = await api.call("GET", "/ops/stats", otto)
+            assert depths.status == 200 and all(
+                n is not None for n in depths.body["queues"].values()
+            ), depths.body
+        finally:
+            await api.close()
 
         outputs = "".join(r.stdout + r.stderr for r in (submitted, dead, stats, refused_dlq))
         _no_secrets(topo, broker.passwords, outputs)

@@ -21,7 +21,13 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from shared.domain.coordination import ComponentStatus
+from shared.domain.timing import utcnow
+from shared.domain.tokens import Role, issue
+from shared.store.postgres import PostgresStore
+from shared.store.values import InsertOutcome
 from tests.conftest import service_missing
+from tests.support.factories import order_pair
 from tests.support.topology import free_port
 
 pytestmark = [pytest.mark.postgres]
@@ -93,9 +99,14 @@ def server() -> Iterator[Server]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _run_script(server: Server, role: str, database: str, **env: str) -> None:
+def _run_script(
+    server: Server, role: str, database: str, *, api_password: str | None = None, **env: str
+) -> None:
     password = secrets.token_hex(16)
     password_file = Path(tempfile.mkdtemp(prefix="orderflow-pg-secret-")) / "password"
+    if api_password is not None:
+        (password_file.parent / "api").write_text(api_password + "\n")
+        env = env | {"POSTGRES_API_PASSWORD_FILE": str(password_file.parent / "api")}
     try:
         password_file.write_text(password + "\n")
         done = subprocess.run(
@@ -118,6 +129,7 @@ def _run_script(server: Server, role: str, database: str, **env: str) -> None:
         shutil.rmtree(password_file.parent, ignore_errors=True)
     assert done.returncode == 0, done.stderr
     assert password not in done.stdout + done.stderr
+    assert api_password is None or api_password not in done.stdout + done.stderr
 
 
 async def _can_connect(url: str) -> bool:
@@ -177,3 +189,57 @@ def test_the_script_refuses_two_passwords(server: Server, tmp_path: Path) -> Non
         timeout=60,
     )
     assert done.returncode == 1 and "both POSTGRES_APP_PASSWORD" in done.stderr
+
+
+async def test_the_api_role_changes_rows_of_the_hub_s_tables_and_no_structure(
+    server: Server,
+) -> None:
+    """The HTTP API's own credentials: rows of every table `orderflow init` made later, read and
+    written as the API does; no table or schema created, altered, truncated or dropped."""
+    role, database, api_password = "orderflow", "orderflow", secrets.token_hex(16)
+    _run_script(server, role, database, api_password=api_password)
+    superuser = await asyncpg.connect(server.url(SUPERUSER, database))
+    try:
+        # The test connects over TCP with trust auth; the role's password is what compose uses.
+        owner = await PostgresStore.connect(
+            server.url(role, database), "hub1", pool_size=2, timeout=10, command_timeout=10
+        )
+        await owner.init()  # as the application's role: the hub's schema and tables
+        await owner.close()
+        api_url = server.url("orderflow_api", database)
+        api = await PostgresStore.connect(
+            api_url, "hub1", pool_size=2, timeout=10, command_timeout=10
+        )
+        try:
+            order, state = order_pair("o-1")
+            assert await api.insert_order(order, state) is InsertOutcome.CREATED
+            token, _ = issue("acme", Role.SHOP, now=utcnow())
+            assert await api.token_create(token)
+            assert await api.token_find(token.digest) == token
+            assert await api.token_revoke("acme", at=utcnow())
+            await api.report_status(
+                ComponentStatus(name="api-1", kind="api", at=utcnow(), expires_at=utcnow())
+            )
+            await api.forget_status("api-1")
+            assert (await api.get_state("o-1")) is not None
+        finally:
+            await api.close()
+        raw = await asyncpg.connect(api_url)
+        try:
+            for ddl in (
+                'CREATE TABLE "hub1".x (id int)',
+                'ALTER TABLE "hub1".state ADD COLUMN x int',
+                'DROP TABLE "hub1".alerts',
+                'TRUNCATE "hub1".history',
+                'CREATE SCHEMA "hub2"',
+            ):
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await raw.execute(ddl)
+        finally:
+            await raw.close()
+        tables = await superuser.fetchval(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'hub1'"
+        )
+        assert tables > 5
+    finally:
+        await superuser.close()

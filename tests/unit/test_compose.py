@@ -122,7 +122,7 @@ def test_the_static_check_can_fail() -> None:
 
 
 def test_orderflow_up_runs_the_same_serve_commands_as_compose() -> None:
-    local = {tuple(args) for _, args in topology(1, 1, 1, remote=True)}
+    local = {tuple(args) for _, args in topology(1, 1, 1, remote=True, api=True)}
     composed = {
         tuple(svc["command"])
         for svc in orderflow_services().values()
@@ -216,7 +216,7 @@ def secret_targets(svc: dict[str, Any]) -> dict[str, str]:
 
 def role_of(service: str) -> str | None:
     """The RabbitMQ role a compose service connects as (None: an application, or no broker)."""
-    return {"init": "admin", "shop": None, "remote": None}.get(service, service)
+    return {"init": "admin", "shop": None, "remote": None, "api": None}.get(service, service)
 
 
 STORE_USERS = {"init", "submission", "scheduler", "supervisor", "operator"} | {
@@ -228,21 +228,38 @@ TOKEN_USERS = {"remote", "operator"}
 """Who holds the remote stand-in's operator token: the stand-in, and `orderflow audit`."""
 
 
+API_SECRETS = {
+    # An application of its own (`web`), the operator's user for the dead letters, and a store
+    # user of its own.
+    "orderflow_rabbitmq_url": broker_url("web", app=True),
+    "orderflow_api_operator_rabbitmq_url": broker_url("operator"),
+    "orderflow_store_url": "store_api_url",
+}
+
+
+def wanted_secrets(name: str) -> dict[str, str]:
+    """What a compose service should get: target under /run/secrets -> compose secret."""
+    if name == "api":
+        return dict(API_SECRETS)
+    role = role_of(name)
+    wanted = {}
+    if name == "shop":
+        wanted["orderflow_rabbitmq_url"] = broker_url("shop", app=True)
+    elif role is not None:
+        wanted["orderflow_rabbitmq_url"] = broker_url(role)
+    if name in STORE_USERS:
+        wanted["orderflow_store_url"] = "store_url"
+    if name in TOKEN_USERS:
+        wanted["orderflow_remote_admin_token"] = "remote_admin_token"
+    return wanted
+
+
 def user_problems(compose: dict[str, Any]) -> list[str]:
     """Each orderflow service connects as its own RabbitMQ user, through its own URL secret, and
     gets only the secrets it uses; no environment holds a password."""
     problems = []
     for name, svc in orderflow_services(compose).items():
-        role = role_of(name)
-        wanted = {}
-        if name == "shop":
-            wanted["orderflow_rabbitmq_url"] = broker_url("shop", app=True)
-        elif role is not None:
-            wanted["orderflow_rabbitmq_url"] = broker_url(role)
-        if name in STORE_USERS:
-            wanted["orderflow_store_url"] = "store_url"
-        if name in TOKEN_USERS:
-            wanted["orderflow_remote_admin_token"] = "remote_admin_token"
+        wanted = wanted_secrets(name)
         if secret_targets(svc) != wanted:
             problems.append(f"{name} gets secrets {secret_targets(svc)}, not {wanted}")
         if wanted and (svc.get("environment") or {}).get("ORDERFLOW_SECRETS_DIR") != "/run/secrets":

@@ -17,7 +17,16 @@ from click.testing import CliRunner
 
 from services.cli.main import main
 from services.deploy.files import COMPOSE_HUB, generated_files
-from services.deploy.mongodb import PASSWORD_FILE_VARIABLE, PASSWORD_VARIABLE, indexes, init_script
+from services.deploy.mongodb import (
+    API_ACTIONS,
+    API_PASSWORD_VARIABLE,
+    API_ROLE,
+    API_USER,
+    PASSWORD_FILE_VARIABLE,
+    PASSWORD_VARIABLE,
+    indexes,
+    init_script,
+)
 from services.deploy.rabbitmq import (
     BrokerLimits,
     definitions,
@@ -98,7 +107,9 @@ def test_the_secrets_script_writes_every_secret_once_and_the_urls_from_them(
     assert all((directory / n).stat().st_mode & 0o777 == 0o644 for n in names)
     values = {n: (directory / n).read_text() for n in names}
     assert not any(v in done.stdout + done.stderr for v in values.values())
-    random = [s.name for s in secrets() if s.url is None and s.name != "store_url"]
+    random = [
+        s.name for s in secrets() if s.url is None and s.name not in ("store_url", "store_api_url")
+    ]
     assert all(re.fullmatch(r"[0-9a-f]{64}", values[n]) for n in random)
     assert len({values[n] for n in random}) == len(random)  # each its own
     admin = values["rabbitmq_admin_password"]
@@ -110,6 +121,13 @@ def test_the_secrets_script_writes_every_secret_once_and_the_urls_from_them(
         f"mongodb://orderflow:{values['mongo_app_password']}@mongodb:27017/orderflow"
         "?authSource=orderflow&replicaSet=rs0"
     )
+    # The API's store user is its own.
+    assert values["store_api_url"] == (
+        f"mongodb://orderflow_api:{values['mongo_api_password']}@mongodb:27017/orderflow"
+        "?authSource=orderflow&replicaSet=rs0"
+    )
+    web = values["rabbitmq_app_web_password"]
+    assert values["rabbitmq_app_web_url"] == f"amqp://web:{web}@rabbitmq:5672/orderflow"
     # The replica set's key is mongod's keyfile format (base64 characters, 6 to 1024 of them).
     assert re.fullmatch(r"[A-Za-z0-9+/=]{6,1024}", values["mongo_keyfile"])
     # Again, for the other store, after a password was changed by hand: passwords are kept,
@@ -123,6 +141,9 @@ def test_the_secrets_script_writes_every_secret_once_and_the_urls_from_them(
     )
     assert (directory / "store_url").read_text() == (
         f"postgresql://orderflow:{values['postgres_app_password']}@postgres:5432/orderflow"
+    )
+    assert (directory / "store_api_url").read_text() == (
+        f"postgresql://orderflow_api:{values['postgres_api_password']}@postgres:5432/orderflow"
     )
 
 
@@ -532,6 +553,8 @@ const collection = (name) => ({
 const database = (name) => ({
   getUser: () => null,
   createUser: (user) => calls.push(["user", name, user]),
+  getRole: () => null,
+  createRole: (role) => calls.push(["role", name, role]),
   updateUser: () => calls.push(["update"]),
   getCollection: (c) => collection(name + "." + c),
 });
@@ -590,3 +613,26 @@ def test_the_init_script_runs_creating_a_hub_only_user_and_every_index(tmp_path:
     assert [c[2]["pwd"] for c in from_file["calls"] if c[0] == "user"] == ["from-the-file"]
     both = path | {PASSWORD_FILE_VARIABLE: str(tmp_path / "password"), PASSWORD_VARIABLE: "x"}
     assert "both" in run_in_node(script, tmp_path, both)["error"]
+
+
+def test_the_init_script_gives_the_api_a_user_of_its_own_for_documents_only(
+    tmp_path: Path,
+) -> None:
+    if shutil.which("node") is None:
+        pytest.skip("node is needed to run the init script against a stub database")
+    script = tmp_path / "init.js"
+    script.write_text(init_script(COMPOSE_HUB))
+    env = {"PATH": os.environ["PATH"], PASSWORD_VARIABLE: "app", API_PASSWORD_VARIABLE: "api"}
+    calls = run_in_node(script, tmp_path, env)["calls"]
+    [role] = [c[2] for c in calls if c[0] == "role"]
+    assert role["privileges"] == [
+        {"resource": {"db": COMPOSE_HUB, "collection": ""}, "actions": list(API_ACTIONS)}
+    ]
+    assert not {"createIndex", "dropCollection", "createCollection"} & set(API_ACTIONS)
+    users = {c[2]["user"]: c[2] for c in calls if c[0] == "user"}
+    assert users[API_USER] == {
+        "user": API_USER,
+        "pwd": "api",
+        "roles": [{"role": API_ROLE, "db": COMPOSE_HUB}],
+    }
+    assert users["orderflow"]["roles"] == [READ_WRITE_HUB]

@@ -46,6 +46,9 @@ TALKS_TO: dict[str, set[str]] = {
     # `orderflow audit` reads the remote stand-in's ledger (with the operator token).
     "operator": {"rabbitmq", "mongodb", "postgres", "remote"},
     "shop": {"rabbitmq"},
+    # The HTTP API: the broker (as an application, and as the operator for dead letters) and
+    # the store; browsers reach it through its published port.
+    "api": {"rabbitmq", "mongodb", "postgres"},
     "remote": set(),
     "rabbitmq": set(),
     "mongodb": set(),
@@ -58,14 +61,21 @@ application (`orderflow submit`) only the broker. The servers call nobody."""
 MONITORING = "monitoring"
 """The network of every serving process's /metrics and /healthz (port 9100), for a scraper."""
 EXPECTED_NETWORKS = {
-    "broker": {"rabbitmq", "init", "submission", "scheduler", "supervisor", "operator"} | AGENTS,
+    "broker": {"rabbitmq", "init", "submission", "scheduler", "supervisor", "operator", "api"}
+    | AGENTS,
     "apps": {"rabbitmq", "shop"},
-    "store": {"mongodb", "postgres"} | STORE_USERS,
+    "store": {"mongodb", "postgres", "api"} | STORE_USERS,
     "remote": {"remote", "operator"} | AGENTS,
-    MONITORING: {"remote", "submission", "scheduler", "supervisor"} | AGENTS,
+    MONITORING: {"remote", "submission", "scheduler", "supervisor", "api"} | AGENTS,
     "ingress": {"rabbitmq"},
+    "web": {"api"},
 }
-PUBLISHED = {"rabbitmq": {"127.0.0.1:5672:5672", "127.0.0.1:15672:15672"}}
+PUBLISHED = {
+    "rabbitmq": {"127.0.0.1:5672:5672", "127.0.0.1:15672:15672"},
+    "api": {"127.0.0.1:8000:8000"},
+}
+GATEWAYS = {"ingress", "web"}
+"""The networks that route out, each for one server's ports published on 127.0.0.1."""
 
 
 def together(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -105,9 +115,9 @@ def membership_problems(compose: dict[str, Any]) -> list[str]:
             problems.append(f"{name} is on the default network (every container's)")
     for network, options in (compose.get("networks") or {}).items():
         internal = bool((options or {}).get("internal"))
-        if network == "ingress":
+        if network in GATEWAYS:
             if internal:
-                problems.append("ingress must route out (the broker's ports on 127.0.0.1)")
+                problems.append(f"{network} must route out (its ports on 127.0.0.1)")
         elif not internal:
             problems.append(f"network {network} is not internal: its members can reach out")
         members = {n for n, svc in services(compose).items() if network in networks_of(svc)}
@@ -136,7 +146,7 @@ def port_problems(compose: dict[str, Any]) -> list[str]:
         ports = set(map(str, svc.get("ports") or []))
         if ports != PUBLISHED.get(name, set()):
             problems.append(f"{name} publishes {sorted(ports)}")
-        if ports and "ingress" not in networks_of(svc):
+        if ports and not GATEWAYS & networks_of(svc):
             problems.append(f"{name} publishes ports from internal networks only")
     return problems
 
@@ -149,7 +159,7 @@ def test_each_container_reaches_only_what_it_talks_to() -> None:
     assert network_problems(COMPOSE) == []
     pairs = reachable(COMPOSE, skip=frozenset({MONITORING}))
     assert {b for a, b in pairs if a == "shop"} == {"rabbitmq"}
-    assert {a for a, b in pairs if b in ("mongodb", "postgres")} == STORE_USERS
+    assert {a for a, b in pairs if b in ("mongodb", "postgres")} == STORE_USERS | {"api"}
     assert {a for a, b in pairs if b == "remote"} == AGENTS | {"operator"}
     assert set(TALKS_TO) == set(services())
 
