@@ -10,6 +10,7 @@ against the running API.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -36,7 +37,8 @@ saying why; nothing is changed by a refused request.
 """
 
 
-def create_app(ctx: ApiContext) -> FastAPI:
+def create_app(ctx: ApiContext | None) -> FastAPI:
+    """The application; without a context, only to read its OpenAPI document (`openapi`)."""
     app = FastAPI(
         title="orderflow",
         version="1",
@@ -44,7 +46,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         docs_url="/docs",
         redoc_url=None,
     )
-    app.state.context = ctx
+    if ctx is not None:
+        app.state.context = ctx
     app.include_router(shop.router)
     app.include_router(operations.router)
     app.include_router(pages.router)
@@ -65,6 +68,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
         )
 
     return app
+
+
+def openapi_document() -> str:
+    """The API's OpenAPI document, as committed in docs/openapi.json (`orderflow deploy write`
+    regenerates it, and a unit test fails while the committed one differs): a change of the
+    API shows in review as a change of its contract."""
+    return json.dumps(create_app(None).openapi(), indent=2, sort_keys=True) + "\n"
 
 
 def api_app(settings: Any) -> str:

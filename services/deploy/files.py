@@ -1,7 +1,9 @@
-"""Every committed deployment file that is generated from the code, and what it should say."""
+"""Every committed deployment file that is generated from the code, and what it should say (the
+HTTP API's OpenAPI document among them)."""
 
 from __future__ import annotations
 
+from services.api.app import openapi_document
 from services.deploy.envfile import compose_settings, env_example
 from services.deploy.mongodb import init_script
 from services.deploy.rabbitmq import DEFAULT_APPS, definitions, render
@@ -21,4 +23,5 @@ def generated_files() -> dict[str, str]:
         ),
         "infra/mongodb/init-orderflow.js": init_script(COMPOSE_HUB),
         "infra/secrets.sh": secrets_script(DEFAULT_APPS),
+        "docs/openapi.json": openapi_document(),
     }

@@ -8,10 +8,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import pytest
 
+from shared.broker.connection import connect
+from shared.broker.topology import Names
 from shared.domain.journal import HistoryEventType
 from shared.domain.states import ProcessState
+from tests.conftest import RABBITMQ_URL, RABBITMQ_USER
 from tests.support.api import ApiClient, start_api, token
 from tests.support.factories import order_data
 from tests.support.topology import Topology, running_topology
@@ -283,3 +287,51 @@ async def test_operator_endpoints_do_what_the_cli_does_as_the_token_s_holder(
     assert compensate.status == 409 and "refused" in compensate.body["detail"]
     audit = await topo.audit()
     assert audit["ok"], audit["violations"]
+
+
+async def test_dead_letters_are_listed_shown_replayed_and_purged_over_http(
+    topo: Topology, api: ApiClient
+) -> None:
+    await topo.start_all()
+    viewer, operator = token(topo, "viewer", "vera"), token(topo, "operator", "otto")
+    names = Names(topo.hub)
+    connection = await connect(RABBITMQ_URL, timeout=5, name="api-dlq-test")
+    try:
+        channel = await connection.channel()
+        for n in (1, 2):
+            poison = aio_pika.Message(
+                b"{not json", message_id=f"p-{n}", type="order.submit", user_id=RABBITMQ_USER
+            )
+            await channel.default_exchange.publish(poison, routing_key=names.orders)
+
+        async def both() -> list[dict[str, Any]] | None:
+            rows = (await api.call("GET", "/ops/dead-letters", viewer)).body["messages"]
+            return rows if len(rows) == 2 else None
+
+        rows = await eventually(both, timeout=30, what="two dead letters")
+        assert {(r["message_id"], r["reason"]) for r in rows} == {
+            ("p-1", "malformed"),
+            ("p-2", "malformed"),
+        }
+        shown = await api.call("GET", "/ops/dead-letter", viewer, message_id="p-1", queue="orders")
+        [letter] = shown.body["messages"]
+        assert (letter["reason"], letter["body"]) == ("malformed", "{not json")
+        assert (await api.call("GET", "/ops/dead-letter", viewer, message_id="nope")).status == 404
+        # A viewer reads; only an operator replays or purges.
+        body = {"message_ids": ["p-1"]}
+        assert (await api.call("POST", "/ops/dead-letters/replay", viewer, body)).status == 403
+        replayed = await api.call("POST", "/ops/dead-letters/replay", operator, body)
+        assert replayed.status == 200 and replayed.body["replayed"] == [
+            {"message_id": "p-1", "queue": names.orders}
+        ], replayed
+        # Replayed as it was: still malformed, so dead-lettered again at its first delivery.
+        await eventually(both, timeout=30, what="the replayed letter back in the DLQ")
+        purge = await api.call("DELETE", "/ops/dead-letters", operator, queue="orders")
+        assert purge.status == 422, "a purge says `confirm=purge`"
+        purged = await api.call(
+            "DELETE", "/ops/dead-letters", operator, queue="orders", confirm="purge"
+        )
+        assert purged.body == {"purged": {names.dlq(names.orders): 2}}, purged
+        assert (await api.call("GET", "/ops/dead-letters", viewer)).body["messages"] == []
+    finally:
+        await connection.close()
