@@ -22,23 +22,21 @@
 # nor truncate one, so the process facing the web holds credentials of its own that can change
 # rows and no structure.
 set -eu
-if [ -n "${POSTGRES_APP_PASSWORD_FILE:-}" ]; then
-    if [ -n "${POSTGRES_APP_PASSWORD:-}" ]; then
-        echo "init-app-user: both POSTGRES_APP_PASSWORD and POSTGRES_APP_PASSWORD_FILE are set" >&2
-        exit 1
+from_file() {  # VARIABLE: set from the file VARIABLE_FILE names (the compose secret), if any
+    eval "file=\${${1}_FILE:-} value=\${${1}:-}"
+    if [ -n "$file" ]; then
+        if [ -n "$value" ]; then
+            echo "init-app-user: both $1 and ${1}_FILE are set" >&2
+            exit 1
+        fi
+        value=$(cat "$file")
+        export "$1=$value"
     fi
-    POSTGRES_APP_PASSWORD=$(cat "$POSTGRES_APP_PASSWORD_FILE")
-    export POSTGRES_APP_PASSWORD
-fi
+    unset file value
+}
+from_file POSTGRES_APP_PASSWORD
 : "${POSTGRES_APP_PASSWORD:?POSTGRES_APP_PASSWORD is not set (see infra/secrets.sh)}"
-if [ -n "${POSTGRES_API_PASSWORD_FILE:-}" ]; then
-    if [ -n "${POSTGRES_API_PASSWORD:-}" ]; then
-        echo "init-app-user: both POSTGRES_API_PASSWORD and POSTGRES_API_PASSWORD_FILE are set" >&2
-        exit 1
-    fi
-    POSTGRES_API_PASSWORD=$(cat "$POSTGRES_API_PASSWORD_FILE")
-    export POSTGRES_API_PASSWORD
-fi
+from_file POSTGRES_API_PASSWORD
 api=off
 if [ -n "${POSTGRES_API_PASSWORD:-}" ]; then
     api=on

@@ -71,6 +71,13 @@ async def shot(page: Page, name: str) -> Path:
     return path
 
 
+async def visit(page: Page, click: str, ready: str, name: str) -> None:
+    """Click `click`, wait until `ready` is shown, and save the page as `name`."""
+    await page.click(click)
+    await page.wait_for_selector(ready, timeout=WAIT_MS)
+    await shot(page, name)
+
+
 async def signed_in(browser: Browser, base: str, path: str, secret: str) -> Page:
     page = await browser.new_page(viewport={"width": 1280, "height": 900})
     await page.goto(base + path)
@@ -165,20 +172,15 @@ async def test_an_operator_resubmits_a_failure_group_after_an_outage(
             body = order_data(f"o-{n}").model_dump(mode="json")
             assert (await api.call("POST", "/orders", shop, body)).status in (201, 202)
 
-        async def parked() -> bool:
-            return (await topo.counts())[ProcessState.ERROR] == 4
-
-        await eventually(parked, timeout=120, what="four orders parked in Error")
+        await topo.wait_count(ProcessState.ERROR, 4, timeout=120)  # parked by the outage
         page = await signed_in(browser, api.base, "/console", token(topo, "operator", "otto"))
         await page.wait_for_selector('#counts [data-state="Error"]', timeout=WAIT_MS)
         assert await page.text_content('#counts [data-state="Error"] b') == "4"
         await shot(page, "console-overview")
-        await page.click('nav a[data-view="orders"]')
-        await page.wait_for_selector('#orders tr[data-order="acme.o-0"]', timeout=WAIT_MS)
-        await shot(page, "console-orders")
-        await page.click('#orders tr[data-order="acme.o-0"] a')
-        await page.wait_for_selector("#d-timeline tbody tr", timeout=WAIT_MS)
-        await shot(page, "console-order-timeline")
+        orders = 'nav a[data-view="orders"]'
+        await visit(page, orders, '#orders tr[data-order="acme.o-0"]', "console-orders")
+        timeline = "#d-timeline tbody tr"
+        await visit(page, '#orders tr[data-order="acme.o-0"] a', timeline, "console-order-timeline")
         await page.click('nav a[data-view="failures"]')
         await page.wait_for_selector("#groups tbody tr button", timeout=WAIT_MS)
         await page.click("#groups tbody tr button")
@@ -193,21 +195,13 @@ async def test_an_operator_resubmits_a_failure_group_after_an_outage(
         await page.locator("#bulk-status", has_text="finished").wait_for(timeout=WAIT_MS)
         assert "4 resubmitted" in (await page.text_content("#bulk-status") or "")
         await shot(page, "console-bulk-progress")
-
-        async def processed() -> bool:
-            return (await topo.counts())[ProcessState.PROCESSED] == 4
-
-        await eventually(processed, timeout=90, what="the four orders Processed")
+        await topo.wait_count(ProcessState.PROCESSED, 4)
         await page.click('nav a[data-view="overview"]')
         processed_count = page.locator('#counts [data-state="Processed"] b', has_text=FOUR)
         await processed_count.wait_for(timeout=WAIT_MS)
         await shot(page, "console-overview-after")
-        await page.click('nav a[data-view="dead-letters"]')
-        await page.wait_for_selector("#letters", timeout=WAIT_MS)
-        await shot(page, "console-dead-letters")
-        await page.click('nav a[data-view="alerts"]')
-        await page.wait_for_selector("#alerts tbody tr", timeout=WAIT_MS)
-        await shot(page, "console-alerts")
+        await visit(page, 'nav a[data-view="dead-letters"]', "#letters", "console-dead-letters")
+        await visit(page, 'nav a[data-view="alerts"]', "#alerts tbody tr", "console-alerts")
         audit = await topo.audit()
         assert audit["ok"], audit["violations"]
     finally:

@@ -180,6 +180,14 @@ class Topology:
 
         return await eventually(settled, timeout=timeout, interval=0.2, what=f"{n} settled orders")
 
+    async def wait_count(self, state: ProcessState, n: int, *, timeout: float = 90) -> None:
+        """Until exactly `n` orders of the hub are in `state`."""
+
+        async def reached() -> bool:
+            return (await self.counts())[state] == n
+
+        await eventually(reached, timeout=timeout, interval=0.2, what=f"{n} orders {state}")
+
     async def history(
         self, order_id: str, kind: HistoryEventType | None = None
     ) -> list[HistoryEvent]:

@@ -222,10 +222,7 @@ async def test_operator_endpoints_do_what_the_cli_does_as_the_token_s_holder(
     for n in range(3):
         assert (await api.call("POST", "/orders", acme, new_order(f"o-{n}"))).status in (201, 202)
 
-    async def parked() -> bool:
-        return (await topo.counts())[ProcessState.ERROR] == 3
-
-    await eventually(parked, timeout=90, what="three orders parked in Error by the outage")
+    await topo.wait_count(ProcessState.ERROR, 3)  # parked by the outage
     listed = await api.call("GET", "/ops/orders", viewer, state="Error", limit=2)
     assert listed.status == 200 and len(listed.body["orders"]) == 2 and listed.body["next"]
     rest = await api.call("GET", "/ops/orders", viewer, state="Error", cursor=listed.body["next"])
@@ -270,11 +267,7 @@ async def test_operator_endpoints_do_what_the_cli_does_as_the_token_s_holder(
     # The other groups' orders, if any: every order in Error, without a dry run.
     rest_job = await api.call("POST", "/ops/resubmit", operator, {"dry_run": False, "rate": 50})
     assert rest_job.status == 200 and rest_job.body["total"] == 3 - group["count"], rest_job
-
-    async def all_processed() -> bool:
-        return (await topo.counts())[ProcessState.PROCESSED] == 3
-
-    await eventually(all_processed, timeout=60, what="the three orders Processed")
+    await topo.wait_count(ProcessState.PROCESSED, 3)
     events = await topo.history(first.body["order_id"], HistoryEventType.RESUBMITTED)
     assert events[0].data["by"] == "otto"
 
