@@ -4,13 +4,18 @@ resubmission, and a number of seconds for a time."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from services.api.context import BUILT_IN_CATALOGUE, load_catalogue
 from services.api.models import NewOrder
 from services.api.operations import BulkResubmit, Replay, ResubmitOne
+from shared.config import Settings
+from shared.errors import ConfigurationError
 from tests.support.factories import order_data
 
 
@@ -59,3 +64,20 @@ def test_a_shop_s_order_is_order_submit_s_with_a_shorter_id() -> None:
     for bad in ("x" * 41, "a/b", "", "-x"):
         with pytest.raises(ValidationError):
             NewOrder.model_validate(order | {"order_id": bad})
+
+
+def test_the_catalogue_comes_from_its_file_or_is_built_in(tmp_path: Path) -> None:
+    assert [i.sku for i in load_catalogue(Settings()).items] == [i.sku for i in BUILT_IN_CATALOGUE]
+    path = tmp_path / "catalogue.json"
+    path.write_text(json.dumps([{"sku": "cake-1", "name": "Lemon cake", "unit_price_cents": 450}]))
+    catalogue = load_catalogue(Settings(api_catalogue_path=str(path)))
+    assert [(i.sku, i.name, i.unit_price_cents) for i in catalogue.items] == [
+        ("cake-1", "Lemon cake", 450)
+    ]
+    assert set(catalogue.test_payment_tokens) == {"tok_visa", "tok_declined"}
+    for bad in ("not json", json.dumps([{"sku": "a b", "name": "x", "unit_price_cents": 1}])):
+        path.write_text(bad)
+        with pytest.raises(ConfigurationError, match="ORDERFLOW_API_CATALOGUE_PATH"):
+            load_catalogue(Settings(api_catalogue_path=str(path)))
+    with pytest.raises(ConfigurationError, match="ORDERFLOW_API_CATALOGUE_PATH"):
+        load_catalogue(Settings(api_catalogue_path=str(tmp_path / "missing.json")))
