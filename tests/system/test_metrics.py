@@ -338,20 +338,20 @@ def free_ports(n: int) -> int:
 
 async def test_up_gives_each_process_its_own_metrics_port(hub: str, tmp_path: Path) -> None:
     async with running_topology(hub, tmp_path, ORDERFLOW_HEARTBEAT_S="0.3") as topo:
-        base = free_ports(7)
+        base = free_ports(8)
         out = (tmp_path / "up.log").open("wb")
         up = subprocess.Popen(
             [sys.executable, "-m", "services.cli", "up", "--metrics-port", str(base)],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=topo.env | {"ORDERFLOW_METRICS_PORT": "1"},  # the option wins
+            env=topo.env | {"ORDERFLOW_METRICS_PORT": "1", "ORDERFLOW_API_PORT": str(free_port())},
         )
         try:
 
             async def started() -> dict[str, int]:
                 log = (tmp_path / "up.log").read_text()
                 found = re.findall(r"started (\S+) \(pid \d+\), metrics on port (\d+)", log)
-                return {label: int(port) for label, port in found} if len(found) == 7 else {}
+                return {label: int(port) for label, port in found} if len(found) == 8 else {}
 
             ports = await eventually(started, timeout=30, what="up to start every process")
             assert ports == {
@@ -359,6 +359,7 @@ async def test_up_gives_each_process_its_own_metrics_port(hub: str, tmp_path: Pa
                 for i, label in enumerate(
                     ["remote", "submission", "scheduler-1", "supervisor-1"]
                     + [f"{agent}-1" for agent in AGENTS]
+                    + ["api"]
                 )
             }
             scheduler = await scraped(ports["scheduler-1"])
@@ -369,11 +370,12 @@ async def test_up_gives_each_process_its_own_metrics_port(hub: str, tmp_path: Pa
 
             async def reported() -> dict[str, int]:
                 found = await topo.store.list_status(now=utcnow())
-                return {s.kind: s.data["metrics_port"] for s in found} if len(found) == 6 else {}
+                return {s.kind: s.data["metrics_port"] for s in found} if len(found) == 7 else {}
 
             by_kind = await eventually(reported, timeout=20, what="every process's status")
             assert by_kind["scheduler"] == ports["scheduler-1"]
             assert by_kind["agent-payment"] == ports["payment-1"]
+            assert by_kind["api"] == ports["api"]
             up.send_signal(signal.SIGTERM)
             assert up.wait(timeout=30) == 0
             assert await topo.store.list_status(now=utcnow()) == [], "a clean stop forgets"
