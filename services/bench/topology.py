@@ -68,7 +68,8 @@ def topology_env(settings: Settings, faults: dict[str, str], workdir: Path) -> d
 async def topology(
     settings: Settings, *, schedulers: int, agents: int, env: dict[str, str], workdir: Path
 ) -> AsyncIterator[asyncio.subprocess.Process]:
-    """`orderflow up` in the background, its output in `workdir/up.log`; stopped on exit."""
+    """`orderflow up --no-api` in the background, its output in `workdir/up.log`; stopped on
+    exit."""
     log = (workdir / "up.log").open("wb")
     up = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -79,6 +80,9 @@ async def topology(
         str(schedulers),
         "--agents",
         str(agents),
+        # The order pipeline alone: the HTTP API is no part of what a benchmark measures (and
+        # its port is the deployment's).
+        "--no-api",
         stdout=log,
         stderr=asyncio.subprocess.STDOUT,
         env=os.environ | env,
