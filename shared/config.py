@@ -223,6 +223,16 @@ class Settings(BaseSettings):
     """Schedulers raise a `no-leader` alert when no supervisor has held the leader lease for
     longer than this; one alert per leaderless period."""
 
+    # -- traces (shared/tracing.py): one per order, across processes; off unless exported
+    otlp_endpoint: str = ""
+    """OTLP/HTTP collector to send spans to (`http://jaeger:4318`: `/v1/traces` is added to a
+    URL without a path); empty: none."""
+    trace_file: str = ""
+    """File to append spans to as JSON lines (several processes may share it); empty: none."""
+    trace_sample_ratio: float = Field(default=1.0, ge=0, le=1)
+    """Share of orders traced. The trace id is derived from the order id, so every process
+    keeps or drops the same orders, each whole."""
+
     # -- the HTTP API (`orderflow serve api`): the shop, the console, their API
     api_host: str = "127.0.0.1"
     """Address the API listens on (`0.0.0.0` in a container, published behind 127.0.0.1)."""

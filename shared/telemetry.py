@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
+from shared.tracing import current_ids, order_trace_id
+
 # Attributes every LogRecord has; anything else passed through `extra=` is an event field.
 _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
@@ -58,6 +60,13 @@ class JsonFormatter(logging.Formatter):
             **_FIELDS.get(),
         }
         event |= {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        order_id = event.get("order_id")
+        if isinstance(order_id, str) and "trace_id" not in event:
+            # The order's trace (shared/tracing.py), whether or not its spans are exported.
+            event["trace_id"] = order_trace_id(self._static["hub"], order_id)
+            span = current_ids()
+            if span is not None and span[0] == event["trace_id"]:
+                event["span_id"] = span[1]
         if record.exc_info:
             event["exception"] = self.formatException(record.exc_info)
         return json.dumps(event, default=str)

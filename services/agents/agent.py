@@ -44,6 +44,7 @@ from shared.domain.timing import utcnow
 from shared.errors import InvalidMessage
 from shared.reporting import Reporter
 from shared.telemetry import log_fields
+from shared.tracing import aiohttp_trace_configs
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,10 @@ async def serve_agent(
     settings = runtime.settings
     if client is None:
         client = RemoteClient.open(
-            settings.remote_url, pool=max(10, settings.prefetch * 2), account=settings.hub
+            settings.remote_url,
+            pool=max(10, settings.prefetch * 2),
+            account=settings.hub,
+            trace_configs=aiohttp_trace_configs(),
         )
     tickets = InboxTickets(runtime.store, runtime.names.agent(name))
     agent = Agent(name, client, runtime.publisher, settings, tickets=tickets)

@@ -32,6 +32,7 @@ from shared.config import Settings
 from shared.domain.workflow import AGENTS
 from shared.errors import ServiceUnavailable
 from shared.telemetry import configure_logging
+from shared.tracing import configure_tracing, shutdown_tracing
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +105,26 @@ async def _run(settings: Settings, kind: str, name: str, service: Service) -> No
         await service(runtime, stop)
     finally:
         await runtime.close()
+        shutdown_tracing()  # what is buffered is exported before the process ends
         log.info("stopped", extra={"kind": kind})
+
+
+def traced(settings: Settings, kind: str, name: str) -> None:
+    """Export this process's spans where the settings say (shared/tracing.py); off by default."""
+    configure_tracing(
+        hub=settings.hub,
+        service=kind,
+        instance=name,
+        otlp_endpoint=settings.otlp_endpoint,
+        trace_file=settings.trace_file,
+        sample_ratio=settings.trace_sample_ratio,
+    )
 
 
 def _serve(settings: Settings, kind: str, name: str | None, service: Service) -> None:
     pname = process_name(kind, name)
     configure_logging(level=settings.log_level, process=pname, hub=settings.hub)
+    traced(settings, kind, pname)
     run_loop(_run(settings, kind, pname, service))
 
 

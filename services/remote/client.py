@@ -65,12 +65,15 @@ class RemoteClient:
         pool: int = 100,
         account: str = "",
         admin_token: str | None = None,
+        trace_configs: list[Any] | None = None,
     ) -> RemoteClient:
         """A client calling as `account` (the deployment's task hub; see ACCOUNT_HEADER); with
         `admin_token`, it may also read the ledger and the fault knobs (services/remote/admin)."""
         connector = aiohttp.TCPConnector(limit=pool, keepalive_timeout=30)
         headers = {ACCOUNT_HEADER: account} if account else None
-        session = aiohttp.ClientSession(connector=connector, headers=headers)
+        session = aiohttp.ClientSession(
+            connector=connector, headers=headers, trace_configs=trace_configs
+        )
         return cls(base_url, session, admin_token=admin_token)
 
     async def close(self) -> None:

@@ -21,10 +21,12 @@ from shared.broker.private import PrivateQueue, ReplyRouter
 from shared.crash import crash_point
 from shared.domain.journal import HistoryEventType
 from shared.domain.models import StateRecord
+from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.errors import ServiceUnavailable, one_line
 from shared.metrics import CLAIMS, INFLIGHT
 from shared.store.port import ArrivalWatch
+from shared.tracing import order_span
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +254,16 @@ class Scheduler:
 
     async def _guarded(self, run: Attempt, record: StateRecord) -> None:
         try:
-            await run(record)
+            # The attempt's span in the order's trace: the steps it asks for nest under it.
+            with order_span(
+                "compensate" if record.process_state is ProcessState.COMPENSATING else "attempt",
+                record.order_id,
+                attributes={
+                    "orderflow.instance_id": record.locked_by or "",
+                    "orderflow.attempt": record.attempt,
+                },
+            ):
+                await run(record)
         except asyncio.CancelledError:
             raise
         except ServiceUnavailable as exc:

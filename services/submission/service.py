@@ -16,7 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from datetime import datetime
 from typing import Any
+
+from opentelemetry.trace import SpanKind
 
 from shared.bootstrap import Runtime
 from shared.broker.consumer import Consumer, Delivery
@@ -32,6 +35,7 @@ from shared.domain.workflow import current_workflow, new_state_record
 from shared.errors import InvalidMessage, ServiceUnavailable, one_line
 from shared.reporting import Reporter
 from shared.store.port import InsertOutcome
+from shared.tracing import order_span
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,20 @@ class Submission:
             )
         now = utcnow()
         order = OrderRecord.of(self._owned(message, delivery.user_id), now)
+        # The root span of the order's trace (shared/tracing.py), named by its system order id.
+        with order_span(
+            "record order",
+            order.order_id,
+            headers=delivery.headers,
+            kind=SpanKind.CONSUMER,
+            root=True,
+            attributes={"messaging.message.id": delivery.message_id},
+        ):
+            await self._record(message, delivery, order, now)
+
+    async def _record(
+        self, message: SubmitOrder, delivery: Delivery, order: OrderRecord, now: datetime
+    ) -> None:
         asked = message.reply_to or delivery.reply_to
         reply_to = self._names.accepted_status_queue(asked, delivery.user_id)
         if asked is not None and reply_to is None:

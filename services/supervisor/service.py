@@ -28,6 +28,7 @@ from shared.errors import ServiceUnavailable
 from shared.metrics import RECOVERIES, SUPERVISOR_LEADER
 from shared.store.port import ScanCursor
 from shared.telemetry import log_fields
+from shared.tracing import order_span
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,17 @@ class Supervisor:
                 return
 
     async def _recover(self, seen: StateRecord) -> None:
-        with log_fields(order_id=seen.order_id, instance_id=seen.locked_by):
+        with (
+            log_fields(order_id=seen.order_id, instance_id=seen.locked_by),
+            order_span(
+                "recover",
+                seen.order_id,
+                attributes={
+                    "orderflow.instance_id": seen.locked_by or "",
+                    "orderflow.from": seen.process_state.value,
+                },
+            ),
+        ):
             await self._recover_seen(seen)
 
     async def _recover_seen(self, seen: StateRecord) -> None:

@@ -54,6 +54,7 @@ import logging
 import uuid
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from opentelemetry.trace import SpanKind
 
 from shared.broker.dedupe import Claim, InboxDedupe, inbox_key
 from shared.broker.delivery import (
@@ -85,7 +86,7 @@ from shared.broker.senders import Senders, queue_role, queue_senders
 from shared.broker.subscription import Subscription
 from shared.broker.topology import Names
 from shared.domain.coordination import InboxOutcome
-from shared.domain.messages import decode
+from shared.domain.messages import Contract, SubmitOrder, decode
 from shared.errors import (
     ContractViolation,
     PermanentError,
@@ -95,6 +96,7 @@ from shared.errors import (
 )
 from shared.store.port import Inbox
 from shared.telemetry import bind_log_fields, log_fields
+from shared.tracing import failed, order_span
 
 log = logging.getLogger(__name__)
 
@@ -231,12 +233,35 @@ class Consumer(Subscription):
             user_id=sender,
             retries=envelope.retries(self._policy.delayed_retries),
         )
-        if self._inbox is None:
-            await self._handle(message, envelope, delivery, claim=None)
-        else:
-            await self._dedupe(
-                message, envelope, delivery, Claim(self._inbox, inbox_key(delivery), holder)
-            )
+        with self._span(contract, envelope, deliveries):
+            if self._inbox is None:
+                await self._handle(message, envelope, delivery, claim=None)
+            else:
+                await self._dedupe(
+                    message, envelope, delivery, Claim(self._inbox, inbox_key(delivery), holder)
+                )
+
+    def _span(
+        self, contract: Contract, envelope: Envelope, deliveries: int
+    ) -> contextlib.AbstractContextManager[object]:
+        """The handling's span in its order's trace (shared/tracing.py). An order's submission
+        is not traced here: its system order id, which names the trace, is the submission
+        process's to decide (services/submission), and its span is the trace's root."""
+        order_id = order_fields(contract).get("order_id")
+        if order_id is None or isinstance(contract, SubmitOrder):
+            return contextlib.nullcontext()
+        return order_span(
+            f"handle {envelope.type}",
+            order_id,
+            headers=envelope.headers,
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "rabbitmq",
+                "messaging.destination.name": self._queue_name,
+                "messaging.message.id": envelope.message_id or "",
+                "orderflow.deliveries": deliveries,
+            },
+        )
 
     def _authorise(
         self, message: AbstractIncomingMessage, envelope: Envelope
@@ -314,6 +339,7 @@ class Consumer(Subscription):
             async with asyncio.timeout(self._policy.handler_timeout):
                 await self._handler(delivery)
         except PermanentError as exc:
+            failed(exc)
             # It will fail the same way again: to its DLQ at once, with its own reason. The
             # claim is released either way: a replay from the DLQ (the cause fixed) must be
             # handled, not dropped as a duplicate of a delivery that did nothing.
@@ -327,6 +353,7 @@ class Consumer(Subscription):
         except Exception as exc:
             if is_outage(exc):
                 raise  # held and retried by the caller; the claim stays ours (re-entrant)
+            failed(exc)
             if claim is not None:
                 await claim.release()
             await self._detours.set_aside(message, envelope, delivery, exc)

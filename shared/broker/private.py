@@ -16,6 +16,7 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
+from opentelemetry.trace import SpanKind
 
 from shared.broker.envelope import shown, user_of
 from shared.broker.senders import Senders
@@ -23,6 +24,7 @@ from shared.broker.topology import Names
 from shared.domain.messages import Contract, StepAction, StepReply, decode
 from shared.errors import ContractViolation, one_line
 from shared.metrics import REPLIES_DROPPED
+from shared.tracing import order_span
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +233,15 @@ class ReplyRouter:
                     extra={"reason": reason, "error": error, "order_id": expected.order_id},
                 )
                 return
+            # The reply's arrival, in its order's trace under the agent's publish of it.
+            with order_span(
+                f"receive {contract.message_type.value}",
+                expected.order_id,
+                headers=message.headers,
+                kind=SpanKind.CONSUMER,
+                attributes={"orderflow.step": expected.step},
+            ):
+                pass
         future.set_result(contract)
 
     def _refusal(

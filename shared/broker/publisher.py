@@ -12,6 +12,7 @@ from aio_pika.abc import AbstractChannel, AbstractExchange
 from shared.broker.connection import login_user
 from shared.domain.messages import Contract
 from shared.errors import PublishError, PublishRejected, PublishUnroutable
+from shared.tracing import publish_span
 
 CONTENT_TYPE = "application/json"
 
@@ -103,14 +104,17 @@ class Publisher:
         reply_to: str | None = None,
         headers: Mapping[str, Any] | None = None,
     ) -> None:
-        message = build_message(
-            contract,
-            message_id=message_id,
-            correlation_id=correlation_id,
-            reply_to=reply_to,
-            headers=headers,
-        )
-        await self.publish_raw(message, exchange=exchange, routing_key=routing_key)
+        carried = dict(headers or {})
+        # Inside an order's span: a span of its own, whose context the message carries.
+        with publish_span(exchange, routing_key, carried):
+            message = build_message(
+                contract,
+                message_id=message_id,
+                correlation_id=correlation_id,
+                reply_to=reply_to,
+                headers=carried,
+            )
+            await self.publish_raw(message, exchange=exchange, routing_key=routing_key)
 
     async def publish_raw(
         self, message: aio_pika.Message, *, exchange: str, routing_key: str
