@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -193,10 +192,3 @@ def shop_view(shop_id: str, order: OrderRecord, record: StateRecord) -> ShopOrde
         created_at=record.created_at,
         updated_at=record.updated_at,
     )
-
-
-def jsonable(value: Any) -> Any:
-    """A model or a structure of them as plain JSON values (for a server-sent event)."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    return value
