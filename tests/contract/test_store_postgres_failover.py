@@ -79,6 +79,17 @@ async def standby_first(pair: ReplicatedPostgres, hub: str) -> AsyncIterator[Pos
     await store.close()
 
 
+async def test_a_standby_alone_is_no_primary_to_start_on(
+    pair: ReplicatedPostgres, hub: str
+) -> None:
+    url = (
+        f"postgresql://postgres@127.0.0.1:{pair.standby.port}/{pair.primary.database}"
+        "?target_session_attrs=read-write"
+    )
+    with pytest.raises(ServiceUnavailable, match="None of the hosts match"):
+        await _connect(url, hub)
+
+
 async def _server_port(store: PostgresStore) -> int:
     port: int = await store._pool.fetchval("SELECT inet_server_port()")
     return port
