@@ -25,9 +25,11 @@ import signal
 import subprocess
 from contextlib import suppress
 from pathlib import Path
+from typing import Self
 
 from services.nemesis.process import (
     CLIENT_TIMEOUT_S,
+    STOP_TIMEOUT_S,
     PrivateServer,
     RunAs,
     free_port,
@@ -38,9 +40,11 @@ from services.nemesis.process import (
 from shared.errors import ServerError, ServerFailed, ServerMissing
 
 __all__ = [
+    "PostgresStandby",
     "PrivatePostgres",
     "PrivateRabbitMQ",
     "PrivateServer",
+    "ReplicatedPostgres",
     "ServerError",
     "ServerFailed",
     "ServerMissing",
@@ -131,6 +135,25 @@ class PrivatePostgres(PrivateServer):
     def _created(self) -> None:
         createdb = self._client("createdb", "-U", SUPERUSER, self.database)
         run(createdb, env=self.environment(), cwd=self.base)
+
+    def sql(self, *statements: str) -> str:
+        """Run statements in the `postgres` database with `psql`; their output, unaligned."""
+        argv = self._client("psql", "-U", SUPERUSER, "-d", "postgres", "-XAtq")
+        argv += ["-v", "ON_ERROR_STOP=1"]
+        for statement in statements:
+            argv += ["-c", statement]
+        return run(argv, env=self.environment(), cwd=self.base)
+
+    def stop_immediately(self) -> None:
+        """An immediate shutdown (SIGQUIT): sessions cut, no checkpoint; crash recovery at the
+        next start. What a failover follows when a primary's host goes away."""
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        self._proc.send_signal(signal.SIGQUIT)
+        try:
+            self._proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
 
 
 def rabbitmq_sbin() -> Path:
@@ -258,3 +281,88 @@ class PrivateRabbitMQ(PrivateServer):
         """Start the application again; return once it takes connections."""
         self.ctl("start_app", timeout=self.startup_timeout)
         self.ctl("await_startup", "--timeout", str(int(self.startup_timeout)))
+
+
+class PostgresStandby(PrivatePostgres):
+    """A streaming standby of a private primary: `pg_basebackup -R` of it (which writes
+    `standby.signal` and `primary_conninfo`) into a directory of its own, on a port of its own,
+    through a replication slot so that the primary keeps the WAL it has not received."""
+
+    kind = "PostgreSQL standby"
+
+    def __init__(self, primary: PrivatePostgres, *, startup_timeout: float = 60.0) -> None:
+        super().__init__(database=primary.database, startup_timeout=startup_timeout)
+        self.primary = primary
+        self.slot = f"standby_{self.port}"
+
+    def _prepare(self) -> None:
+        if self.run_as is not None:
+            os.chown(self.base, self.run_as.uid, self.run_as.gid)
+        backup = self.primary._client("pg_basebackup", "-U", SUPERUSER, "-D", str(self.data_dir))
+        backup += ["--write-recovery-conf", "--wal-method=stream", "--checkpoint=fast"]
+        backup += ["--create-slot", f"--slot={self.slot}", "--no-sync"]
+        run(backup, env=self.environment(), cwd=self.base, run_as=self.run_as)
+
+    def _created(self) -> None:
+        """Nothing to create: the database came with the base backup."""
+
+    def promote(self) -> None:
+        """Make it a primary (`pg_ctl promote`), and return once it takes writes."""
+        promote = [str(self.bindir / "pg_ctl"), "promote", "-D", str(self.data_dir), "-w"]
+        promote += ["-t", str(int(self.startup_timeout))]
+        run(promote, env=self.environment(), cwd=self.base, run_as=self.run_as)
+
+
+class ReplicatedPostgres:
+    """A private primary and its streaming standby, for a failover under load:
+
+        with ReplicatedPostgres() as pair:
+            ...  # point processes at pair.url: both hosts, target_session_attrs=read-write
+            pair.primary.stop_immediately()  # or .stop(), .kill()
+            pair.standby.promote()
+
+    With `synchronous` (the default) the primary waits for every commit to be applied on the
+    standby before it answers (`synchronous_standby_names = '*'`, `synchronous_commit =
+    remote_apply`): a write the primary acknowledged survives its loss. It is set once the
+    standby streams, since a synchronous primary without its standby takes no commit at all."""
+
+    def __init__(self, *, database: str = "orderflow", synchronous: bool = True) -> None:
+        self.synchronous = synchronous
+        self.primary = PrivatePostgres(database=database)
+        self.standby = PostgresStandby(self.primary)
+
+    @property
+    def url(self) -> str:
+        hosts = f"127.0.0.1:{self.primary.port},127.0.0.1:{self.standby.port}"
+        return f"postgresql://{SUPERUSER}@{hosts}/{self.primary.database}" + (
+            "?target_session_attrs=read-write"
+        )
+
+    def __enter__(self) -> Self:
+        try:
+            self.primary.__enter__()
+            self.standby.__enter__()
+            if self.synchronous:
+                self.primary.sql(
+                    "ALTER SYSTEM SET synchronous_standby_names = '*'",
+                    "ALTER SYSTEM SET synchronous_commit = 'remote_apply'",
+                    "SELECT pg_reload_conf()",
+                )
+                self.primary.wait_until(self._synchronous, "the standby did not become synchronous")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self.standby.close()
+        finally:
+            self.primary.close()
+
+    def _synchronous(self) -> bool:
+        states = self.primary.sql("SELECT sync_state FROM pg_stat_replication")
+        return "sync" in states.split()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from shared.errors import StoreRefused, StoreUnavailable, one_line
@@ -20,6 +20,10 @@ C = TypeVar("C", bound=type)
 Refusal = Callable[[BaseException], bool]
 """Whether a driver error is a refusal of the data (beyond its type, e.g. a server code)."""
 
+OutageSeen = Callable[[Any, BaseException], Awaitable[None]]
+"""What the adapter does about an outage (its instance, the driver's error) before it is raised
+as `StoreUnavailable`: e.g. drop the connections to a server that stopped taking writes."""
+
 
 def translate_errors(
     store: str,
@@ -28,10 +32,12 @@ def translate_errors(
     refused: tuple[type[BaseException], ...] = (),
     refusal: Refusal | None = None,
     outage: Refusal | None = None,
+    on_outage: OutageSeen | None = None,
 ) -> Callable[[C], C]:
     """Class decorator: every public coroutine method, its own or inherited, raises
     `StoreRefused` for `refused` errors (and those `refusal` accepts) and `StoreUnavailable` for
-    `unavailable` ones (and those `outage` accepts: a server code that means "try later")."""
+    `unavailable` ones (and those `outage` accepts: a server code that means "try later"),
+    after `on_outage` has seen them."""
 
     def wrap(method: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
         @functools.wraps(method)
@@ -42,6 +48,8 @@ def translate_errors(
                 if _matches(exc, refused, refusal):
                     raise StoreRefused(f"{store} refused the data: {one_line(exc)}") from exc
                 if _matches(exc, unavailable, outage):
+                    if on_outage is not None and args:
+                        await on_outage(args[0], exc)
                     raise StoreUnavailable(f"{store} unavailable: {one_line(exc)}") from exc
                 raise
 

@@ -37,7 +37,18 @@ from shared.store.unavailable import translate_errors
 __all__ = ["BeforeClaimCommit", "PostgresStore"]
 
 
-@translate_errors("PostgreSQL", unavailable=UNAVAILABLE, refused=REFUSED, outage=broken_connection)
+async def _left_server(store: object, exc: BaseException) -> None:
+    if isinstance(store, PostgresAdmin):
+        await store.left_server(exc)
+
+
+@translate_errors(
+    "PostgreSQL",
+    unavailable=UNAVAILABLE,
+    refused=REFUSED,
+    outage=broken_connection,
+    on_outage=_left_server,
+)
 class PostgresStore(
     PostgresAdmin,
     PostgresStates,

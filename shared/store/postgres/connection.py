@@ -17,6 +17,10 @@ from shared.store.codec import jsonable
 from shared.store.postgres.batches import StatementBatches
 from shared.store.urls import redact
 
+NO_HOST_FITS = asyncpg.TargetServerAttributeNotMatched
+"""A multi-host URL whose hosts all answer, none as its `target_session_attrs` asks: the
+primary is gone and its standby not promoted yet, or all are standbys."""
+
 UNAVAILABLE = (
     OSError,
     TimeoutError,
@@ -24,6 +28,10 @@ UNAVAILABLE = (
     asyncpg.PostgresConnectionError,
     asyncpg.OperatorInterventionError,
     asyncpg.TooManyConnectionsError,
+    NO_HOST_FITS,
+    # A write sent to a server that no longer takes writes: a primary made read-only or
+    # demoted under a session that was open. The pool is dropped (`PostgresAdmin.left_server`).
+    asyncpg.ReadOnlySQLTransactionError,
 )
 """Driver errors that mean the server cannot be reached now (`StoreUnavailable`)."""
 
@@ -101,7 +109,7 @@ async def create_pool(
         )
     except (ValueError, asyncpg.InterfaceError) as exc:
         raise ConfigurationError(f"store URL {redact(url)}: {one_line(exc)}") from exc
-    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+    except (OSError, asyncpg.PostgresError, TimeoutError, NO_HOST_FITS) as exc:
         raise ServiceUnavailable(
             f"PostgreSQL at {redact(url)} is unreachable: {one_line(exc)}"
         ) from exc
@@ -131,6 +139,8 @@ class PostgresPart:
         self._schema = schema
         self._batches = StatementBatches(pool)
         """One-record writes made side by side, sent together (shared/store/postgres/batches.py)."""
+        self._server_changes = 0
+        """How many times the store left a server that stopped taking writes (`left_server`)."""
 
 
 class PostgresAdmin(PostgresPart):
@@ -151,6 +161,15 @@ class PostgresAdmin(PostgresPart):
 
     async def close(self) -> None:
         await self._pool.close()
+
+    async def left_server(self, exc: BaseException) -> None:
+        """After an outage: if the server refused a write as read-only, every pooled connection
+        is dropped as it comes back, and the next ones connect again through the URL's hosts,
+        which `target_session_attrs=read-write` sends to the new primary. A lost connection
+        needs nothing: the pool replaces it by itself."""
+        if isinstance(exc, asyncpg.ReadOnlySQLTransactionError):
+            self._server_changes += 1
+            await self._pool.expire_connections()
 
     async def drop(self) -> None:
         await self._pool.execute(f"DROP SCHEMA IF EXISTS {self._s} CASCADE")

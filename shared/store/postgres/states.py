@@ -126,7 +126,9 @@ class PostgresStates(PostgresPart):
         except BaseException:
             await self._pool.release(conn)
             raise
-        return _ListeningConnection(self._pool, conn, self._arrivals, callback)
+        return _ListeningConnection(
+            self._pool, conn, self._arrivals, callback, lambda: self._server_changes
+        )
 
     async def get_order(self, order_id: str) -> OrderRecord | None:
         row = await self._pool.fetchrow(
@@ -308,16 +310,23 @@ class _ListeningConnection:
         conn: PoolConnectionProxy,
         channel: str,
         callback: Callable[..., None],
+        server_changes: Callable[[], int],
     ) -> None:
         self._pool = pool
         self._conn = conn
         self._channel = channel
         self._callback = callback
+        self._server_changes = server_changes
+        self._changes_at_start = server_changes()
         self._closed = False
 
     @property
     def alive(self) -> bool:
         if self._closed:
+            return False
+        if self._server_changes() != self._changes_at_start:
+            # The store left this server (it stopped taking writes): the new primary's
+            # notifications reach only a session on it.
             return False
         try:
             return not self._conn.is_closed()
