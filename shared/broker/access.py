@@ -20,6 +20,7 @@ tests compare it with a table of uses, a system test runs every process under it
 |               |                        | replies                               |               |
 | operator      | every DLQ (get, purge) | each input queue's replay exchange    | -             |
 |               | alerts.feed (follow)   |                                       |               |
+| notifier      | alerts.feed            | alerts.feed.dlq                       | -             |
 | application A | its status queues      | submit                                | status queues |
 
 A scheduler binds its reply queue to `replies`. An application does not bind its status queues:
@@ -157,6 +158,9 @@ def grant(names: Names, role: str) -> Grant:
             read=_one(*(names.dlq(q) for q in inputs), names.alert_feed),
             topics=(TopicGrant(names.status, write=status_keys),),
         )
+    if role == "notifier":
+        # Delivers the alert feed to the webhooks; sets aside what a target refused for good.
+        return Grant(write=_one(names.alert_dead_letters), read=_one(names.alert_feed))
     raise ValueError(f"no role {role!r}: one of {', '.join(SERVICE_ROLES)} (or an application)")
 
 
