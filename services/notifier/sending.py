@@ -151,7 +151,7 @@ class Sender:
             extra={
                 "target": target.name,
                 "alert_id": notice.alert.alert_id,
-                "event": notice.event.value,
+                "notice": notice.event.value,
             },
         )
         return outcome
@@ -184,7 +184,7 @@ class Sender:
         return Outcome.DELIVERED
 
     def _pause(self, deadline: float) -> Callable[[RetryCallState], float]:
-        backoff = wait_exponential_jitter(initial=0.5, max=self.settings.notify_retry_max_s)
+        backoff = wait_exponential_jitter(multiplier=0.5, max=self.settings.notify_retry_max_s)
 
         def pause(state: RetryCallState) -> float:
             error = state.outcome.exception() if state.outcome is not None else None
