@@ -200,6 +200,10 @@ def api(settings: Settings, name: str | None) -> None:
 @pass_settings()
 def notifier(settings: Settings, name: str | None, burst: bool) -> None:
     """Deliver alerts (and their acknowledgements and resolutions) to the configured webhooks."""
-    from services.notifier.service import serve_notifier  # noqa: PLC0415 - only this command
+    from services.notifier.service import (  # noqa: PLC0415 - only this command needs them
+        required_targets,
+        serve_notifier,
+    )
 
+    required_targets(settings)  # a configuration error before any server is asked
     _serve(settings, "notifier", name, functools.partial(serve_notifier, burst=burst))

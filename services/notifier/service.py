@@ -32,6 +32,7 @@ from shared.bootstrap import Runtime
 from shared.broker.connection import login_user
 from shared.broker.envelope import DEAD_LETTERED_AT, ERROR, ERROR_LIMIT, REASON, SOURCE_QUEUE
 from shared.broker.senders import Senders
+from shared.config import Settings
 from shared.domain.timing import utcnow
 from shared.errors import ConfigurationError, one_line
 from shared.telemetry import log_fields
@@ -225,13 +226,19 @@ class Notifier:
         )
 
 
-async def serve_notifier(runtime: Runtime, stop: asyncio.Event, *, burst: bool = False) -> None:
-    targets = targets_of(runtime.settings)
+def required_targets(settings: Settings) -> list[Target]:
+    """The configured targets; none is a configuration error (checked before connecting)."""
+    targets = targets_of(settings)
     if not targets:
         raise ConfigurationError(
             "no notification target: set ORDERFLOW_NOTIFY_WEBHOOK_URL, ORDERFLOW_NOTIFY_SLACK_URL "
             "or ORDERFLOW_NOTIFY_PAGERDUTY_ROUTING_KEY"
         )
+    return targets
+
+
+async def serve_notifier(runtime: Runtime, stop: asyncio.Event, *, burst: bool = False) -> None:
+    targets = required_targets(runtime.settings)
     log.info("delivering alerts", extra={"targets": [t.shown for t in targets]})
     async with aiohttp.ClientSession() as session:
         notifier = Notifier(runtime, targets, session)

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -371,3 +374,28 @@ async def test_a_notifier_killed_mid_delivery_and_started_again_loses_nothing(
     assert all(got[(p, i)] >= 1 for p in PATHS for i in ids)
     assert all(got[(p, i)] == 1 for p in ("/slack", "/pd") for i in ids), got
     assert all(got[("/hook", i)] <= 2 for i in ids), got
+
+
+def test_without_a_target_or_with_a_bad_one_the_notifier_refuses_to_start() -> None:
+    """A configuration error (exit 2, one line naming the settings), before any server is asked
+    (the broker URL here leads nowhere)."""
+    env = os.environ | {"ORDERFLOW_RABBITMQ_URL": "amqp://u:p@127.0.0.1:1/"}
+    env = {k: v for k, v in env.items() if not k.startswith("ORDERFLOW_NOTIFY_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "serve", "notifier"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 2 and "ORDERFLOW_NOTIFY_WEBHOOK_URL" in done.stderr, done.stderr
+    bad = env | {"ORDERFLOW_NOTIFY_SLACK_URL": f"hooks.example/{SECRET}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "serve", "notifier"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=bad,
+    )
+    assert done.returncode == 2 and "ORDERFLOW_NOTIFY_SLACK_URL" in done.stderr, done.stderr
+    assert SECRET not in done.stderr + done.stdout
