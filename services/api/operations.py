@@ -460,7 +460,12 @@ def _with_state(alert: Alert, state: AlertState | None) -> Json:
     return alert.model_dump(mode="json") | state.model_dump(mode="json", exclude={"alert_id"})
 
 
-AlertId = Annotated[str, Query(min_length=1, max_length=ALERT_ID_LIMIT)]
+AlertId = Annotated[
+    str,
+    # As stored: printable (an alert id is escaped when raised), so never a NUL, which the
+    # store could not even look up.
+    Query(min_length=1, max_length=ALERT_ID_LIMIT, pattern=r"^[^\x00-\x1f\x7f]+$"),
+]
 NO_ALERT: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "No such alert."}
 }
