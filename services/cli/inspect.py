@@ -19,7 +19,13 @@ from rich.table import Table
 
 from services.cli.render import add_columns, plain, plain_console, shown
 from services.cli.settings import pass_settings
-from services.operator.alerts import Feed, follow_alerts, mark_alerts, recent_alerts
+from services.operator.alerts import (
+    Feed,
+    follow_alerts,
+    mark_alerts,
+    recent_alerts,
+    undelivered_alerts,
+)
 from services.operator.audit import audit_hub
 from services.operator.stats import gather_stats, stats_every
 from shared.broker.delivery import INTAKE_HEALTHY
@@ -224,6 +230,29 @@ def alerts_resolve(settings: Settings, alert_ids: tuple[str, ...], by: str | Non
     """Record that these alerts' conditions are over: the notifier sends PagerDuty a `resolve`
     of each one's incident. The first resolution of an alert stands."""
     _mark(settings, alert_ids, AlertAction.RESOLVE, by or getpass.getuser())
+
+
+@alerts.command("undelivered")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_settings()
+def alerts_undelivered(settings: Settings, as_json: bool) -> None:
+    """The notifier's dead letters: alerts (and acknowledgements, resolutions) a webhook refused
+    for good or that failed until the notifier gave up, oldest first, with why."""
+    rows = asyncio.run(undelivered_alerts(settings))
+    if as_json:
+        click.echo(json.dumps({"undelivered": rows}))
+        return
+    table = Table(title=f"{len(rows)} notice(s) not delivered, oldest first")
+    add_columns(table, "age", "target", "reason", "notice", "error")
+    for row in rows:
+        table.add_row(
+            shown(str(row.get("age") or "")),
+            shown(str(row.get("target") or "-")),
+            shown(str(row.get("reason") or "")),
+            shown(str(row.get("message_id") or "")),
+            shown(str(row.get("error") or "")[:120]),
+        )
+    plain_console().print(table)
 
 
 @alerts.command("follow")

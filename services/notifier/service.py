@@ -30,7 +30,14 @@ from services.operator.alerts import read_notification
 from shared.backoff import Backoff
 from shared.bootstrap import Runtime
 from shared.broker.connection import login_user
-from shared.broker.envelope import DEAD_LETTERED_AT, ERROR, ERROR_LIMIT, REASON, SOURCE_QUEUE
+from shared.broker.envelope import (
+    DEAD_LETTERED_AT,
+    ERROR,
+    ERROR_LIMIT,
+    REASON,
+    SOURCE_QUEUE,
+    TARGET,
+)
 from shared.broker.senders import Senders
 from shared.config import Settings
 from shared.domain.timing import utcnow
@@ -39,8 +46,6 @@ from shared.telemetry import log_fields
 
 log = logging.getLogger(__name__)
 
-TARGET = "x-orderflow-target"
-"""The header of a dead-lettered notice naming the target that did not take it."""
 WATCH_BATCH = 500
 """Alert changes one look reads at most (the oldest first; the rest on the next look)."""
 TOLD_KEPT = 100_000

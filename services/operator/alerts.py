@@ -20,13 +20,15 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
 from aiormq.exceptions import ChannelNotFoundEntity
 
 from shared.bootstrap import open_broker
 from shared.broker.connection import login_user
-from shared.broker.envelope import user_of
+from shared.broker.dead_letters import describe, header_value
+from shared.broker.envelope import TARGET, user_of
 from shared.broker.senders import Senders, agent_role
 from shared.broker.topology import Names
 from shared.config import Settings
@@ -123,6 +125,30 @@ async def follow_alerts(
             with contextlib.suppress(Exception):
                 await queue.cancel(tag)
         return taken
+    finally:
+        await connection.close()
+
+
+async def undelivered_alerts(settings: Settings) -> list[dict[str, Any]]:
+    """The notifier's dead letters (`<hub>.alerts.feed.dlq`), oldest first, each described with
+    the target it was for; they stay where they are (fetched unacknowledged, they go back when
+    the channel closes)."""
+    names = Names(settings.hub)
+    connection = await open_broker(settings, name="orderflow-alerts")
+    try:
+        channel = await connection.channel()
+        try:
+            queue = await channel.declare_queue(names.alert_dead_letters, passive=True)
+        except ChannelNotFoundEntity:
+            raise ConfigurationError(
+                f"queue {names.alert_dead_letters} does not exist: run `orderflow init`"
+            ) from None
+        now = utcnow()
+        rows = []
+        while (message := await queue.get(no_ack=False, fail=False)) is not None:
+            target = (message.headers or {}).get(TARGET)
+            rows.append(describe(names.alert_feed, message, now) | {"target": header_value(target)})
+        return rows
     finally:
         await connection.close()
 

@@ -254,6 +254,7 @@ async def test_each_user_may_do_what_its_service_does_and_nothing_more(broker: B
         # an input queue only through that queue's replay exchange, never the direct one.
         channel = await conns["operator"].channel()
         await (await channel.get_queue(n.dlq(n.orders), ensure=True)).get(fail=False)
+        await (await channel.get_queue(n.alert_dead_letters, ensure=True)).get(fail=False)
         await publish(conns["operator"], n.replay(n.orders), "")
         await publish(conns["operator"], n.replay(n.agent("payment")), "")
         assert "direct" in await refused(lambda: publish(conns["operator"], n.exchange, n.orders))

@@ -26,9 +26,8 @@ import aio_pika
 import pytest
 from aiohttp import web
 
-from services.notifier.service import TARGET
 from shared.broker.connection import connect
-from shared.broker.envelope import ERROR, REASON
+from shared.broker.envelope import ERROR, REASON, TARGET
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
 from shared.domain.journal import Alert, AlertKind
@@ -310,6 +309,16 @@ async def test_a_target_refusing_for_good_gets_a_dead_letter_and_the_others_thei
         return await depth(names.alert_dead_letters) == 2
 
     await eventually(set_aside, timeout=30, interval=0.2, what="two dead letters")
+    # The operator sees them, with why, and they stay where they are.
+    listed = topo.cli("alerts", "undelivered", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)["undelivered"]
+    assert {(r["target"], r["reason"]) for r in rows} == {("slack", "refused")}
+    assert sorted(r["message_id"] for r in rows) == [f"{i}/trigger/slack" for i in ids]
+    assert all("answered 400" in r["error"] for r in rows)
+    table = topo.cli("alerts", "undelivered")
+    assert "2 notice(s) not delivered" in table.stdout and "refused" in table.stdout, table.stdout
+    assert await depth(names.alert_dead_letters) == 2
     connection = await connect(RABBITMQ_URL, timeout=5, name="dlq-reader")
     try:
         channel = await connection.channel()

@@ -372,7 +372,7 @@ USES: dict[str, tuple[set[str], set[str], set[str]]] = {
     "operator": (
         set(),
         {N.replay(q) for q in N.input_queues()} | {N.status},
-        DLQS | {N.alert_feed},
+        DLQS | {N.alert_feed, N.alert_dead_letters},
     ),
     # The notifier reads the alert feed and sets aside, in the feed's own dead-letter
     # exchange, what a webhook refused: nothing else.
