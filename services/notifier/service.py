@@ -123,6 +123,20 @@ class Notifier:
                 await asyncio.gather(*late, return_exceptions=True)
 
     async def _handle(self, message: AbstractIncomingMessage, stop: asyncio.Event) -> None:
+        """One notification, whatever happens: acknowledged once finished with, else put back
+        (never left unacknowledged, which would hold a prefetch slot until the channel closed)."""
+        try:
+            await self._handle_one(message, stop)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # An acknowledgement lost with its channel, or a bug: the notification comes again
+            # (redelivered, it finds what was sent marked, and is acknowledged then).
+            log.exception("notification not finished", extra={"error": one_line(exc)})
+            with contextlib.suppress(Exception):
+                await message.nack(requeue=True)
+
+    async def _handle_one(self, message: AbstractIncomingMessage, stop: asyncio.Event) -> None:
         settings = self._rt.settings
         read = read_notification(message, self._senders, settings.max_message_bytes)
         if isinstance(read, str):

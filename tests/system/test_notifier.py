@@ -187,6 +187,12 @@ async def all_taken(receiver: Receiver, ids: list[str], *, timeout: float = 90) 
     await eventually(done, timeout=timeout, interval=0.2, what=f"{ids} at every target")
 
 
+async def cli(topo: Topology, *args: str) -> subprocess.CompletedProcess[str]:
+    """An `orderflow` command, run in a thread: the receiver answers on this event loop, and
+    must not stall while the command runs (a target answering late is retried: a duplicate)."""
+    return await asyncio.to_thread(topo.cli, *args)
+
+
 async def stopped_with_the_feed_empty(topo: Topology) -> None:
     """Stop the notifier (it drains), then the feed holds nothing: every notification it took
     was acknowledged (one it held unacknowledged would be back on the queue)."""
@@ -228,7 +234,7 @@ async def test_each_target_gets_its_format_once_and_hears_of_ack_and_resolve(
 
     await eventually(found_sent, timeout=30, what="the second notification found sent")
 
-    acked = topo.cli("alerts", "ack", "a-1", "--by", "ann")
+    acked = await cli(topo, "alerts", "ack", "a-1", "--by", "ann")
     assert acked.returncode == 0, acked.stderr
     assert acked.stdout.startswith("a-1 acknowledged by ann at "), acked.stdout
 
@@ -242,7 +248,7 @@ async def test_each_target_gets_its_format_once_and_hears_of_ack_and_resolve(
         return ("resolve", dedup_key) in pd_events()
 
     await eventually(pd_acknowledged, timeout=30, what="PagerDuty's acknowledge")
-    resolved = topo.cli("alerts", "resolve", "a-1", "--by", "bob")
+    resolved = await cli(topo, "alerts", "resolve", "a-1", "--by", "bob")
     assert resolved.returncode == 0, resolved.stderr
     await eventually(pd_resolved, timeout=30, what="PagerDuty's resolve")
     # Slack and the webhook hear of them too, by whom.
@@ -252,9 +258,9 @@ async def test_each_target_gets_its_format_once_and_hears_of_ack_and_resolve(
         return any(t.startswith("resolved by bob") for t in texts)
 
     await eventually(slack_heard, timeout=30, what="Slack told of the resolution")
-    listed = json.loads(topo.cli("alerts", "list", "--json").stdout)["alerts"]
+    listed = json.loads((await cli(topo, "alerts", "list", "--json")).stdout)["alerts"]
     assert [(a["acknowledged_by"], a["resolved_by"]) for a in listed] == [("ann", "bob")]
-    table = topo.cli("alerts", "list")
+    table = await cli(topo, "alerts", "list")
     assert "resolved by bob" in table.stdout, table.stdout
 
     assert sorted(pd_events()) == sorted(
@@ -262,7 +268,7 @@ async def test_each_target_gets_its_format_once_and_hears_of_ack_and_resolve(
     )
     assert receiver.triggers() == Counter({(p, "a-1"): 1 for p in PATHS})
     # Acknowledging again changes nothing; an unknown alert is an error that names it.
-    again = topo.cli("alerts", "ack", "a-1", "nope", "--by", "carl")
+    again = await cli(topo, "alerts", "ack", "a-1", "nope", "--by", "carl")
     assert again.returncode != 0 and "no alert 'nope'" in again.stderr, again.stderr
     assert "a-1 acknowledged by ann" in again.stdout
     assert SECRET not in topo.logs("notifier")
@@ -310,13 +316,13 @@ async def test_a_target_refusing_for_good_gets_a_dead_letter_and_the_others_thei
 
     await eventually(set_aside, timeout=30, interval=0.2, what="two dead letters")
     # The operator sees them, with why, and they stay where they are.
-    listed = topo.cli("alerts", "undelivered", "--json")
+    listed = await cli(topo, "alerts", "undelivered", "--json")
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)["undelivered"]
     assert {(r["target"], r["reason"]) for r in rows} == {("slack", "refused")}
     assert sorted(r["message_id"] for r in rows) == [f"{i}/trigger/slack" for i in ids]
     assert all("answered 400" in r["error"] for r in rows)
-    table = topo.cli("alerts", "undelivered")
+    table = await cli(topo, "alerts", "undelivered")
     assert "2 notice(s) not delivered" in table.stdout and "refused" in table.stdout, table.stdout
     assert await depth(names.alert_dead_letters) == 2
     connection = await connect(RABBITMQ_URL, timeout=5, name="dlq-reader")
@@ -408,3 +414,15 @@ def test_without_a_target_or_with_a_bad_one_the_notifier_refuses_to_start() -> N
     )
     assert done.returncode == 2 and "ORDERFLOW_NOTIFY_SLACK_URL" in done.stderr, done.stderr
     assert SECRET not in done.stderr + done.stdout
+
+
+async def test_a_burst_delivers_what_the_feed_holds_and_exits(
+    topo: Topology, receiver: Receiver
+) -> None:
+    await receiver.start()
+    ids = ["b-1", "b-2"]
+    await raise_alerts(topo, *ids)
+    burst = await cli(topo, "serve", "notifier", "--burst")
+    assert burst.returncode == 0, burst.stderr[-2000:]
+    assert receiver.triggers() == Counter({(p, i): 1 for p in PATHS for i in ids})
+    assert await depth(Names(topo.hub).alert_feed) == 0
