@@ -40,6 +40,7 @@ from shared.broker.envelope import (
 )
 from shared.broker.senders import Senders
 from shared.config import Settings
+from shared.domain.journal import Alert, AlertState
 from shared.domain.timing import utcnow
 from shared.errors import ConfigurationError, one_line
 from shared.telemetry import log_fields
@@ -47,7 +48,7 @@ from shared.telemetry import log_fields
 log = logging.getLogger(__name__)
 
 WATCH_BATCH = 500
-"""Alert changes one look reads at most (the oldest first; the rest on the next look)."""
+"""Alert changes one read takes at most (a look pages through them all, oldest first)."""
 TOLD_KEPT = 100_000
 """Notices this process remembers having finished, to skip them without asking the store."""
 
@@ -194,7 +195,17 @@ class Notifier:
         inbox's window, so that each one is still remembered as sent when it is looked at
         again); how many notices were delivered or set aside now."""
         window = timedelta(seconds=self._rt.settings.inbox_ttl_s / 2)
-        changed = await self._rt.store.changed_alerts(since=utcnow() - window, limit=WATCH_BATCH)
+        since, after = utcnow() - window, None
+        told = 0
+        while True:
+            page = await self._rt.store.changed_alerts(since=since, limit=WATCH_BATCH, after=after)
+            told += await self._tell(page)
+            if len(page) < WATCH_BATCH:
+                return told
+            last_alert, last_state = page[-1]
+            since, after = last_state.changed_at or since, last_alert.alert_id
+
+    async def _tell(self, changed: list[tuple[Alert, AlertState]]) -> int:
         told = 0
         for alert, state in changed:
             for notice in notices_of(self._rt.settings.hub, alert, state):

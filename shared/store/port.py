@@ -248,9 +248,11 @@ class Alerts(Protocol):
         """The state of each of these alerts that exists (one with no action: all None)."""
 
     async def changed_alerts(
-        self, *, since: datetime, limit: int
+        self, *, since: datetime, limit: int, after: str | None = None
     ) -> list[tuple[Alert, AlertState]]:
-        """Alerts acknowledged or resolved at or after `since`, oldest change first."""
+        """Alerts acknowledged or resolved at or after `since`, oldest change first (then by
+        id); with `after` (an alert id), of the changes at exactly `since` only those of later
+        ids: the next page after the last one read (many alerts resolved at once share a time)."""
 
 
 class ComponentStatuses(Protocol):

@@ -348,6 +348,24 @@ async def test_changed_alerts_come_oldest_change_first(store: StateStore) -> Non
     assert [a.alert_id for a, _ in changed] == ["c2", "c0"]
 
 
+async def test_changed_alerts_page_through_many_changed_at_one_time(store: StateStore) -> None:
+    t = utcnow().replace(microsecond=0)
+    ids = [f"p{i}" for i in range(5)]
+    for alert_id in ids:
+        await store.raise_alert(_alert(alert_id, t))
+        await store.mark_alert(alert_id, AlertAction.RESOLVE, by="x", at=t)  # one command
+    await store.raise_alert(_alert("later", t))
+    await store.mark_alert("later", AlertAction.RESOLVE, by="x", at=t + timedelta(seconds=1))
+    seen: list[str] = []
+    since, after = t - timedelta(hours=1), None
+    while page := await store.changed_alerts(since=since, limit=2, after=after):
+        seen += [a.alert_id for a, _ in page]
+        last_alert, last_state = page[-1]
+        assert last_state.changed_at is not None
+        since, after = last_state.changed_at, last_alert.alert_id
+    assert seen == [*ids, "later"], "each once, in order, none skipped"
+
+
 async def test_inbox_claims_are_reentrant_for_their_holder(store: StoreUnderTest) -> None:
     now = utcnow()
     claim = {"now": now, "claim_until": now + timedelta(seconds=30)}

@@ -81,13 +81,14 @@ class MemoryCoordination(MemoryPart):
         }
 
     async def changed_alerts(
-        self, *, since: datetime, limit: int
+        self, *, since: datetime, limit: int, after: str | None = None
     ) -> list[tuple[Alert, AlertState]]:
         await asyncio.sleep(0)
         changed = [
             (changed_at, self._alerts[s.alert_id], s)
             for s in self._alert_states.values()
-            if (changed_at := s.changed_at) is not None and changed_at >= since
+            if (changed_at := s.changed_at) is not None
+            and (changed_at > since or (changed_at == since and s.alert_id > (after or "")))
         ]
         changed.sort(key=lambda c: (c[0], c[1].alert_id))
         return [(alert, state) for _, alert, state in changed[:limit]]

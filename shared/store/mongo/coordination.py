@@ -92,9 +92,15 @@ class MongoCoordination(MongoPart):
         return {d["_id"]: _state(d["_id"], d) for d in await cursor.to_list(None)}
 
     async def changed_alerts(
-        self, *, since: datetime, limit: int
+        self, *, since: datetime, limit: int, after: str | None = None
     ) -> list[tuple[Alert, AlertState]]:
-        cursor = self._alerts.find({"state.changed_at": {"$gte": since}}).sort(
+        query = {
+            "$or": [
+                {"state.changed_at": {"$gt": since}},
+                {"state.changed_at": since, "_id": {"$gt": after or ""}},
+            ]
+        }
+        cursor = self._alerts.find(query).sort(
             [("state.changed_at", ASCENDING), ("_id", ASCENDING)]
         )
         return [(_alert(d), _state(d["_id"], d)) for d in await cursor.limit(limit).to_list(None)]

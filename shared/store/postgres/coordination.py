@@ -119,14 +119,17 @@ class PostgresCoordination(PostgresPart):
         return {r["alert_id"]: read_row(AlertState, r) for r in rows}
 
     async def changed_alerts(
-        self, *, since: datetime, limit: int
+        self, *, since: datetime, limit: int, after: str | None = None
     ) -> list[tuple[Alert, AlertState]]:
+        # `alert_id > ''` holds for every id (none is empty): no `after`, every change at `since`.
         rows = await self._pool.fetch(
             f"SELECT {ALERT_COLUMNS}, {STATE_COLUMNS} FROM {self._s}.alerts "
             "WHERE (acknowledged_at IS NOT NULL OR resolved_at IS NOT NULL) "
-            f"AND {CHANGED_AT} >= $1 ORDER BY {CHANGED_AT}, alert_id LIMIT $2",
+            f"AND {CHANGED_AT} >= $1 AND ({CHANGED_AT} > $1 OR alert_id > $3) "
+            f"ORDER BY {CHANGED_AT}, alert_id LIMIT $2",
             since,
             limit,
+            after or "",
         )
         return [_split(r) for r in rows]
 
