@@ -45,6 +45,13 @@ url_secret() {  # NAME BEFORE PASSWORD-SECRET AFTER
     mv "$dir/$1.new" "$dir/$1"
 }
 
+given_secret() {  # NAME: empty (unset) unless it has a file; the operator fills it in
+    if [ ! -e "$dir/$1" ]; then
+        : > "$dir/$1"
+        echo "secrets: wrote $dir/$1 (empty: write its value there to use it)"
+    fi
+}
+
 keyfile_check() {  # NAME: what mongod accepts as a keyfile (it ignores whitespace)
     key=$(tr -d ' \t\n\r\f\v' < "$dir/$1")
     case $key in
@@ -68,6 +75,7 @@ random_secret rabbitmq_agent_inventory_password  # RabbitMQ user orderflow-agent
 random_secret rabbitmq_agent_payment_password  # RabbitMQ user orderflow-agent-payment's password
 random_secret rabbitmq_agent_shipping_password  # RabbitMQ user orderflow-agent-shipping's password
 random_secret rabbitmq_operator_password  # RabbitMQ user orderflow-operator's password
+random_secret rabbitmq_notifier_password  # RabbitMQ user orderflow-notifier's password
 random_secret rabbitmq_app_shop_password  # RabbitMQ user shop's password (an application)
 random_secret rabbitmq_app_web_password  # RabbitMQ user web's password (an application)
 random_secret mongo_root_password  # MongoDB's root user (profile mongodb; creates the app user once)
@@ -78,6 +86,9 @@ random_secret postgres_app_password  # PostgreSQL role `orderflow`: owns databas
 random_secret mongo_api_password  # MongoDB user `orderflow_api` (the HTTP API): the hub's documents only, no structure
 random_secret postgres_api_password  # PostgreSQL role `orderflow_api` (the HTTP API): rows of database `orderflow` only
 random_secret remote_admin_token  # bearer token of the remote stand-in's /admin and /ledger
+given_secret notify_webhook_url  # the notifier's generic JSON webhook URL (write it here; empty: none)
+given_secret notify_slack_url  # the notifier's Slack incoming-webhook URL (write it here; empty: none)
+given_secret notify_pagerduty_routing_key  # the notifier's PagerDuty Events v2 routing key (write it here; empty: none)
 keyfile_check mongo_keyfile
 
 url_secret rabbitmq_admin_url 'amqp://orderflow-admin:' rabbitmq_admin_password '@rabbitmq:5672/orderflow'
@@ -88,6 +99,7 @@ url_secret rabbitmq_agent_inventory_url 'amqp://orderflow-agent-inventory:' rabb
 url_secret rabbitmq_agent_payment_url 'amqp://orderflow-agent-payment:' rabbitmq_agent_payment_password '@rabbitmq:5672/orderflow'
 url_secret rabbitmq_agent_shipping_url 'amqp://orderflow-agent-shipping:' rabbitmq_agent_shipping_password '@rabbitmq:5672/orderflow'
 url_secret rabbitmq_operator_url 'amqp://orderflow-operator:' rabbitmq_operator_password '@rabbitmq:5672/orderflow'
+url_secret rabbitmq_notifier_url 'amqp://orderflow-notifier:' rabbitmq_notifier_password '@rabbitmq:5672/orderflow'
 url_secret rabbitmq_app_shop_url 'amqp://shop:' rabbitmq_app_shop_password '@rabbitmq:5672/orderflow'
 url_secret rabbitmq_app_web_url 'amqp://web:' rabbitmq_app_web_password '@rabbitmq:5672/orderflow'
 
@@ -112,6 +124,7 @@ chmod 644 \
     "$dir/rabbitmq_agent_payment_password" \
     "$dir/rabbitmq_agent_shipping_password" \
     "$dir/rabbitmq_operator_password" \
+    "$dir/rabbitmq_notifier_password" \
     "$dir/rabbitmq_app_shop_password" \
     "$dir/rabbitmq_app_web_password" \
     "$dir/mongo_root_password" \
@@ -122,6 +135,9 @@ chmod 644 \
     "$dir/mongo_api_password" \
     "$dir/postgres_api_password" \
     "$dir/remote_admin_token" \
+    "$dir/notify_webhook_url" \
+    "$dir/notify_slack_url" \
+    "$dir/notify_pagerduty_routing_key" \
     "$dir/rabbitmq_admin_url" \
     "$dir/rabbitmq_submission_url" \
     "$dir/rabbitmq_scheduler_url" \
@@ -130,6 +146,7 @@ chmod 644 \
     "$dir/rabbitmq_agent_payment_url" \
     "$dir/rabbitmq_agent_shipping_url" \
     "$dir/rabbitmq_operator_url" \
+    "$dir/rabbitmq_notifier_url" \
     "$dir/rabbitmq_app_shop_url" \
     "$dir/rabbitmq_app_web_url" \
     "$dir/store_api_url" \

@@ -233,6 +233,29 @@ class Settings(BaseSettings):
     """Share of orders traced. The trace id is derived from the order id, so every process
     keeps or drops the same orders, each whole."""
 
+    # -- the notifier (`orderflow serve notifier`): alerts delivered to webhooks
+    notify_webhook_url: SecretStr | None = None
+    """A generic JSON webhook each alert is POSTed to (the alert as JSON, with its `event`:
+    trigger, acknowledge or resolve); unset: none. A secret (URLs often carry a token)."""
+    notify_slack_url: SecretStr | None = None
+    """A Slack (or Slack-compatible) incoming-webhook URL; unset: none. A secret."""
+    notify_pagerduty_routing_key: SecretStr | None = None
+    """The integration (routing) key of a PagerDuty Events API v2 service; unset: no PagerDuty.
+    A secret."""
+    notify_pagerduty_url: str = "https://events.pagerduty.com/v2/enqueue"
+    """Where PagerDuty events are POSTed (the Events API v2 endpoint)."""
+    notify_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """Upper bound on one HTTP request to a target."""
+    notify_retry_max_s: float = Field(default=60.0, gt=0)
+    """Longest wait between two tries of a delivery (exponential backoff with jitter up to
+    this; a 429's or 503's `Retry-After` is waited for instead, bounded by the give-up time)."""
+    notify_give_up_after_s: float = Field(default=900.0, gt=0)
+    """A delivery still failing after this long (connection refused, timeouts, 408, 429, 5xx)
+    is given up and dead-lettered with its reason."""
+    notify_poll_s: float = Field(default=5.0, gt=0, le=3600)
+    """How often the notifier looks for alerts acknowledged or resolved since, to tell the
+    targets (PagerDuty's `acknowledge` and `resolve`)."""
+
     # -- the HTTP API (`orderflow serve api`): the shop, the console, their API
     api_host: str = "127.0.0.1"
     """Address the API listens on (`0.0.0.0` in a container, published behind 127.0.0.1)."""

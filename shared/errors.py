@@ -190,3 +190,19 @@ class ServerMissing(ServerError):
 
 class ServerFailed(ServerError):
     """A private server did not start, answer or stop in time; the message ends with its log."""
+
+
+class TargetUnavailable(TransientError):
+    """A notification target did not take a delivery for now (refused connection, timeout, 408,
+    429, 5xx): try again after `retry_after_s` when it said (its `Retry-After`), else backoff."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class TargetRefused(PermanentError):
+    """A notification target refused a delivery for good (a 4xx other than 408 and 429, or a
+    redirect): dead-letter it with this reason, never retry."""
+
+    reason: str = "refused"

@@ -57,5 +57,6 @@ app.getCollection("history").createIndex({"at": 1, "_id": 1}, {"name": "history_
 app.getCollection("compensation_log").createIndex({"recorded_at": 1, "_id": 1}, {"name": "compensation_by_time"});
 app.getCollection("inbox").createIndex({"expires_at": 1}, {"name": "inbox_expiry", "expireAfterSeconds": 0});
 app.getCollection("alerts").createIndex({"at": -1}, {"name": "alerts_by_time"});
+app.getCollection("alerts").createIndex({"state.changed_at": 1}, {"name": "alerts_changed", "sparse": true});
 app.getCollection("components").createIndex({"expires_at": 1}, {"name": "components_expiry", "expireAfterSeconds": 3600});
 app.getCollection("api_tokens").createIndex({"name": 1}, {"name": "api_tokens_active_name", "unique": true, "partialFilterExpression": {"revoked_at": null}});

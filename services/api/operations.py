@@ -41,6 +41,7 @@ from shared.broker import dead_letters
 from shared.broker.connection import login_user
 from shared.broker.senders import Senders
 from shared.domain.durations import parse_duration
+from shared.domain.journal import ALERT_ID_LIMIT, Alert, AlertAction, AlertState
 from shared.domain.models import APP_ORDER_ID, OrderId
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.timing import utcnow
@@ -449,7 +450,46 @@ async def alerts(
 ) -> Json:
     """Stored alerts raised after `since` (ISO 8601, with its offset), newest first."""
     found = await ctx.store.list_alerts(since=since, limit=limit)
-    return {"alerts": [a.model_dump(mode="json") for a in found]}
+    states = await ctx.store.alert_states([a.alert_id for a in found])
+    return {"alerts": [_with_state(a, states.get(a.alert_id)) for a in found]}
+
+
+def _with_state(alert: Alert, state: AlertState | None) -> Json:
+    """An alert as JSON, with who acknowledged and resolved it and when (null: not yet)."""
+    state = state or AlertState(alert_id=alert.alert_id)
+    return alert.model_dump(mode="json") | state.model_dump(mode="json", exclude={"alert_id"})
+
+
+AlertId = Annotated[
+    str,
+    # As stored: printable (an alert id is escaped when raised), so never a NUL, which the
+    # store could not even look up.
+    Query(min_length=1, max_length=ALERT_ID_LIMIT, pattern=r"^[^\x00-\x1f\x7f]+$"),
+]
+NO_ALERT: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "No such alert."}
+}
+
+
+async def _mark(ctx: ApiContext, alert_id: str, action: AlertAction, by: str) -> Json:
+    state = await ctx.store.mark_alert(alert_id, action, by=by, at=utcnow())
+    if state is None:
+        raise HTTPException(404, f"no alert {alert_id!r}")
+    return state.model_dump(mode="json")
+
+
+@router.post("/alert/acknowledge", responses={**ERRORS, **NO_ALERT})
+async def acknowledge_alert(ctx: Context, who: Operator, alert_id: AlertId) -> Json:
+    """Record that the token's holder is on this alert (`alerts ack`): the notifier sends
+    PagerDuty an `acknowledge`. The first acknowledgement stands."""
+    return await _mark(ctx, alert_id, AlertAction.ACKNOWLEDGE, who.name)
+
+
+@router.post("/alert/resolve", responses={**ERRORS, **NO_ALERT})
+async def resolve_alert(ctx: Context, who: Operator, alert_id: AlertId) -> Json:
+    """Record that this alert's condition is over (`alerts resolve`): the notifier sends
+    PagerDuty a `resolve`. The first resolution stands."""
+    return await _mark(ctx, alert_id, AlertAction.RESOLVE, who.name)
 
 
 @router.get("/stats", responses=ERRORS)

@@ -1,10 +1,12 @@
 """Operator commands that read: `stats`, `watch`, `alerts list|follow`, `audit` (what they
-read: `services/operator/stats.py`, `alerts.py`, `audit.py`)."""
+read: `services/operator/stats.py`, `alerts.py`, `audit.py`); and `alerts ack|resolve`, which
+record who acted on an alert."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import json
 import signal
 import sys
@@ -17,13 +19,19 @@ from rich.table import Table
 
 from services.cli.render import add_columns, plain, plain_console, shown
 from services.cli.settings import pass_settings
-from services.operator.alerts import Feed, follow_alerts, recent_alerts
+from services.operator.alerts import (
+    Feed,
+    follow_alerts,
+    mark_alerts,
+    recent_alerts,
+    undelivered_alerts,
+)
 from services.operator.audit import audit_hub
 from services.operator.stats import gather_stats, stats_every
 from shared.broker.delivery import INTAKE_HEALTHY
 from shared.config import Settings
 from shared.domain.durations import human_age, parse_duration
-from shared.domain.journal import Alert
+from shared.domain.journal import Alert, AlertAction, AlertState
 from shared.domain.timing import utcnow
 from shared.errors import BadInput
 
@@ -151,18 +159,98 @@ def alerts_list(settings: Settings, since: str | None, limit: int, as_json: bool
 
     found = asyncio.run(recent_alerts(settings, after, limit))
     if as_json:
-        click.echo(json.dumps({"alerts": [a.model_dump(mode="json") for a in found]}))
+        rows = [a.model_dump(mode="json") | _state_fields(s) for a, s in found]
+        click.echo(json.dumps({"alerts": rows}))
         return
     now = utcnow()
     table = Table(title=f"{len(found)} alert(s), newest first")
-    add_columns(table, "when", "kind", "severity", "order", "message")
-    for a in found:
+    add_columns(table, "when", "id", "kind", "severity", "order", "state", "message")
+    for a, state in found:
         table.add_row(
             human_age(a.at, now),
+            shown(a.alert_id),
             a.kind.value,
             a.severity.value,
             shown(a.order_id or ""),
+            shown(_state_line(state)),
             shown(a.message[:90]),
+        )
+    plain_console().print(table)
+
+
+def _state_fields(state: AlertState) -> dict[str, Any]:
+    return state.model_dump(mode="json", exclude={"alert_id"})
+
+
+def _state_line(state: AlertState) -> str:
+    if state.resolved_at is not None:
+        return f"resolved by {state.resolved_by}"
+    if state.acknowledged_at is not None:
+        return f"acknowledged by {state.acknowledged_by}"
+    return "open"
+
+
+def _mark(settings: Settings, alert_ids: tuple[str, ...], action: AlertAction, by: str) -> None:
+    states = asyncio.run(mark_alerts(settings, alert_ids, action, by=by))
+    done = "acknowledged" if action is AlertAction.ACKNOWLEDGE else "resolved"
+    missing = [i for i, s in states.items() if s is None]
+    for alert_id, state in states.items():
+        if state is not None:
+            at = state.at(action)
+            when = at.isoformat() if at is not None else "?"
+            click.echo(plain(f"{alert_id} {done} by {state.by(action)} at {when}"))
+    if missing:
+        raise BadInput(
+            f"no alert {', '.join(repr(i) for i in missing)} (see `orderflow alerts list`)"
+        )
+
+
+by_option = click.option(
+    "--by",
+    default=None,
+    help="Who acts (default: the user running the command).",
+)
+
+
+@alerts.command("ack")
+@click.argument("alert_ids", nargs=-1, required=True)
+@by_option
+@pass_settings()
+def alerts_ack(settings: Settings, alert_ids: tuple[str, ...], by: str | None) -> None:
+    """Record that you (or --by WHO) are on these alerts: the notifier sends PagerDuty an
+    `acknowledge` of each one's incident. The first acknowledgement of an alert stands."""
+    _mark(settings, alert_ids, AlertAction.ACKNOWLEDGE, by or getpass.getuser())
+
+
+@alerts.command("resolve")
+@click.argument("alert_ids", nargs=-1, required=True)
+@by_option
+@pass_settings()
+def alerts_resolve(settings: Settings, alert_ids: tuple[str, ...], by: str | None) -> None:
+    """Record that these alerts' conditions are over: the notifier sends PagerDuty a `resolve`
+    of each one's incident. The first resolution of an alert stands."""
+    _mark(settings, alert_ids, AlertAction.RESOLVE, by or getpass.getuser())
+
+
+@alerts.command("undelivered")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_settings()
+def alerts_undelivered(settings: Settings, as_json: bool) -> None:
+    """The notifier's dead letters: alerts (and acknowledgements, resolutions) a webhook refused
+    for good or that failed until the notifier gave up, oldest first, with why."""
+    rows = asyncio.run(undelivered_alerts(settings))
+    if as_json:
+        click.echo(json.dumps({"undelivered": rows}))
+        return
+    table = Table(title=f"{len(rows)} notice(s) not delivered, oldest first")
+    add_columns(table, "age", "target", "reason", "notice", "error")
+    for row in rows:
+        table.add_row(
+            shown(str(row.get("age") or "")),
+            shown(str(row.get("target") or "-")),
+            shown(str(row.get("reason") or "")),
+            shown(str(row.get("message_id") or "")),
+            shown(str(row.get("error") or "")[:120]),
         )
     plain_console().print(table)
 

@@ -207,3 +207,18 @@ def api(settings: Settings, name: str | None) -> None:
     from services.api.app import serve_api  # noqa: PLC0415 - only this command needs FastAPI
 
     _serve(settings, "api", name, serve_api)
+
+
+@serve.command()
+@name_option
+@burst_option
+@pass_settings()
+def notifier(settings: Settings, name: str | None, burst: bool) -> None:
+    """Deliver alerts (and their acknowledgements and resolutions) to the configured webhooks."""
+    from services.notifier.service import (  # noqa: PLC0415 - only this command needs them
+        required_targets,
+        serve_notifier,
+    )
+
+    required_targets(settings)  # a configuration error before any server is asked
+    _serve(settings, "notifier", name, functools.partial(serve_notifier, burst=burst))

@@ -47,6 +47,9 @@ class Secret:
     """What it is, for the script's and compose's comments."""
     url: tuple[str, str, str] | None = None
     """A URL built from another secret: (before, the secret holding the password, after)."""
+    given: bool = False
+    """A value only the operator can give (a webhook's URL): written empty when it has no file
+    (empty: unset), never made up."""
 
 
 def broker_password(role: str, *, app: bool = False) -> str:
@@ -105,6 +108,17 @@ STORE_SECRETS = [
     ),
 ]
 
+NOTIFY_SECRETS = [
+    Secret(name, f"the notifier's {what} (write it here; empty: none)", given=True)
+    for name, what in (
+        ("notify_webhook_url", "generic JSON webhook URL"),
+        ("notify_slack_url", "Slack incoming-webhook URL"),
+        ("notify_pagerduty_routing_key", "PagerDuty Events v2 routing key"),
+    )
+]
+"""The notifier's targets (profile `notifier`): URLs and a key that may carry a credential,
+so secrets like the others, which only the operator can fill in."""
+
 
 def secrets(apps: tuple[str, ...] = DEFAULT_APPS) -> list[Secret]:
     """Every secret of the compose deployment, passwords and tokens before the URLs."""
@@ -121,6 +135,7 @@ def secrets(apps: tuple[str, ...] = DEFAULT_APPS) -> list[Secret]:
     found.append(
         Secret("remote_admin_token", "bearer token of the remote stand-in's /admin and /ledger")
     )
+    found += NOTIFY_SECRETS
     found += [
         Secret(
             broker_url(role),
@@ -192,6 +207,13 @@ def secrets_script(apps: tuple[str, ...] = DEFAULT_APPS) -> str:
         '    mv "$dir/$1.new" "$dir/$1"',
         "}",
         "",
+        "given_secret() {  # NAME: empty (unset) unless it has a file; the operator fills it in",
+        '    if [ ! -e "$dir/$1" ]; then',
+        '        : > "$dir/$1"',
+        '        echo "secrets: wrote $dir/$1 (empty: write its value there to use it)"',
+        "    fi",
+        "}",
+        "",
         "keyfile_check() {  # NAME: what mongod accepts as a keyfile (it ignores whitespace)",
         "    key=$(tr -d ' \\t\\n\\r\\f\\v' < \"$dir/$1\")",
         "    case $key in",
@@ -210,7 +232,9 @@ def secrets_script(apps: tuple[str, ...] = DEFAULT_APPS) -> str:
         "",
     ]
     for secret in secrets(apps):
-        if secret.url is None and secret.name not in PROFILE_URLS:
+        if secret.given:
+            lines.append(f"given_secret {secret.name}  # {secret.what}")
+        elif secret.url is None and secret.name not in PROFILE_URLS:
             lines.append(f"random_secret {secret.name}  # {secret.what}")
     # 64 hex digits: in the base64 alphabet, so a valid key; one of your own is checked.
     lines += [f"keyfile_check {KEYFILE}", ""]

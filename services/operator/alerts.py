@@ -4,30 +4,37 @@
 Every alert is stored (`orderflow alerts list` reads the store) and published on the fanout
 exchange `<hub>.alerts`, whose queue `<hub>.alerts.feed` keeps the newest
 `ORDERFLOW_ALERTS_QUEUE_MAX_LENGTH` of them until a reader takes them: `orderflow alerts
-follow`, run by an operator or piped into a pager integration. A notification is
+follow`, run by an operator or piped into a pager integration, or the notifier (`orderflow serve
+notifier`, services/notifier), which delivers them to webhooks. A notification is
 acknowledged once it was handed on, so one raised while no reader ran is delivered when one
-starts; readers of one queue share its notifications.
+starts; readers of one queue share its notifications (so run either the notifier or `follow`).
+
+`orderflow alerts ack|resolve` record who acknowledged or resolved an alert, and when, beside it
+in the store; the notifier tells the targets.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
 from aiormq.exceptions import ChannelNotFoundEntity
 
 from shared.bootstrap import open_broker
 from shared.broker.connection import login_user
-from shared.broker.envelope import user_of
+from shared.broker.dead_letters import describe, header_value
+from shared.broker.envelope import TARGET, user_of
 from shared.broker.senders import Senders, agent_role
 from shared.broker.topology import Names
 from shared.config import Settings
-from shared.domain.journal import Alert
+from shared.domain.journal import Alert, AlertAction, AlertState
 from shared.domain.messages import AlertMessage, decode
+from shared.domain.timing import utcnow
 from shared.domain.workflow import AGENTS
 from shared.errors import ConfigurationError, ContractViolation
 from shared.store.factory import open_store
@@ -38,11 +45,30 @@ ALERT_SENDERS = frozenset(
 """The processes that raise alerts (shared/broker/access.py lets them write `<hub>.alerts`)."""
 
 
-async def recent_alerts(settings: Settings, since: datetime | None, limit: int) -> list[Alert]:
-    """Stored alerts, newest first: those raised after `since` (None: any), `limit` at most."""
+async def recent_alerts(
+    settings: Settings, since: datetime | None, limit: int
+) -> list[tuple[Alert, AlertState]]:
+    """Stored alerts, newest first, each with who acknowledged and resolved it: those raised
+    after `since` (None: any), `limit` at most."""
     store = await open_store(settings)
     try:
-        return await store.list_alerts(since=since, limit=limit)
+        found = await store.list_alerts(since=since, limit=limit)
+        states = await store.alert_states([a.alert_id for a in found])
+        return [(a, states.get(a.alert_id) or AlertState(alert_id=a.alert_id)) for a in found]
+    finally:
+        await store.close()
+
+
+async def mark_alerts(
+    settings: Settings, alert_ids: Sequence[str], action: AlertAction, *, by: str
+) -> dict[str, AlertState | None]:
+    """Record that `by` took `action` on each alert (the first record of each stands); each
+    alert's state after, None for an id no alert has. The notifier tells the targets
+    (services/notifier: PagerDuty's `acknowledge` or `resolve` of the alert's incident)."""
+    store = await open_store(settings)
+    try:
+        at = utcnow()
+        return {i: await store.mark_alert(i, action, by=by, at=at) for i in alert_ids}
     finally:
         await store.close()
 
@@ -79,7 +105,7 @@ async def follow_alerts(
 
         async def one(message: AbstractIncomingMessage) -> None:
             nonlocal taken
-            alert = _read(message, senders, settings.max_message_bytes)
+            alert = read_notification(message, senders, settings.max_message_bytes)
             if isinstance(alert, str):
                 feed.refused(alert)
                 await message.reject(requeue=False)
@@ -103,7 +129,33 @@ async def follow_alerts(
         await connection.close()
 
 
-def _read(message: AbstractIncomingMessage, senders: Senders, limit: int) -> Alert | str:
+async def undelivered_alerts(settings: Settings) -> list[dict[str, Any]]:
+    """The notifier's dead letters (`<hub>.alerts.feed.dlq`), oldest first, each described with
+    the target it was for; they stay where they are (fetched unacknowledged, they go back when
+    the channel closes)."""
+    names = Names(settings.hub)
+    connection = await open_broker(settings, name="orderflow-alerts")
+    try:
+        channel = await connection.channel()
+        try:
+            queue = await channel.declare_queue(names.alert_dead_letters, passive=True)
+        except ChannelNotFoundEntity:
+            raise ConfigurationError(
+                f"queue {names.alert_dead_letters} does not exist: run `orderflow init`"
+            ) from None
+        now = utcnow()
+        rows = []
+        while (message := await queue.get(no_ack=False, fail=False)) is not None:
+            target = (message.headers or {}).get(TARGET)
+            rows.append(describe(names.alert_feed, message, now) | {"target": header_value(target)})
+        return rows
+    finally:
+        await connection.close()
+
+
+def read_notification(
+    message: AbstractIncomingMessage, senders: Senders, limit: int
+) -> Alert | str:
     """The alert a message carries, or why it is refused."""
     refused = senders.refusal(user_of(message), ALERT_SENDERS)
     if refused is not None:

@@ -19,7 +19,9 @@ tests compare it with a table of uses, a system test runs every process under it
 | agent X       | agent.X                | agent.X.dlq, agent.X.retry, alerts,   | -             |
 |               |                        | replies                               |               |
 | operator      | every DLQ (get, purge) | each input queue's replay exchange    | -             |
-|               | alerts.feed (follow)   |                                       |               |
+|               | alerts.feed (follow),  |                                       |               |
+|               | alerts.feed.dlq (get)  |                                       |               |
+| notifier      | alerts.feed            | alerts.feed.dlq                       | -             |
 | application A | its status queues      | submit                                | status queues |
 
 A scheduler binds its reply queue to `replies`. An application does not bind its status queues:
@@ -153,10 +155,14 @@ def grant(names: Names, role: str) -> Grant:
         # status: the Cancelled message of an order it cancels (`orderflow orders cancel`).
         return Grant(
             write=_one(*(names.replay(q) for q in inputs), names.status),
-            # alerts.feed: `orderflow alerts follow`, the alert feed's reader.
-            read=_one(*(names.dlq(q) for q in inputs), names.alert_feed),
+            # alerts.feed: `orderflow alerts follow`, the alert feed's reader; its dead letters:
+            # `orderflow alerts undelivered`.
+            read=_one(*(names.dlq(q) for q in inputs), names.alert_feed, names.alert_dead_letters),
             topics=(TopicGrant(names.status, write=status_keys),),
         )
+    if role == "notifier":
+        # Delivers the alert feed to the webhooks; sets aside what a target refused for good.
+        return Grant(write=_one(names.alert_dead_letters), read=_one(names.alert_feed))
     raise ValueError(f"no role {role!r}: one of {', '.join(SERVICE_ROLES)} (or an application)")
 
 

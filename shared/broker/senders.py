@@ -43,6 +43,7 @@ SERVICE_ROLES = (
     "supervisor",
     *(f"agent-{name}" for name in AGENTS),
     "operator",
+    "notifier",
 )
 """Every role but the submitting applications, which are named one by one."""
 

@@ -80,6 +80,13 @@ class Names:
         return f"{self.hub}.alerts.feed"
 
     @property
+    def alert_dead_letters(self) -> str:
+        """The queue, and the fanout exchange bound only to it, where the notifier sets aside a
+        notice a target refused for good (or that failed until the notifier gave up), and a
+        feed message that is no alert, each with its reason (only the notifier may write it)."""
+        return self.dlq(self.alert_feed)
+
+    @property
     def orders(self) -> str:
         return f"{self.hub}.orders"
 
@@ -163,6 +170,7 @@ class Names:
             self.submit,
             self.replies,
             self.status,
+            self.alert_dead_letters,
             *(
                 exchange
                 for q in self.input_queues(agents)
@@ -179,6 +187,7 @@ class Names:
             *(self.dlq(q) for q in inputs),
             *(self.retry(q) for q in inputs),
             self.alert_feed,
+            self.alert_dead_letters,
         ]
 
 
@@ -291,6 +300,14 @@ async def declare_topology(
             await queue.bind(submit)
     feed = await _declare_queue(channel, names.alert_feed, alert_feed_arguments(policy))
     await feed.bind(alerts)
+    undelivered = await _declare_queue(
+        channel, names.alert_dead_letters, durable_queue_arguments(policy)
+    )
+    await undelivered.bind(
+        await channel.declare_exchange(
+            names.alert_dead_letters, aio_pika.ExchangeType.FANOUT, durable=True
+        )
+    )
 
 
 async def retire_unbounded_alerts_queue(channel: AbstractChannel, names: Names) -> int:
@@ -328,6 +345,7 @@ async def delete_topology(
         await channel.queue_delete(names.dlq(queue_name))
         await channel.queue_delete(names.retry(queue_name))
     await channel.queue_delete(names.alert_feed)
+    await channel.queue_delete(names.alert_dead_letters)
     await channel.queue_delete(names.alerts)  # a hub made by a release before issue 14
     for exchange in names.exchanges(agents):
         await channel.exchange_delete(exchange)

@@ -154,3 +154,45 @@ class Alert(_Record):
     """The process that raised it."""
     data: JournalData = Field(default_factory=dict)
     schema_version: int = JOURNAL_SCHEMA_VERSION
+
+
+class AlertAction(StrEnum):
+    """What an operator does with an alert (`orderflow alerts ack|resolve`)."""
+
+    ACKNOWLEDGE = "acknowledge"
+    """Someone is on it: pagers stop escalating."""
+    RESOLVE = "resolve"
+    """The condition is over: pagers close the incident."""
+
+
+class AlertState(_Record):
+    """Who acknowledged and resolved an alert, and when (None: not yet). Kept beside the alert,
+    not in it: an alert is the message its raiser published, and never changes."""
+
+    alert_id: str
+    acknowledged_at: datetime | None = None
+    acknowledged_by: str | None = None
+    resolved_at: datetime | None = None
+    resolved_by: str | None = None
+
+    def at(self, action: AlertAction) -> datetime | None:
+        """When `action` was recorded (None: not yet)."""
+        return self.acknowledged_at if action is AlertAction.ACKNOWLEDGE else self.resolved_at
+
+    def by(self, action: AlertAction) -> str | None:
+        return self.acknowledged_by if action is AlertAction.ACKNOWLEDGE else self.resolved_by
+
+    @property
+    def changed_at(self) -> datetime | None:
+        """When the alert was last acknowledged or resolved (None: never)."""
+        times = [t for t in (self.acknowledged_at, self.resolved_at) if t is not None]
+        return max(times, default=None)
+
+    def with_action(self, action: AlertAction, *, by: str, at: datetime) -> AlertState:
+        """This state with `action` recorded, unless it was already (the first record stands:
+        acknowledging twice keeps who acknowledged first)."""
+        if self.at(action) is not None:
+            return self
+        if action is AlertAction.ACKNOWLEDGE:
+            return self.model_copy(update={"acknowledged_at": at, "acknowledged_by": by})
+        return self.model_copy(update={"resolved_at": at, "resolved_by": by})

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Protocol
 
 from shared.domain.coordination import ComponentStatus, InboxOutcome, Lease
-from shared.domain.journal import Alert, CompensationEntry, HistoryEvent
+from shared.domain.journal import Alert, AlertAction, AlertState, CompensationEntry, HistoryEvent
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.states import ProcessState
 from shared.domain.tokens import ApiToken
@@ -237,6 +237,22 @@ class Alerts(Protocol):
 
     async def list_alerts(self, *, since: datetime | None = None, limit: int = 100) -> list[Alert]:
         """Newest first."""
+
+    async def mark_alert(
+        self, alert_id: str, action: AlertAction, *, by: str, at: datetime
+    ) -> AlertState | None:
+        """Record that `by` took `action` on the alert at `at`, unless it was recorded before
+        (the first record stands); the alert's state after, or None if there is no such alert."""
+
+    async def alert_states(self, alert_ids: Sequence[str]) -> dict[str, AlertState]:
+        """The state of each of these alerts that exists (one with no action: all None)."""
+
+    async def changed_alerts(
+        self, *, since: datetime, limit: int, after: str | None = None
+    ) -> list[tuple[Alert, AlertState]]:
+        """Alerts acknowledged or resolved at or after `since`, oldest change first (then by
+        id); with `after` (an alert id), of the changes at exactly `since` only those of later
+        ids: the next page after the last one read (many alerts resolved at once share a time)."""
 
 
 class ComponentStatuses(Protocol):

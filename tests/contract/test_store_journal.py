@@ -10,6 +10,7 @@ import pytest
 from shared.domain.coordination import ComponentStatus, InboxOutcome
 from shared.domain.journal import (
     Alert,
+    AlertAction,
     AlertKind,
     CompensationEntry,
     HistoryEvent,
@@ -292,6 +293,77 @@ async def test_alerts_are_stored_once_and_listed_newest_first(store: StateStore)
     assert await store.list_alerts() == [new, old]
     assert await store.list_alerts(since=t - timedelta(minutes=1)) == [new]
     assert await store.list_alerts(limit=1) == [new]
+
+
+def _alert(alert_id: str, at: datetime) -> Alert:
+    return Alert(
+        alert_id=alert_id,
+        kind=AlertKind.ORDER_ERROR,
+        severity=Severity.CRITICAL,
+        message=f"alert {alert_id}",
+        at=at,
+        order_id="o-1",
+    )
+
+
+async def test_an_alert_is_acknowledged_and_resolved_once_by_whoever_was_first(
+    store: StateStore,
+) -> None:
+    t = utcnow().replace(microsecond=0)
+    alert = _alert("a1", t - timedelta(hours=1))
+    await store.raise_alert(alert)
+    await store.raise_alert(_alert("a2", t))
+    assert (await store.alert_states(["a1", "a2", "nope"])).keys() == {"a1", "a2"}
+    fresh = (await store.alert_states(["a1"]))["a1"]
+    assert fresh.acknowledged_at is None and fresh.resolved_at is None
+    assert await store.changed_alerts(since=t - timedelta(days=1), limit=10) == []
+
+    acked = await store.mark_alert("a1", AlertAction.ACKNOWLEDGE, by="ann", at=t)
+    assert acked is not None and (acked.acknowledged_by, acked.acknowledged_at) == ("ann", t)
+    again = await store.mark_alert(
+        "a1", AlertAction.ACKNOWLEDGE, by="bob", at=t + timedelta(minutes=1)
+    )
+    assert again == acked, "the first acknowledgement stands"
+    later = t + timedelta(minutes=5)
+    resolved = await store.mark_alert("a1", AlertAction.RESOLVE, by="bob", at=later)
+    assert resolved is not None and (resolved.resolved_by, resolved.resolved_at) == ("bob", later)
+    assert resolved.acknowledged_by == "ann"
+    assert await store.mark_alert("nope", AlertAction.RESOLVE, by="bob", at=t) is None
+
+    assert await store.alert_states(["a1"]) == {"a1": resolved}
+    assert await store.changed_alerts(since=t, limit=10) == [(alert, resolved)]
+    assert await store.changed_alerts(since=later + timedelta(seconds=1), limit=10) == []
+    # The alert itself is as raised: its state is kept beside it.
+    assert alert in await store.list_alerts()
+
+
+async def test_changed_alerts_come_oldest_change_first(store: StateStore) -> None:
+    t = utcnow().replace(microsecond=0)
+    for i in range(3):
+        await store.raise_alert(_alert(f"c{i}", t))
+    await store.mark_alert("c2", AlertAction.RESOLVE, by="x", at=t + timedelta(seconds=1))
+    await store.mark_alert("c0", AlertAction.ACKNOWLEDGE, by="x", at=t + timedelta(seconds=2))
+    await store.mark_alert("c1", AlertAction.ACKNOWLEDGE, by="x", at=t + timedelta(seconds=3))
+    changed = await store.changed_alerts(since=t, limit=2)
+    assert [a.alert_id for a, _ in changed] == ["c2", "c0"]
+
+
+async def test_changed_alerts_page_through_many_changed_at_one_time(store: StateStore) -> None:
+    t = utcnow().replace(microsecond=0)
+    ids = [f"p{i}" for i in range(5)]
+    for alert_id in ids:
+        await store.raise_alert(_alert(alert_id, t))
+        await store.mark_alert(alert_id, AlertAction.RESOLVE, by="x", at=t)  # one command
+    await store.raise_alert(_alert("later", t))
+    await store.mark_alert("later", AlertAction.RESOLVE, by="x", at=t + timedelta(seconds=1))
+    seen: list[str] = []
+    since, after = t - timedelta(hours=1), None
+    while page := await store.changed_alerts(since=since, limit=2, after=after):
+        seen += [a.alert_id for a, _ in page]
+        last_alert, last_state = page[-1]
+        assert last_state.changed_at is not None
+        since, after = last_state.changed_at, last_alert.alert_id
+    assert seen == [*ids, "later"], "each once, in order, none skipped"
 
 
 async def test_inbox_claims_are_reentrant_for_their_holder(store: StoreUnderTest) -> None:

@@ -276,6 +276,18 @@ async def test_operator_endpoints_do_what_the_cli_does_as_the_token_s_holder(
     assert (await api.call("GET", "/ops/processes", viewer)).body["leader"]
     alerts = await api.call("GET", "/ops/alerts", viewer)
     assert {a["kind"] for a in alerts.body["alerts"]} >= {"order-error"}
+    # Acknowledged and resolved as the token's holder (`alerts ack|resolve`), the first standing.
+    alert_id = alerts.body["alerts"][0]["alert_id"]
+    ack = "/ops/alert/acknowledge"
+    assert (await api.call("POST", ack, viewer, alert_id=alert_id)).status == 403
+    assert (await api.call("POST", ack, operator, alert_id="nope")).status == 404
+    acked = await api.call("POST", ack, operator, alert_id=alert_id)
+    assert acked.status == 200 and acked.body["acknowledged_by"] == "otto", acked
+    resolved = await api.call("POST", "/ops/alert/resolve", operator, alert_id=alert_id)
+    assert resolved.body["resolved_by"] == "otto" and resolved.body["acknowledged_by"] == "otto"
+    again = await api.call("GET", "/ops/alerts", viewer)
+    [shown] = [a for a in again.body["alerts"] if a["alert_id"] == alert_id]
+    assert (shown["acknowledged_by"], shown["resolved_by"]) == ("otto", "otto")
     compensate = await api.call("POST", "/ops/order/compensate", operator, order_id="acme.o-1")
     assert compensate.status == 409 and "refused" in compensate.body["detail"]
     audit = await topo.audit()

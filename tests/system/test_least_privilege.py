@@ -254,11 +254,22 @@ async def test_each_user_may_do_what_its_service_does_and_nothing_more(broker: B
         # an input queue only through that queue's replay exchange, never the direct one.
         channel = await conns["operator"].channel()
         await (await channel.get_queue(n.dlq(n.orders), ensure=True)).get(fail=False)
+        await (await channel.get_queue(n.alert_dead_letters, ensure=True)).get(fail=False)
         await publish(conns["operator"], n.replay(n.orders), "")
         await publish(conns["operator"], n.replay(n.agent("payment")), "")
         assert "direct" in await refused(lambda: publish(conns["operator"], n.exchange, n.orders))
         await refused(lambda: consume(conns["operator"], n.orders))
         await refused(lambda: declare(conns["operator"], f"{n.hub}.mine"))
+
+        # The notifier reads the alert feed and sets aside into the feed's own DLQ, which no
+        # one else may write; it raises no alert and reads nothing else.
+        await consume(conns["notifier"], n.alert_feed)
+        await publish(conns["notifier"], n.alert_dead_letters, "")
+        await refused(lambda: publish(conns["notifier"], n.alerts, ""))
+        await refused(lambda: consume(conns["notifier"], n.orders))
+        await refused(lambda: consume(conns["notifier"], n.alert_dead_letters))
+        await refused(lambda: publish(conns["operator"], n.alert_dead_letters, ""))
+        await refused(lambda: publish(conns["supervisor"], n.alert_dead_letters, ""))
 
         # Dead letters are the system's own: each DLQ is written by its own consumer only.
         await publish(agent, n.dlq(n.agent("inventory")), "")

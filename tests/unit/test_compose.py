@@ -25,6 +25,7 @@ from services.deploy.envfile import NOT_SETTINGS, SET_BY_COMPOSE
 from services.deploy.rabbitmq import password_variables
 from services.deploy.secretfiles import (
     KEYFILE,
+    NOTIFY_SECRETS,
     REPLICA_SET,
     STORE_URLS,
     broker_password,
@@ -126,8 +127,9 @@ def test_orderflow_up_runs_the_same_serve_commands_as_compose() -> None:
     composed = {
         tuple(svc["command"])
         for svc in orderflow_services().values()
-        if svc["command"][0] == "serve"
+        if svc["command"][0] == "serve" and "notifier" not in svc.get("profiles", ())
     }
+    # The notifier is opt-in (its profile), once a webhook is configured: `up` runs none.
     assert composed == local
     assert COMPOSE["services"]["scheduler"]["deploy"]["replicas"] == 2
     assert COMPOSE["services"]["supervisor"]["deploy"]["replicas"] == 2
@@ -219,7 +221,7 @@ def role_of(service: str) -> str | None:
     return {"init": "admin", "shop": None, "remote": None, "api": None}.get(service, service)
 
 
-STORE_USERS = {"init", "submission", "scheduler", "supervisor", "operator"} | {
+STORE_USERS = {"init", "submission", "scheduler", "supervisor", "operator", "notifier"} | {
     f"agent-{a}" for a in ("inventory", "payment", "shipping")
 }
 """The orderflow services that open the store (shared/bootstrap.Runtime.open, `orderflow init`
@@ -251,6 +253,9 @@ def wanted_secrets(name: str) -> dict[str, str]:
         wanted["orderflow_store_url"] = "store_url"
     if name in TOKEN_USERS:
         wanted["orderflow_remote_admin_token"] = "remote_admin_token"
+    if name == "notifier":
+        # Its targets: URLs (and a key) that may carry a credential.
+        wanted |= {f"orderflow_{s.name}": s.name for s in NOTIFY_SECRETS}
     return wanted
 
 

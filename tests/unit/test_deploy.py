@@ -106,9 +106,16 @@ def test_the_secrets_script_writes_every_secret_once_and_the_urls_from_them(
     assert directory.stat().st_mode & 0o777 == 0o700
     assert all((directory / n).stat().st_mode & 0o777 == 0o644 for n in names)
     values = {n: (directory / n).read_text() for n in names}
-    assert not any(v in done.stdout + done.stderr for v in values.values())
+    assert not any(v and v in done.stdout + done.stderr for v in values.values())
+    # What only the operator can give (the notifier's targets) is written empty, never made up;
+    # a value of the operator's is kept.
+    given = {s.name for s in secrets() if s.given}
+    assert given == {"notify_webhook_url", "notify_slack_url", "notify_pagerduty_routing_key"}
+    assert all(values[n] == "" for n in given)
     random = [
-        s.name for s in secrets() if s.url is None and s.name not in ("store_url", "store_api_url")
+        s.name
+        for s in secrets()
+        if s.url is None and s.name not in ("store_url", "store_api_url") and not s.given
     ]
     assert all(re.fullmatch(r"[0-9a-f]{64}", values[n]) for n in random)
     assert len({values[n] for n in random}) == len(random)  # each its own
@@ -133,7 +140,9 @@ def test_the_secrets_script_writes_every_secret_once_and_the_urls_from_them(
     # Again, for the other store, after a password was changed by hand: passwords are kept,
     # the URLs follow them.
     (directory / "rabbitmq_admin_password").write_text("chosen-by-hand\n")
+    (directory / "notify_slack_url").write_text("https://hooks.example/T/B/x\n")
     assert run_secrets_script(directory, "postgres").returncode == 0
+    assert (directory / "notify_slack_url").read_text() == "https://hooks.example/T/B/x\n"
     assert (directory / "mongo_app_password").read_text() == values["mongo_app_password"]
     assert (directory / "mongo_keyfile").read_text() == values["mongo_keyfile"]
     assert (directory / "rabbitmq_admin_url").read_text() == (
@@ -363,8 +372,11 @@ USES: dict[str, tuple[set[str], set[str], set[str]]] = {
     "operator": (
         set(),
         {N.replay(q) for q in N.input_queues()} | {N.status},
-        DLQS | {N.alert_feed},
+        DLQS | {N.alert_feed, N.alert_dead_letters},
     ),
+    # The notifier reads the alert feed and sets aside, in the feed's own dead-letter
+    # exchange, what a webhook refused: nothing else.
+    "notifier": (set(), {N.alert_dead_letters}, {N.alert_feed}),
     # An application reads no exchange: submission binds its status queues.
     "shop": ({OWN_STATUS_Q}, {N.submit}, {OWN_STATUS_Q}),
 }

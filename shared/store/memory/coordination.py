@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import datetime
 
 from shared.domain.coordination import ComponentStatus, Lease
-from shared.domain.journal import Alert
+from shared.domain.journal import Alert, AlertAction, AlertState
 from shared.store.memory.tables import MemoryPart
 
 
@@ -60,6 +61,37 @@ class MemoryCoordination(MemoryPart):
         found.sort(key=lambda a: a.alert_id)
         found.sort(key=lambda a: a.at, reverse=True)
         return found[:limit]
+
+    async def mark_alert(
+        self, alert_id: str, action: AlertAction, *, by: str, at: datetime
+    ) -> AlertState | None:
+        await asyncio.sleep(0)
+        if alert_id not in self._alerts:
+            return None
+        state = self._alert_states.get(alert_id) or AlertState(alert_id=alert_id)
+        self._alert_states[alert_id] = state = state.with_action(action, by=by, at=at)
+        return state
+
+    async def alert_states(self, alert_ids: Sequence[str]) -> dict[str, AlertState]:
+        await asyncio.sleep(0)
+        return {
+            i: self._alert_states.get(i) or AlertState(alert_id=i)
+            for i in alert_ids
+            if i in self._alerts
+        }
+
+    async def changed_alerts(
+        self, *, since: datetime, limit: int, after: str | None = None
+    ) -> list[tuple[Alert, AlertState]]:
+        await asyncio.sleep(0)
+        changed = [
+            (changed_at, self._alerts[s.alert_id], s)
+            for s in self._alert_states.values()
+            if (changed_at := s.changed_at) is not None
+            and (changed_at > since or (changed_at == since and s.alert_id > (after or "")))
+        ]
+        changed.sort(key=lambda c: (c[0], c[1].alert_id))
+        return [(alert, state) for _, alert, state in changed[:limit]]
 
     async def report_status(self, status: ComponentStatus) -> None:
         await asyncio.sleep(0)

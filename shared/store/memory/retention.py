@@ -61,6 +61,7 @@ class MemoryRetention(MemoryPart):
         old = [a for a in self._alerts.values() if a.at < raised_before]
         for alert in oldest(old, lambda a: (a.at, a.alert_id), limit):
             del self._alerts[alert.alert_id]
+            self._alert_states.pop(alert.alert_id, None)
         return min(len(old), limit)
 
     async def record_counts(self) -> dict[str, int]:

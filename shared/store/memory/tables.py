@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from shared.domain.coordination import ComponentStatus, Lease
-from shared.domain.journal import Alert, CompensationEntry, HistoryEvent
+from shared.domain.journal import Alert, AlertState, CompensationEntry, HistoryEvent
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.tokens import ApiToken
 from shared.store.values import Wakers
@@ -62,6 +62,8 @@ class MemoryPart:
         self._inbox: dict[tuple[str, str], InboxEntry] = {}
         self._leases: dict[str, Lease] = {}
         self._alerts: dict[str, Alert] = {}
+        self._alert_states: dict[str, AlertState] = {}
+        """Alerts acknowledged or resolved (kept with their alert, purged with it)."""
         self._components: dict[str, ComponentStatus] = {}
         self._tokens: dict[str, ApiToken] = {}
         """By digest."""

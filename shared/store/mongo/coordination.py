@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from pymongo import ASCENDING, DESCENDING
 from pymongo.errors import DuplicateKeyError
 
 from shared.domain.coordination import ComponentStatus, Lease
-from shared.domain.journal import Alert
+from shared.domain.journal import Alert, AlertAction, AlertState
 from shared.store.codec import plain
 from shared.store.mongo.connection import MongoPart, load
 
@@ -68,7 +70,40 @@ class MongoCoordination(MongoPart):
     async def list_alerts(self, *, since: datetime | None = None, limit: int = 100) -> list[Alert]:
         query = {} if since is None else {"at": {"$gte": since}}
         cursor = self._alerts.find(query).sort([("at", DESCENDING), ("_id", ASCENDING)])
-        return [load(Alert, d) for d in await cursor.limit(limit).to_list(None)]
+        return [_alert(d) for d in await cursor.limit(limit).to_list(None)]
+
+    async def mark_alert(
+        self, alert_id: str, action: AlertAction, *, by: str, at: datetime
+    ) -> AlertState | None:
+        # The first record stands: set only where none is (a missing field matches None).
+        field = "acknowledged" if action is AlertAction.ACKNOWLEDGE else "resolved"
+        await self._alerts.update_one(
+            {"_id": alert_id, f"state.{field}_at": None},
+            {
+                "$set": {f"state.{field}_at": at, f"state.{field}_by": by},
+                "$max": {"state.changed_at": at},
+            },
+        )
+        doc = await self._alerts.find_one({"_id": alert_id}, {"state": 1})
+        return None if doc is None else _state(alert_id, doc)
+
+    async def alert_states(self, alert_ids: Sequence[str]) -> dict[str, AlertState]:
+        cursor = self._alerts.find({"_id": {"$in": list(alert_ids)}}, {"state": 1})
+        return {d["_id"]: _state(d["_id"], d) for d in await cursor.to_list(None)}
+
+    async def changed_alerts(
+        self, *, since: datetime, limit: int, after: str | None = None
+    ) -> list[tuple[Alert, AlertState]]:
+        query = {
+            "$or": [
+                {"state.changed_at": {"$gt": since}},
+                {"state.changed_at": since, "_id": {"$gt": after or ""}},
+            ]
+        }
+        cursor = self._alerts.find(query).sort(
+            [("state.changed_at", ASCENDING), ("_id", ASCENDING)]
+        )
+        return [(_alert(d), _state(d["_id"], d)) for d in await cursor.limit(limit).to_list(None)]
 
     async def report_status(self, status: ComponentStatus) -> None:
         doc = plain(status)
@@ -83,3 +118,15 @@ class MongoCoordination(MongoPart):
 
     async def forget_status(self, name: str) -> None:
         await self._components.delete_one({"_id": name})
+
+
+def _alert(doc: dict[str, Any]) -> Alert:
+    alert: Alert = load(Alert, {k: v for k, v in doc.items() if k != "state"})
+    return alert
+
+
+def _state(alert_id: str, doc: dict[str, Any]) -> AlertState:
+    fields = dict(doc.get("state") or {})
+    fields.pop("changed_at", None)  # kept for `changed_alerts` to sort and select by
+    state: AlertState = load(AlertState, fields, alert_id=alert_id)
+    return state

@@ -65,6 +65,9 @@ class MongoSchema(MongoPart):
         # MongoDB deletes expired inbox entries itself; `inbox_purge` does it at once.
         await self._inbox.create_index("expires_at", name="inbox_expiry", expireAfterSeconds=0)
         await self._alerts.create_index([("at", DESCENDING)], name="alerts_by_time")
+        await self._alerts.create_index(
+            [("state.changed_at", ASCENDING)], name="alerts_changed", sparse=True
+        )
         await self._components.create_index(
             "expires_at", name="components_expiry", expireAfterSeconds=3600
         )

@@ -139,3 +139,12 @@ CREATE TABLE IF NOT EXISTS "{schema}".api_tokens (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS api_tokens_active_name ON "{schema}".api_tokens (name)
     WHERE revoked_at IS NULL;
+
+-- Added for alert delivery (issue 19): who acknowledged and resolved an alert, and when
+-- (`orderflow alerts ack|resolve`); the notifier reads the changes through `alerts_changed`.
+ALTER TABLE "{schema}".alerts ADD COLUMN IF NOT EXISTS acknowledged_at timestamptz;
+ALTER TABLE "{schema}".alerts ADD COLUMN IF NOT EXISTS acknowledged_by text;
+ALTER TABLE "{schema}".alerts ADD COLUMN IF NOT EXISTS resolved_at timestamptz;
+ALTER TABLE "{schema}".alerts ADD COLUMN IF NOT EXISTS resolved_by text;
+CREATE INDEX IF NOT EXISTS alerts_changed ON "{schema}".alerts
+    (GREATEST(acknowledged_at, resolved_at)) WHERE acknowledged_at IS NOT NULL OR resolved_at IS NOT NULL;
