@@ -1,10 +1,17 @@
-"""Settings (DESIGN §2): read from the environment, prefix `ORDERFLOW_`, once, in a bootstrap."""
+"""Settings (DESIGN §2): read from the environment, prefix `ORDERFLOW_`, once, in a bootstrap.
+
+`load_settings` also reads a `.env` file (the one docker compose reads), `.env` in the current
+directory or the file `ORDERFLOW_ENV_FILE` names: only its `ORDERFLOW_*` lines, and a real
+environment variable wins over the file's line. `mask_credentials` is the one way a URL (or any
+text that may hold one) is shown.
+"""
 
 from __future__ import annotations
 
 import functools
 import os
 import random
+import re
 from collections.abc import Mapping
 from datetime import timedelta
 from types import MappingProxyType
@@ -55,6 +62,10 @@ class Settings(BaseSettings):
     """Task hub: prefixes every queue, exchange and database/schema."""
     remote_url: str = "http://127.0.0.1:8080"
     """Base URL of the remote service the agents call."""
+    remote_port: int | None = Field(default=None, ge=1, le=65535)
+    """Port the simulated remote service (`orderflow serve remote`, and `orderflow up`'s
+    `remote`) listens on; unset: the port of `ORDERFLOW_REMOTE_URL`. `orderflow up` points its
+    agents at it."""
     broker_user_prefix: str | None = Field(default=None, max_length=60)
     """What each kind of process's RabbitMQ user name starts with (`<prefix>scheduler`,
     `<prefix>agent-payment`); unset: `<hub>-`, as the generated definitions name them. A
@@ -408,13 +419,69 @@ def _check_port(url: str) -> None:
             raise ValueError(f"port {port!r} is not a number")
 
 
+ENV_FILE_VARIABLE = "ORDERFLOW_ENV_FILE"
+DEFAULT_ENV_FILE = ".env"
+
+
+def env_file() -> str | None:
+    """The `.env` file the settings are read from: `ORDERFLOW_ENV_FILE`'s (which must exist),
+    else `.env` in the current directory if there is one, else none."""
+    named = os.environ.get(ENV_FILE_VARIABLE)
+    if named:
+        if not os.path.isfile(named):
+            raise ConfigurationError(f"{ENV_FILE_VARIABLE}: no file {named!r}")
+        return named
+    return DEFAULT_ENV_FILE if os.path.isfile(DEFAULT_ENV_FILE) else None
+
+
 def load_settings(**overrides: object) -> Settings:
-    """Read the environment once; a bad value becomes a one-line `ConfigurationError`."""
+    """Read the environment (and the `.env` file) once; a bad value becomes a one-line
+    `ConfigurationError`."""
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        # extra="ignore": the file's other keys (compose's own, COMPOSE_PROFILES, SECRETS_DIR)
+        # are not read; the environment wins over the file (pydantic-settings' order).
+        return Settings(_env_file=env_file(), **overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         loc, msg = validation_problems(exc)[0]
         field = ".".join(str(p) for p in loc)
         env = f"ORDERFLOW_{field.upper()}" if field else "settings"
         message = msg.removeprefix("Value error, ")
         raise ConfigurationError(f"{env}: {message}") from None
+
+
+MASK = "***"
+_USERINFO = re.compile(
+    r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]{0,30}://)(?P<userinfo>[^/?#\s]*)@"
+)
+"""A URL's `user:password@`, up to the last `@` of its authority (a raw `@` in a password)."""
+_PARAMETER = re.compile(
+    r"(?<![\w.-])(?P<key>[\w.-]+\s*=\s*)"
+    r"(?P<value>(?:(?!,[A-Za-z][A-Za-z0-9+.-]{0,30}://)[^&#\s])*)"
+)
+"""A `key=value` (a query string's, or a libpq DSN's): the value runs to `&`, `#`, a space,
+or the comma before the next URL of a list. Each key is read once (linear in the text)."""
+_SECRET_KEY = re.compile(
+    r"password|passwd|pwd|secret|token|user|authmechanismproperties|apikey|api_key|sslkey",
+    re.IGNORECASE,
+)
+
+
+def mask_credentials(text: str) -> str:
+    """`text` with every credential a URL can carry masked: the user and the password of each
+    URL (a comma-separated list of URLs, a multi-host URL), and the value of each secret
+    parameter (`?password=`, `user=`, `sslpassword=`, `authMechanismProperties=`, a libpq
+    `password=`). Every URL the CLI prints, and every error line it writes, passes through
+    here. Idempotent; a URL without credentials comes back unchanged."""
+    masked = _USERINFO.sub(_mask_userinfo, text)
+    return _PARAMETER.sub(_mask_parameter, masked)
+
+
+def _mask_parameter(match: re.Match[str]) -> str:
+    if match["value"] and _SECRET_KEY.search(match["key"]):
+        return match["key"] + MASK
+    return match[0]
+
+
+def _mask_userinfo(match: re.Match[str]) -> str:
+    hidden = f"{MASK}:{MASK}" if ":" in match["userinfo"] else MASK
+    return f"{match['scheme']}{hidden}@"

@@ -1,13 +1,10 @@
-"""URL helpers: never print a password."""
+"""URL helpers: never print a password (nor a user name)."""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from shared.config import mask_credentials
 
 
 def redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL with its credentials masked: `shared.config.mask_credentials`, the one rule."""
+    return mask_credentials(url)
