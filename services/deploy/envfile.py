@@ -21,6 +21,7 @@ SET_BY_COMPOSE = {
     "store_url": "the secret file store_url, which infra/secrets.sh writes for the profile",
     "hub": "infra/rabbitmq/definitions.json is generated for this hub",
     "remote_url": "the remote service's address",
+    "remote_port": "the remote service listens on the port of its address",
     "metrics_port": "9100 in every container",
     "remote_ledger_path": "the remote service's volume",
     "seal_key": "never every container's: the operator and the shop must not hold it (unset, "
@@ -31,6 +32,7 @@ SET_BY_COMPOSE = {
 NOT_SETTINGS = {
     "ORDERFLOW_SECRETS_DIR": "where an orderflow container reads its secret files",
     "ORDERFLOW_REMOTE_ADMIN_TOKEN": "the remote stand-in's operator token (services/remote)",
+    "ORDERFLOW_ENV_FILE": "the `.env` file the CLI reads its settings from (default: ./.env)",
 }
 """`ORDERFLOW_*` variables that are read, but are no field of `Settings`."""
 
