@@ -27,8 +27,8 @@ from services.cli.tokens import tokens
 from services.cli.uninitialised import not_initialised
 from services.cli.up import up
 from services.cli.workflows import workflows
-from shared.config import mask_credentials
 from shared.errors import ConfigurationError, OrderflowError, ServiceUnavailable, one_line
+from shared.masking import mask_credentials
 
 EXIT_FAILURE = 1
 EXIT_CONFIGURATION = 2

@@ -29,9 +29,10 @@ from services.cli.render import plain
 from services.cli.settings import pass_settings
 from services.remote.app import remote_port
 from shared.bootstrap import initialise
-from shared.config import Settings, mask_credentials
+from shared.config import Settings
 from shared.domain.workflow import AGENTS
 from shared.errors import ConfigurationError
+from shared.masking import mask_credentials
 
 GRACE_S = 5.0
 """Beyond the drain timeout, how long `up` waits before it kills a process that will not stop."""
@@ -259,7 +260,9 @@ def up(
     )
     if remote:
         click.echo(
-            f"up: the remote stand-in at {children_env(settings, True)['ORDERFLOW_REMOTE_URL']}"
+            mask_credentials(
+                f"up: the remote stand-in at {children_env(settings, True)['ORDERFLOW_REMOTE_URL']}"
+            )
         )
     if api:
         base = f"http://{settings.api_host}:{settings.api_port}"

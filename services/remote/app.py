@@ -43,8 +43,9 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from services.remote.admin import admin_guard, admin_token
 from services.remote.client import ACCOUNT_HEADER
 from services.remote.ledger import UNANSWERED, Effect, Ledger
-from shared.config import Settings, mask_credentials
+from shared.config import Settings
 from shared.errors import ConfigurationError, StaleFencingToken, Undone
+from shared.masking import mask_credentials
 from shared.metrics import serve_metrics
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.config import mask_credentials
+from shared.masking import mask_credentials
 
 
 def redact(url: str) -> str:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from shared.config import MASK, mask_credentials
+from shared.masking import MASK, mask_credentials
 from shared.store.urls import redact
 
 secrets = st.text(min_size=6, max_size=30).filter(lambda s: s.strip() == s)
