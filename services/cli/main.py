@@ -27,6 +27,7 @@ from services.cli.tokens import tokens
 from services.cli.uninitialised import not_initialised
 from services.cli.up import up
 from services.cli.workflows import workflows
+from shared.config import Settings
 from shared.errors import ConfigurationError, OrderflowError, ServiceUnavailable, one_line
 from shared.masking import mask_credentials
 
@@ -74,8 +75,10 @@ def _store_hint(ctx: click.Context, exc: ServiceUnavailable) -> str:
     loaded = ctx.find_object(LoadedSettings)
     if loaded is None or loaded.settings.store_kind != "mongodb" or "MongoDB" not in str(exc):
         return ""
+    chosen = loaded.settings.store_url != Settings.model_fields["store_url"].default
+    why = "ORDERFLOW_STORE_URL selects MongoDB" if chosen else "MongoDB is the default store"
     return (
-        " (the store is MongoDB, ORDERFLOW_STORE_URL's default; to use PostgreSQL instead set "
+        f" ({why}; to use PostgreSQL instead set "
         "ORDERFLOW_STORE_URL=postgresql://HOST:5432/DATABASE, in the environment or .env)"
     )
 

@@ -166,6 +166,23 @@ def test_up_stops_at_a_port_in_use(
     assert "started" not in result.stdout  # nothing was started
 
 
+def test_the_remote_stand_in_stops_at_a_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = orderflow(
+            tmp_path,
+            "serve",
+            "remote",
+            ORDERFLOW_REMOTE_PORT=str(port),
+            ORDERFLOW_REMOTE_LEDGER_PATH=str(tmp_path / "ledger.sqlite3"),
+        )
+    assert result.returncode == 2
+    line = one_error_line(result)
+    assert f"cannot listen on 127.0.0.1:{port}" in line and "ORDERFLOW_REMOTE_PORT" in line
+
+
 def process_gone(pid: int) -> bool:
     """Exited (a zombie not yet reaped by whoever inherited it counts as exited)."""
     try:
