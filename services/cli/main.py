@@ -20,7 +20,7 @@ from services.cli.nemesis import nemesis
 from services.cli.order_actions import orders  # the group, with its actions registered
 from services.cli.render import PlainFormatter, plain
 from services.cli.serve import serve
-from services.cli.settings import LoadedSettings
+from services.cli.settings import LoadedSettings, settings_of
 from services.cli.simulate import simulate
 from services.cli.submit import submit
 from services.cli.tokens import tokens
@@ -72,10 +72,10 @@ def _fail(message: str, code: int) -> None:
 
 def _store_hint(ctx: click.Context, exc: ServiceUnavailable) -> str:
     """How to select PostgreSQL, when the store that is unreachable is MongoDB (the default)."""
-    loaded = ctx.find_object(LoadedSettings)
-    if loaded is None or loaded.settings.store_kind != "mongodb" or "MongoDB" not in str(exc):
+    settings = settings_of(ctx)
+    if settings is None or settings.store_kind != "mongodb" or "MongoDB" not in str(exc):
         return ""
-    chosen = loaded.settings.store_url != Settings.model_fields["store_url"].default
+    chosen = settings.store_url != Settings.model_fields["store_url"].default
     why = "ORDERFLOW_STORE_URL selects MongoDB" if chosen else "MongoDB is the default store"
     return (
         f" ({why}; to use PostgreSQL instead set "

@@ -13,7 +13,7 @@ import asyncpg
 import click
 from aiormq.exceptions import ChannelNotFoundEntity
 
-from services.cli.settings import LoadedSettings
+from services.cli.settings import settings_of
 
 MISSING_IN_STORE = (
     asyncpg.exceptions.UndefinedTableError,
@@ -24,8 +24,8 @@ MISSING_IN_STORE = (
 
 def not_initialised(ctx: click.Context, exc: BaseException) -> str | None:
     """The one-line error for `exc` if it says that the hub was never initialised, else None."""
-    loaded = ctx.find_object(LoadedSettings)
-    hub = repr(loaded.settings.hub) if loaded is not None else "this hub"
+    settings = settings_of(ctx)
+    hub = repr(settings.hub) if settings is not None else "this hub"
     if isinstance(exc, MISSING_IN_STORE):
         where = "in the store (PostgreSQL)"
     elif isinstance(exc, ChannelNotFoundEntity):
