@@ -1,4 +1,10 @@
-"""Settings (DESIGN §2): read from the environment, prefix `ORDERFLOW_`, once, in a bootstrap."""
+"""Settings (DESIGN §2): read from the environment, prefix `ORDERFLOW_`, once, in a bootstrap.
+
+`load_settings` also reads a `.env` file (the one docker compose reads), `.env` in the current
+directory or the file `ORDERFLOW_ENV_FILE` names: only its `ORDERFLOW_*` lines, and a real
+environment variable wins over the file's line. (The one way a URL is shown, credentials
+masked, is `shared.masking.mask_credentials`.)
+"""
 
 from __future__ import annotations
 
@@ -55,6 +61,10 @@ class Settings(BaseSettings):
     """Task hub: prefixes every queue, exchange and database/schema."""
     remote_url: str = "http://127.0.0.1:8080"
     """Base URL of the remote service the agents call."""
+    remote_port: int | None = Field(default=None, ge=1, le=65535)
+    """Port the simulated remote service (`orderflow serve remote`, and `orderflow up`'s
+    `remote`) listens on; unset: the port of `ORDERFLOW_REMOTE_URL`. `orderflow up` points its
+    agents at it."""
     broker_user_prefix: str | None = Field(default=None, max_length=60)
     """What each kind of process's RabbitMQ user name starts with (`<prefix>scheduler`,
     `<prefix>agent-payment`); unset: `<hub>-`, as the generated definitions name them. A
@@ -441,10 +451,28 @@ def _check_port(url: str) -> None:
             raise ValueError(f"port {port!r} is not a number")
 
 
+ENV_FILE_VARIABLE = "ORDERFLOW_ENV_FILE"
+DEFAULT_ENV_FILE = ".env"
+
+
+def env_file() -> str | None:
+    """The `.env` file the settings are read from: `ORDERFLOW_ENV_FILE`'s (which must exist),
+    else `.env` in the current directory if there is one, else none."""
+    named = os.environ.get(ENV_FILE_VARIABLE)
+    if named:
+        if not os.path.isfile(named):
+            raise ConfigurationError(f"{ENV_FILE_VARIABLE}: no file {named!r}")
+        return named
+    return DEFAULT_ENV_FILE if os.path.isfile(DEFAULT_ENV_FILE) else None
+
+
 def load_settings(**overrides: object) -> Settings:
-    """Read the environment once; a bad value becomes a one-line `ConfigurationError`."""
+    """Read the environment (and the `.env` file) once; a bad value becomes a one-line
+    `ConfigurationError`."""
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        # extra="ignore": the file's other keys (compose's own, COMPOSE_PROFILES, SECRETS_DIR)
+        # are not read; the environment wins over the file (pydantic-settings' order).
+        return Settings(_env_file=env_file(), **overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         loc, msg = validation_problems(exc)[0]
         field = ".".join(str(p) for p in loc)

@@ -5,10 +5,18 @@ closed circuit opens until it is closed again: a failed trial call (half-open, t
 does not start a new one, because for an operator the endpoint has been failing all along. An
 opening that lasts longer than `circuit_alert_after_s` is reported once (a `circuit-open` alert
 whose id names the operation and the opening time).
+
+What an operator reads of an open circuit is orderflow's text, one for the whole opening:
+`circuit open: payment.charge unavailable since <time>`. pybreaker has three texts for it
+("Failures threshold reached…" from the call that trips it, "Timeout not elapsed yet…" from
+every call refused, "Trial call failed…"), which made one outage two or three failure groups
+in `orderflow orders list --group-by error`; `Circuit` raises `CircuitOpen` instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import pybreaker
@@ -42,6 +50,35 @@ class ClockedStorage(pybreaker.CircuitMemoryStorage):
         self._opened = clock.monotonic()
 
 
+class CircuitOpen(pybreaker.CircuitBreakerError):
+    """A call refused (or a failure that opened the circuit) by an open circuit breaker."""
+
+    def __init__(self, operation: str, since: datetime | None) -> None:
+        when = since.astimezone(UTC).isoformat(timespec="seconds") if since else "just now"
+        super().__init__(f"circuit open: {operation} unavailable since {when}")
+        self.operation = operation
+        self.since = since
+
+
+class Circuit(pybreaker.CircuitBreaker):
+    """pybreaker's breaker, whose open-circuit errors are `CircuitOpen`, in orderflow's words."""
+
+    def __init__(self, *, since: Callable[[], datetime | None], **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._since = since
+
+    @contextmanager
+    def calling(self) -> Iterator[None]:
+        try:
+            with super().calling():
+                yield
+        except CircuitOpen:
+            raise
+        except pybreaker.CircuitBreakerError as exc:
+            # The failure that tripped it stays the cause (a traceback, a debugger).
+            raise CircuitOpen(str(self.name), self._since()) from (exc.__cause__ or exc.__context__)
+
+
 class Breakers(pybreaker.CircuitBreakerListener):
     def __init__(self, *, fail_max: int, reset_s: float) -> None:
         self._fail_max = fail_max
@@ -54,7 +91,8 @@ class Breakers(pybreaker.CircuitBreakerListener):
 
     def get(self, operation: str) -> pybreaker.CircuitBreaker:
         if operation not in self._breakers:
-            self._breakers[operation] = pybreaker.CircuitBreaker(
+            self._breakers[operation] = Circuit(
+                since=lambda: self._opened_at.get(operation),
                 fail_max=self._fail_max,
                 reset_timeout=self._reset_s,
                 exclude=[PermanentError],

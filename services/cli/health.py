@@ -16,6 +16,7 @@ import urllib.request
 import click
 
 from shared.domain.text import printable  # pure, standard library only: starts fast
+from shared.masking import mask_credentials  # the same
 
 UNHEALTHY = 1
 
@@ -44,10 +45,14 @@ def health(port: int, url: str | None, timeout: float) -> None:
             body = answer.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
         answer_text = exc.read().decode(errors="replace")
-        click.echo(printable(f"unhealthy: {url}: {exc.code} {answer_text}"), err=True)
+        click.echo(
+            printable(mask_credentials(f"unhealthy: {url}: {exc.code} {answer_text}")), err=True
+        )
         sys.exit(UNHEALTHY)
     except (urllib.error.URLError, OSError) as exc:
-        click.echo(printable(f"unhealthy: {url} does not answer: {exc}"), err=True)
+        click.echo(
+            printable(mask_credentials(f"unhealthy: {url} does not answer: {exc}")), err=True
+        )
         sys.exit(UNHEALTHY)
     click.echo(printable(body.strip()))
 

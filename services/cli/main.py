@@ -20,13 +20,16 @@ from services.cli.nemesis import nemesis
 from services.cli.order_actions import orders  # the group, with its actions registered
 from services.cli.render import PlainFormatter, plain
 from services.cli.serve import serve
-from services.cli.settings import LoadedSettings
+from services.cli.settings import LoadedSettings, settings_of
 from services.cli.simulate import simulate
 from services.cli.submit import submit
 from services.cli.tokens import tokens
+from services.cli.uninitialised import not_initialised
 from services.cli.up import up
 from services.cli.workflows import workflows
+from shared.config import Settings
 from shared.errors import ConfigurationError, OrderflowError, ServiceUnavailable, one_line
+from shared.masking import mask_credentials
 
 EXIT_FAILURE = 1
 EXIT_CONFIGURATION = 2
@@ -42,7 +45,7 @@ class OrderflowGroup(click.Group):
         except ConfigurationError as exc:
             _fail(f"configuration: {exc}", EXIT_CONFIGURATION)
         except ServiceUnavailable as exc:
-            _fail(str(exc), EXIT_UNAVAILABLE)
+            _fail(str(exc) + _store_hint(ctx, exc), EXIT_UNAVAILABLE)
         except OrderflowError as exc:
             _fail(one_line(exc), EXIT_FAILURE)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
@@ -50,6 +53,9 @@ class OrderflowGroup(click.Group):
         except Exception as exc:
             if os.environ.get("ORDERFLOW_DEBUG") == "1":
                 raise
+            uninitialised = not_initialised(ctx, exc)
+            if uninitialised is not None:
+                _fail(uninitialised, EXIT_FAILURE)
             _fail(
                 f"unexpected {type(exc).__name__}: {one_line(exc)} "
                 "(set ORDERFLOW_DEBUG=1 for a traceback)",
@@ -58,9 +64,23 @@ class OrderflowGroup(click.Group):
 
 
 def _fail(message: str, code: int) -> None:
-    # An error may quote data (a remote service's answer, a server's message): escaped.
-    click.echo(f"orderflow: error: {plain(message)}", err=True)
+    # An error may quote data (a remote service's answer, a server's message): escaped; and
+    # a URL (a library's message may quote one): its credentials masked.
+    click.echo(f"orderflow: error: {plain(mask_credentials(message))}", err=True)
     sys.exit(code)
+
+
+def _store_hint(ctx: click.Context, exc: ServiceUnavailable) -> str:
+    """How to select PostgreSQL, when the store that is unreachable is MongoDB (the default)."""
+    settings = settings_of(ctx)
+    if settings is None or settings.store_kind != "mongodb" or "MongoDB" not in str(exc):
+        return ""
+    chosen = settings.store_url != Settings.model_fields["store_url"].default
+    why = "ORDERFLOW_STORE_URL selects MongoDB" if chosen else "MongoDB is the default store"
+    return (
+        f" ({why}; to use PostgreSQL instead set "
+        "ORDERFLOW_STORE_URL=postgresql://HOST:5432/DATABASE, in the environment or .env)"
+    )
 
 
 @click.group(cls=OrderflowGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -74,7 +94,9 @@ def main(
 ) -> None:
     """orderflow: resilient order processing (Scheduler-Agent-Supervisor).
 
-    Settings come from ORDERFLOW_* environment variables; see the README for every one.
+    Settings come from ORDERFLOW_* environment variables and from the ORDERFLOW_* lines of
+    `.env` in the current directory (or the file ORDERFLOW_ENV_FILE names; the environment
+    wins); see the README for every one.
     Exit codes: 0 ok, 1 failure, 2 bad configuration, 3 a server is unreachable.
     """
     # One-shot commands report failures as one line; library chatter would only repeat them.

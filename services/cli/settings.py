@@ -66,3 +66,10 @@ def pass_settings(*overriding: str) -> Callable[[Callable[..., R]], Callable[...
         return with_settings
 
     return decorate
+
+
+def settings_of(ctx: click.Context) -> Settings | None:
+    """The settings the group read, for what runs after a command failed (its error's words);
+    None when they could not be read."""
+    loaded = ctx.find_object(LoadedSettings)
+    return loaded.settings if loaded is not None else None

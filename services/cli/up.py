@@ -4,23 +4,35 @@ A local stand-in for docker-compose running the same commands: `orderflow serve 
 their output prefixed with their names. Nothing is restarted on its own (a process that dies stays
 dead, as a test of recovery may want); Ctrl-C or SIGTERM stops them all. With a metrics port N,
 the processes get N, N+1, ... in the order they start (one Prometheus endpoint each).
+
+Every port `up` would have its processes listen on (the remote stand-in's, the API's, the
+metrics ports) is checked before anything starts: one in use is a one-line error. The children
+die with `up`: each asks the kernel for SIGTERM when its parent dies (`PR_SET_PDEATHSIG`), so
+that even a `kill -9` of `up` leaves no orphan (they drain and exit as on Ctrl-C).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import errno
 import os
 import signal
+import socket
 import sys
+from urllib.parse import urlsplit
 
 import click
 
 from services.cli.render import plain
 from services.cli.settings import pass_settings
+from services.remote.app import remote_port
 from shared.bootstrap import initialise
 from shared.config import Settings
 from shared.domain.workflow import AGENTS
+from shared.errors import ConfigurationError
+from shared.masking import mask_credentials
 
 GRACE_S = 5.0
 """Beyond the drain timeout, how long `up` waits before it kills a process that will not stop."""
@@ -53,6 +65,69 @@ def metrics_ports(procs: list[tuple[str, list[str]]], base: int) -> dict[str, in
     return {label: base + i if base else 0 for i, (label, _) in enumerate(procs)}
 
 
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal this process gets when its parent dies (Linux)."""
+
+
+def die_with_parent(parent: int) -> None:
+    """Run in each child between fork and exec: SIGTERM it when `up` dies, however `up` dies
+    (the kernel sends it, so SIGKILL included). If `up` died before this ran, exit now."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:  # pragma: no cover
+        os._exit(1)  # not Linux: better no child than an orphan
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def listening_ports(
+    settings: Settings, procs: list[tuple[str, list[str]]], ports: dict[str, int]
+) -> list[tuple[str, int, str]]:
+    """(host, port, what sets it) for every port the processes of `procs` would listen on."""
+    labels = {label for label, _ in procs}
+    wanted: list[tuple[str, int, str]] = []
+    if "remote" in labels:
+        host = urlsplit(settings.remote_url).hostname or "127.0.0.1"
+        wanted.append((host, remote_port(settings), "the remote service, ORDERFLOW_REMOTE_PORT"))
+    if "api" in labels:
+        wanted.append((settings.api_host, settings.api_port, "the API, ORDERFLOW_API_PORT"))
+    for label, port in ports.items():
+        if port:
+            wanted.append(("0.0.0.0", port, f"{label}'s metrics, --metrics-port"))
+    return wanted
+
+
+def check_ports_free(wanted: list[tuple[str, int, str]]) -> None:
+    """A `ConfigurationError` naming the first port in use, before anything is started."""
+    for host, port, what in wanted:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            # As the servers bind: a port that only lingers in TIME_WAIT is free for them.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                why = "in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+                raise ConfigurationError(
+                    f"port {port} on {host} ({what}) is {why}: stop what holds it or choose "
+                    "another port; nothing was started"
+                ) from None
+
+
+def children_env(settings: Settings, remote: bool) -> dict[str, str]:
+    """What every child is told (the group's options and `.env` are read by `up` alone)."""
+    remote_url = settings.remote_url
+    if remote:
+        # The agents call the stand-in `up` runs, wherever ORDERFLOW_REMOTE_PORT puts it.
+        parts = urlsplit(remote_url)
+        host = parts.hostname or "127.0.0.1"
+        remote_url = parts._replace(netloc=f"{host}:{remote_port(settings)}").geturl()
+    return {
+        "ORDERFLOW_HUB": settings.hub,
+        "ORDERFLOW_STORE_URL": settings.store_url,
+        "ORDERFLOW_RABBITMQ_URL": settings.rabbitmq_url,
+        "ORDERFLOW_REMOTE_URL": remote_url,
+    }
+
+
 async def _pump(label: str, stream: asyncio.StreamReader | None, width: int) -> None:
     if stream is None:
         return
@@ -66,7 +141,7 @@ async def _pump(label: str, stream: asyncio.StreamReader | None, width: int) -> 
         if not line:
             return
         # A child's output is data too (a library's warning may quote anything): escaped.
-        text = plain(line.decode(errors="replace").removesuffix("\n"))
+        text = plain(mask_credentials(line.decode(errors="replace").removesuffix("\n")))
         sys.stdout.write(f"{label:<{width}} | {text}\n")
         sys.stdout.flush()
 
@@ -78,12 +153,9 @@ async def run_up(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    env = os.environ | {
-        "ORDERFLOW_HUB": settings.hub,
-        "ORDERFLOW_STORE_URL": settings.store_url,
-        "ORDERFLOW_RABBITMQ_URL": settings.rabbitmq_url,
-        "ORDERFLOW_REMOTE_URL": settings.remote_url,
-    }
+    remote = any(label == "remote" for label, _ in procs)
+    env = os.environ | children_env(settings, remote)
+    parent = os.getpid()
     width = max(len(label) for label, _ in procs)
     children: dict[str, asyncio.subprocess.Process] = {}
     pumps = []
@@ -98,6 +170,7 @@ async def run_up(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             env=env | {"ORDERFLOW_METRICS_PORT": str(port)},
+            preexec_fn=lambda: die_with_parent(parent),
         )
         children[label] = child
         pumps.append(asyncio.create_task(_pump(label, child.stdout, width)))
@@ -180,10 +253,17 @@ def up(
     """Initialise, then run the whole topology as separate processes until Ctrl-C/SIGTERM."""
     procs = topology(schedulers, supervisors, agents, remote, api=api)
     ports = metrics_ports(procs, settings.metrics_port)
+    check_ports_free(listening_ports(settings, procs, ports))
     report = asyncio.run(initialise(settings))
     click.echo(
         plain(f"up: hub {report.hub!r} on {report.store_kind}, RabbitMQ {report.broker_version}")
     )
+    if remote:
+        click.echo(
+            mask_credentials(
+                f"up: the remote stand-in at {children_env(settings, True)['ORDERFLOW_REMOTE_URL']}"
+            )
+        )
     if api:
         base = f"http://{settings.api_host}:{settings.api_port}"
         click.echo(

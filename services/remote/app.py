@@ -44,7 +44,8 @@ from services.remote.admin import admin_guard, admin_token
 from services.remote.client import ACCOUNT_HEADER
 from services.remote.ledger import UNANSWERED, Effect, Ledger
 from shared.config import Settings
-from shared.errors import StaleFencingToken, Undone
+from shared.errors import ConfigurationError, StaleFencingToken, Undone
+from shared.masking import mask_credentials
 from shared.metrics import serve_metrics
 
 log = logging.getLogger(__name__)
@@ -344,9 +345,18 @@ def _answer(effect: Effect, *, replayed: bool) -> tuple[dict[str, Any], int]:
     return payload, 422 if effect.outcome == "declined" else 200
 
 
-async def serve_remote(settings: Settings, stop: asyncio.Event) -> None:
-    """Run the remote service on the host and port of `ORDERFLOW_REMOTE_URL` until `stop`."""
+def remote_port(settings: Settings) -> int:
+    """The port the remote stand-in listens on: `ORDERFLOW_REMOTE_PORT`, else its URL's."""
     url = urlsplit(settings.remote_url)
+    default = 443 if url.scheme == "https" else 80
+    return settings.remote_port or url.port or default
+
+
+async def serve_remote(settings: Settings, stop: asyncio.Event) -> None:
+    """Run the remote service on the host of `ORDERFLOW_REMOTE_URL` and its port (or
+    `ORDERFLOW_REMOTE_PORT`) until `stop`; a port in use is a one-line `ConfigurationError`."""
+    url = urlsplit(settings.remote_url)
+    host, port = url.hostname or "127.0.0.1", remote_port(settings)
     ledger = Ledger(settings.remote_ledger_path)
     service = RemoteService(
         ledger,
@@ -356,11 +366,22 @@ async def serve_remote(settings: Settings, stop: asyncio.Event) -> None:
     )
     runner = web.AppRunner(service.app(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, url.hostname or "127.0.0.1", url.port or 80)
-    await site.start()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        ledger.close()
+        raise ConfigurationError(
+            f"the remote service cannot listen on {host}:{port} ({exc.strerror or exc}): "
+            "set ORDERFLOW_REMOTE_PORT to a free port"
+        ) from None
     log.info(
         "remote service listening",
-        extra={"url": settings.remote_url, "operator_endpoints": bool(service.admin_token)},
+        extra={
+            "url": mask_credentials(f"{url.scheme or 'http'}://{host}:{port}"),
+            "operator_endpoints": bool(service.admin_token),
+        },
     )
     try:
         # Only the process's own metrics (the calls are in the ledger and `GET /admin/faults`).

@@ -1,4 +1,5 @@
-"""Store and broker URLs as printed: every password masked, whatever form the URL takes."""
+"""Store and broker URLs as printed: every user and password masked, whatever form the URL
+takes (shared/masking.py is the one rule)."""
 
 from __future__ import annotations
 
@@ -10,26 +11,26 @@ from shared.store.urls import redact
 @pytest.mark.parametrize(
     ("url", "printed"),
     [
-        ("postgresql://u:pw@h:5432/db", "postgresql://u:***@h:5432/db"),
+        ("postgresql://u:pw@h:5432/db", "postgresql://***:***@h:5432/db"),
         (
             "postgresql://u:pw@h1:5432,h2:5433/db?target_session_attrs=read-write",
-            "postgresql://u:***@h1:5432,h2:5433/db?target_session_attrs=read-write",
+            "postgresql://***:***@h1:5432,h2:5433/db?target_session_attrs=read-write",
         ),
         (
             "postgresql://u@h1,h2/db?target_session_attrs=read-write&password=sec",
-            "postgresql://u@h1,h2/db?target_session_attrs=read-write&password=***",
+            "postgresql://***@h1,h2/db?target_session_attrs=read-write&password=***",
         ),
-        ("postgresql://u:p@ss@h1,h2/db", "postgresql://u:***@h1,h2/db"),
-        ("postgresql://u:p%40ss@h1/db?sslpassword=k", "postgresql://u:***@h1/db?sslpassword=***"),
+        ("postgresql://u:p@ss@h1,h2/db", "postgresql://***:***@h1,h2/db"),
+        ("postgresql://u:p%40ss@h1/db?sslpassword=k", "postgresql://***:***@h1/db?sslpassword=***"),
         (
             "amqp://guest:one@a:5672/,amqp://guest:two@b:5673/",
-            "amqp://guest:***@a:5672/,amqp://guest:***@b:5673/",
+            "amqp://***:***@a:5672/,amqp://***:***@b:5673/",
         ),
         (
             "mongodb://m1:27017,m2:27017/?replicaSet=rs",
             "mongodb://m1:27017,m2:27017/?replicaSet=rs",
         ),
-        ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("postgresql://u@h/db", "postgresql://***@h/db"),
         ("not a url", "not a url"),
     ],
 )
