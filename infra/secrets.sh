@@ -78,6 +78,7 @@ random_secret postgres_app_password  # PostgreSQL role `orderflow`: owns databas
 random_secret mongo_api_password  # MongoDB user `orderflow_api` (the HTTP API): the hub's documents only, no structure
 random_secret postgres_api_password  # PostgreSQL role `orderflow_api` (the HTTP API): rows of database `orderflow` only
 random_secret remote_admin_token  # bearer token of the remote stand-in's /admin and /ledger
+random_secret grafana_admin_password  # Grafana's `admin` (profile observability)
 keyfile_check mongo_keyfile
 
 url_secret rabbitmq_admin_url 'amqp://orderflow-admin:' rabbitmq_admin_password '@rabbitmq:5672/orderflow'
@@ -122,6 +123,7 @@ chmod 644 \
     "$dir/mongo_api_password" \
     "$dir/postgres_api_password" \
     "$dir/remote_admin_token" \
+    "$dir/grafana_admin_password" \
     "$dir/rabbitmq_admin_url" \
     "$dir/rabbitmq_submission_url" \
     "$dir/rabbitmq_scheduler_url" \
