@@ -9,6 +9,7 @@ cannot run here: README "Observability")."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -35,8 +36,10 @@ pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_DIR = ROOT / "infra" / "prometheus" / "rules"
-ARTIFACTS = ROOT / "test-artifacts" / "observability"
-CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = (
+    Path(os.environ.get("ORDERFLOW_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "observability"
+)
+CHROMIUM = os.environ.get("ORDERFLOW_TEST_CHROMIUM", "/usr/bin/chromium")
 SERVICES = {
     "remote": "remote",
     "submission": "submission",
@@ -213,6 +216,25 @@ async def check_expressions(prom: Prometheus) -> None:
     assert missing == {}, "rules reading series that do not exist"
     for expr in rule_expressions().values():
         await prom.query(expr)  # asserts that it evaluates
+    # The metrics added for the rules, with their values: submission's backlog (all settled),
+    # its threshold (the default), not paused (every process exports these gauges, at 0 but in
+    # submission); the recoveries at 0 for each target state.
+    by_service = {"orderflow_backlog": 0, "orderflow_backlog_threshold": 5000}
+    for metric, wanted in by_service.items():
+        assert (await values(prom, metric, by="service"))["submission"] == wanted
+        assert await prom.query(f"{metric} > 0 unless {metric}{{service='submission'}}") == []
+    assert await values(prom, "orderflow_submission_paused", by="service") == dict.fromkeys(
+        SERVICES.values(), 0
+    )
+    recoveries = await values(prom, "orderflow_supervisor_recoveries_total", by="to")
+    assert recoveries == dict.fromkeys(
+        ["Pending", "Error", "Compensating", "CompensationFailed"], 0
+    )
+
+
+async def values(prom: Prometheus, metric: str, *, by: str = "") -> dict[str, float]:
+    result = await prom.query(f"{metric}{{job='orderflow'}}")
+    return {r["metric"].get(by, ""): float(r["value"][1]) for r in result}
 
 
 async def check_alerts(prom: Prometheus) -> None:
