@@ -126,7 +126,7 @@ PANELS = (
 )
 
 
-def _yaml(value: Any, indent: int = 0) -> list[str]:
+def block_yaml(value: Any, indent: int = 0) -> list[str]:
     """Block-style YAML of dicts, lists and scalars (strings double-quoted as JSON, which YAML
     reads alike): the runtime has no YAML library, and these files need no more."""
     pad = "  " * indent
@@ -134,14 +134,14 @@ def _yaml(value: Any, indent: int = 0) -> list[str]:
         lines = []
         for key, item in value.items():
             if isinstance(item, dict | list) and item:
-                lines += [f"{pad}{key}:", *_yaml(item, indent + 1)]
+                lines += [f"{pad}{key}:", *block_yaml(item, indent + 1)]
             else:
                 lines.append(f"{pad}{key}: {_scalar(item)}")
         return lines
     if isinstance(value, list):
         lines = []
         for item in value:
-            inner = _yaml(item, indent + 1)
+            inner = block_yaml(item, indent + 1)
             lines.append(f"{pad}- {inner[0].lstrip()}")
             lines += inner[1:]
         return lines
@@ -155,7 +155,7 @@ def _scalar(value: Any) -> str:
 
 
 def _dump(header: str, data: dict[str, Any]) -> str:
-    return header + "\n".join(_yaml(data)) + "\n"
+    return header + "\n".join(block_yaml(data)) + "\n"
 
 
 def scrape_job(targets: dict[str, list[str]] | None = None) -> dict[str, Any]:

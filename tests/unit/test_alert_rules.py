@@ -6,6 +6,7 @@ promtool is Debian's `prometheus` package (.ci/run installs it)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -15,7 +16,13 @@ from typing import Any
 import pytest
 import yaml
 
-from services.deploy.observability import SCRAPED, prometheus_config
+from services.deploy.observability import (
+    PANELS,
+    SCRAPED,
+    block_yaml,
+    panel_expressions,
+    prometheus_config,
+)
 from tests.conftest import service_missing
 from tests.unit.test_compose import COMPOSE
 
@@ -171,3 +178,37 @@ def test_prometheus_scrapes_every_process_that_serves_metrics_in_compose() -> No
     prometheus = COMPOSE["services"]["prometheus"]
     assert prometheus["profiles"] == ["observability"]
     assert "monitoring" in prometheus["networks"]
+
+
+def test_the_generated_grafana_files_hold_the_panels_and_datasources() -> None:
+    """Written by our own small YAML emitter (the runtime has no YAML library): read back by a
+    real YAML parser, they say what the code means."""
+    grafana = ROOT / "infra" / "grafana"
+    dashboard = json.loads((grafana / "dashboards" / "orderflow.json").read_text())
+    assert [t["expr"] for p in dashboard["panels"] for t in p["targets"]] == panel_expressions()
+    assert len({p["id"] for p in dashboard["panels"]}) == len(PANELS)
+    sources = yaml.safe_load(
+        (grafana / "provisioning" / "datasources" / "orderflow.yml").read_text()
+    )
+    by_uid = {s["uid"]: s for s in sources["datasources"]}
+    assert by_uid["prometheus"]["url"] == "http://prometheus:9090"
+    assert by_uid["jaeger"]["url"] == "http://jaeger:16686"
+    used = {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]}
+    assert used <= set(by_uid)
+    provider = yaml.safe_load(
+        (grafana / "provisioning" / "dashboards" / "orderflow.yml").read_text()
+    )
+    mounts = COMPOSE["services"]["grafana"]["volumes"]
+    path = provider["providers"][0]["options"]["path"]
+    assert f"./infra/grafana/dashboards:{path}:ro" in mounts
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a": [1, "two: 2", {"b": True, "c": None}], "d": {}, "e": [], "f": 'x\ny "q"'},
+        {"nested": [[1, 2], [{"k": "v"}]], "unicode": "é"},
+    ],
+)
+def test_the_yaml_emitter_round_trips(value: dict[str, Any]) -> None:
+    assert yaml.safe_load("\n".join(block_yaml(value))) == value
