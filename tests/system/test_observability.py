@@ -30,7 +30,13 @@ from shared.domain.states import ProcessState
 from tests.conftest import RABBITMQ_URL, RABBITMQ_USER, service_missing
 from tests.support.topology import Topology, free_port, running_topology
 from tests.support.waiting import eventually
-from tests.system.test_metrics import PROCESSES, start_with_metrics, submit
+from tests.system.test_metrics import (
+    PROCESSES,
+    metric_reaches,
+    start_with_metrics,
+    submit,
+    value,
+)
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -256,7 +262,6 @@ async def check_alerts(prom: Prometheus) -> None:
 
 SHOTS = {
     "orders-by-state": "Orders by state",
-    "throughput": "Throughput: orders recorded and claimed per second",
     "step-latency": "Step latency (p50, p95)",
     "dead-letters": "Dead letters: waiting and arriving",
 }
@@ -288,3 +293,20 @@ async def screenshots(url: str, chromium: str) -> None:
     (ARTIFACTS / "expressions.json").write_text(
         json.dumps({name: panels[t].targets[0][0] for name, t in SHOTS.items()}, indent=2)
     )
+
+
+async def test_the_backlog_metrics_follow_submissions_admission_control(topo: Topology) -> None:
+    """What the backlog rule reads: over the threshold, submission pauses and says so; once the
+    pipeline drains the backlog, it resumes and the gauges fall back."""
+    topo.env["ORDERFLOW_BACKLOG_THRESHOLD"] = "5"
+    topo.env["ORDERFLOW_BACKLOG_CHECK_S"] = "0.1"
+    port = free_port()
+    topo.serve("submission", "submission", ORDERFLOW_PREFETCH="1", ORDERFLOW_METRICS_PORT=str(port))
+    assert await metric_reaches(port, "orderflow_backlog_threshold", 5)
+    assert submit(topo, "--count", "30")["published"] == 30
+    samples = await metric_reaches(port, "orderflow_submission_paused", 1)
+    assert 5 < value(samples, "orderflow_backlog") <= 5 + 2
+    await topo.start_all()
+    assert (await topo.wait_settled(30, timeout=60))[ProcessState.PROCESSED] == 30
+    samples = await metric_reaches(port, "orderflow_backlog", 0)
+    assert value(samples, "orderflow_submission_paused") == 0
