@@ -120,7 +120,13 @@ PANELS = (
     Panel(
         "Supervisor leader",
         "short",
-        (("max by (instance) (orderflow_supervisor_leader)", "{{instance}}"),),
+        (
+            # Every process exports the gauge (at 0); the supervisors' are the ones that count.
+            (
+                'max by (instance) (orderflow_supervisor_leader{service="supervisor"})',
+                "{{instance}}",
+            ),
+        ),
     ),
     Panel("Processes up", "short", (('up{job="orderflow"}', "{{service}} {{instance}}"),)),
 )
