@@ -89,6 +89,7 @@ random_secret remote_admin_token  # bearer token of the remote stand-in's /admin
 given_secret notify_webhook_url  # the notifier's generic JSON webhook URL (write it here; empty: none)
 given_secret notify_slack_url  # the notifier's Slack incoming-webhook URL (write it here; empty: none)
 given_secret notify_pagerduty_routing_key  # the notifier's PagerDuty Events v2 routing key (write it here; empty: none)
+random_secret grafana_admin_password  # Grafana's `admin` (profile observability)
 keyfile_check mongo_keyfile
 
 url_secret rabbitmq_admin_url 'amqp://orderflow-admin:' rabbitmq_admin_password '@rabbitmq:5672/orderflow'
@@ -138,6 +139,7 @@ chmod 644 \
     "$dir/notify_webhook_url" \
     "$dir/notify_slack_url" \
     "$dir/notify_pagerduty_routing_key" \
+    "$dir/grafana_admin_password" \
     "$dir/rabbitmq_admin_url" \
     "$dir/rabbitmq_submission_url" \
     "$dir/rabbitmq_scheduler_url" \

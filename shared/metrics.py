@@ -77,6 +77,24 @@ RETENTION_BATCHES = Counter(
     registry=REGISTRY,
 )
 
+# -- submission (its admission control: it pauses over the threshold)
+BACKLOG = Gauge(
+    "orderflow_backlog",
+    "Outstanding orders (Pending or Processing) as submission's admission control last counted "
+    "them, plus the orders recorded since.",
+    registry=REGISTRY,
+)
+BACKLOG_THRESHOLD = Gauge(
+    "orderflow_backlog_threshold",
+    "ORDERFLOW_BACKLOG_THRESHOLD: over this backlog, submission stops taking orders.",
+    registry=REGISTRY,
+)
+SUBMISSION_PAUSED = Gauge(
+    "orderflow_submission_paused",
+    "1 while submission has stopped taking orders (backlog over the threshold).",
+    registry=REGISTRY,
+)
+
 # -- the scheduler
 CLAIMS = Counter(
     "orderflow_claims",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from services.api.app import openapi_document
 from services.deploy.envfile import compose_settings, env_example
 from services.deploy.mongodb import init_script
+from services.deploy.observability import observability_files
 from services.deploy.rabbitmq import DEFAULT_APPS, definitions, render
 from services.deploy.secretfiles import secrets_script
 
@@ -24,4 +25,5 @@ def generated_files() -> dict[str, str]:
         "infra/mongodb/init-orderflow.js": init_script(COMPOSE_HUB),
         "infra/secrets.sh": secrets_script(DEFAULT_APPS),
         "docs/openapi.json": openapi_document(),
+        **observability_files(),
     }

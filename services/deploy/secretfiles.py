@@ -136,6 +136,7 @@ def secrets(apps: tuple[str, ...] = DEFAULT_APPS) -> list[Secret]:
         Secret("remote_admin_token", "bearer token of the remote stand-in's /admin and /ledger")
     )
     found += NOTIFY_SECRETS
+    found.append(Secret("grafana_admin_password", "Grafana's `admin` (profile observability)"))
     found += [
         Secret(
             broker_url(role),

@@ -21,6 +21,7 @@ from typing import Any
 
 from opentelemetry.trace import SpanKind
 
+from shared import metrics
 from shared.bootstrap import Runtime
 from shared.broker.consumer import Consumer, Delivery
 from shared.broker.envelope import shown
@@ -57,6 +58,14 @@ class Submission:
         self._backlog = 0
         """The last count of outstanding orders, plus the orders recorded since."""
         self.paused = False
+        metrics.BACKLOG_THRESHOLD.set(self._threshold)
+        metrics.SUBMISSION_PAUSED.set(0)
+
+    def _counted(self, backlog: int) -> None:
+        """The backlog from now on, also as `orderflow_backlog` (what the alert rule on the
+        admission threshold reads)."""
+        self._backlog = backlog
+        metrics.BACKLOG.set(backlog)
 
     def status(self) -> dict[str, Any]:
         """This process's part of its heartbeat."""
@@ -124,7 +133,7 @@ class Submission:
                 reason="conflict",
             )
         if outcome is InsertOutcome.CREATED:
-            self._backlog += 1
+            self._counted(self._backlog + 1)
             if self._backlog > self._threshold:
                 await self._pause()
         elif not await self._submitted(order_id):
@@ -162,7 +171,7 @@ class Submission:
 
     async def attach(self, consumer: Consumer) -> None:
         self._consumer = consumer
-        self._backlog = await self._rt.store.count_in_states(OUTSTANDING)
+        self._counted(await self._rt.store.count_in_states(OUTSTANDING))
 
     async def _pause(self) -> None:
         """Stop taking orders: at most the messages already in hand (the prefetch) follow."""
@@ -172,6 +181,7 @@ class Submission:
         # the consumer subscribed, and the next count pauses it.
         await self._consumer.pause()
         self.paused = True
+        metrics.SUBMISSION_PAUSED.set(1)
         log.warning(
             "backlog over the threshold: submission paused",
             extra={"backlog": self._backlog, "threshold": self._threshold},
@@ -191,12 +201,13 @@ class Submission:
         instead of at the next count."""
         while not stop.is_set():
             try:
-                self._backlog = await self._rt.store.count_in_states(OUTSTANDING)
+                self._counted(await self._rt.store.count_in_states(OUTSTANDING))
                 if self._backlog > self._threshold:
                     await self._pause()
                 elif self.paused and self._backlog <= self._threshold * RESUME_AT:
                     await consumer.resume()
                     self.paused = False
+                    metrics.SUBMISSION_PAUSED.set(0)
                     log.info(
                         "backlog back under the threshold: submission resumed",
                         extra={"backlog": self._backlog, "threshold": self._threshold},

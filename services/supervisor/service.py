@@ -30,6 +30,14 @@ from shared.store.port import ScanCursor
 from shared.telemetry import log_fields
 from shared.tracing import order_span
 
+RECOVERED_TO = (
+    ProcessState.PENDING,
+    ProcessState.ERROR,
+    ProcessState.COMPENSATING,
+    ProcessState.COMPENSATION_FAILED,
+)
+"""Where a recovered attempt can take its order (`orderflow_supervisor_recoveries_total{to}`)."""
+
 log = logging.getLogger(__name__)
 
 LEASE = "supervisor"
@@ -56,6 +64,8 @@ class Supervisor:
         """What the leader deletes once it expired (services/supervisor/retention.py)."""
         self._gauges = LeaderGauges(runtime.store, runtime.connection, runtime.names)
         SUPERVISOR_LEADER.set(0)
+        for to in RECOVERED_TO:  # a series from the start: `increase` sees the first recovery
+            RECOVERIES.labels(to.value)
 
     def status(self) -> dict[str, Any]:
         """This supervisor's part of its heartbeat."""

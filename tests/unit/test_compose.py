@@ -306,7 +306,7 @@ def test_the_user_check_can_fail() -> None:
 
 
 EXACT_TAG = re.compile(
-    r"^(?P<name>[\w./-]+):(?P<version>\d+(\.\d+)*)(-[\w.-]+)?(@sha256:[0-9a-f]{64})?$"
+    r"^(?P<name>[\w./-]+):v?(?P<version>\d+(\.\d+)*)(-[\w.-]+)?(@sha256:[0-9a-f]{64})?$"
 )
 RELEASE_PARTS = {"postgres": 2}
 """Version parts of an exact release: PostgreSQL's are major.minor (16.6), the others' three."""
@@ -893,8 +893,11 @@ def test_docker_compose_itself_accepts_the_file_with_each_profile(profile, tmp_p
         pytest.skip("docker compose is not installed")
     secrets_dir = tmp_path / "secrets"
     write_secrets(secrets_dir, profile)
-    # The tools too (`docker compose run` enables their profile): their secrets and networks.
-    env = ENV_EXAMPLE.replace("COMPOSE_PROFILES=mongodb", f"COMPOSE_PROFILES={profile},tools")
+    # The tools too (`docker compose run` enables their profile), and the observability
+    # profile: their secrets, networks and mounts.
+    env = ENV_EXAMPLE.replace(
+        "COMPOSE_PROFILES=mongodb", f"COMPOSE_PROFILES={profile},tools,observability"
+    )
     env += f"SECRETS_DIR={secrets_dir}\n"
     (tmp_path / ".env").write_text(env)
     clean = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
@@ -904,6 +907,7 @@ def test_docker_compose_itself_accepts_the_file_with_each_profile(profile, tmp_p
     assert b"does not exist" not in done.stderr  # every secret file is there
     config = yaml.safe_load(done.stdout)
     assert {"rabbitmq", profile, "init", "scheduler", "shop", "operator"} <= set(config["services"])
+    assert {"prometheus", "grafana", "jaeger"} <= set(config["services"])
     other = {"mongodb": "postgres", "postgres": "mongodb"}[profile]
     assert other not in config["services"]
     # Every secret is a file the script wrote, and the store URL is the profile's.

@@ -49,10 +49,18 @@ TALKS_TO: dict[str, set[str]] = {
     # The HTTP API: the broker (as an application, and as the operator for dead letters) and
     # the store; browsers reach it through its published port.
     "api": {"rabbitmq", "mongodb", "postgres"},
+    # The notifier (profile `notifier`): the alert feed, its inbox and the alerts' states, and
+    # the webhooks outside, through its own gateway network.
+    "notifier": {"rabbitmq", "mongodb", "postgres"},
     "remote": set(),
     "rabbitmq": set(),
     "mongodb": set(),
     "postgres": set(),
+    # The profile `observability`: Prometheus scrapes over the monitoring network (port 9100)
+    # and Jaeger receives spans there; Grafana queries both.
+    "prometheus": set(),
+    "jaeger": set(),
+    "grafana": {"prometheus", "jaeger"},
 }
 """Who opens a connection to whom, from the code: every `orderflow serve` process but the remote
 stand-in opens the store and the broker (shared/bootstrap.Runtime.open), the agents call the
@@ -61,27 +69,62 @@ application (`orderflow submit`) only the broker. The servers call nobody."""
 MONITORING = "monitoring"
 """The network of every serving process's /metrics and /healthz (port 9100), for a scraper."""
 EXPECTED_NETWORKS = {
-    "broker": {"rabbitmq", "init", "submission", "scheduler", "supervisor", "operator", "api"}
+    "broker": {
+        "rabbitmq",
+        "init",
+        "submission",
+        "scheduler",
+        "supervisor",
+        "operator",
+        "api",
+        "notifier",
+    }
     | AGENTS,
     "apps": {"rabbitmq", "shop"},
     "store": {"mongodb", "postgres", "api"} | STORE_USERS,
     "remote": {"remote", "operator"} | AGENTS,
-    MONITORING: {"remote", "submission", "scheduler", "supervisor", "api"} | AGENTS,
+    MONITORING: {
+        "remote",
+        "submission",
+        "scheduler",
+        "supervisor",
+        "api",
+        "notifier",
+        "prometheus",
+        "jaeger",
+    }
+    | AGENTS,
     "ingress": {"rabbitmq"},
     "web": {"api"},
+    "notify": {"notifier"},
+    "grafana-prometheus": {"grafana", "prometheus"},
+    "grafana-jaeger": {"grafana", "jaeger"},
+    "grafana-web": {"grafana"},
+    "prometheus-web": {"prometheus"},
+    "jaeger-web": {"jaeger"},
 }
 PUBLISHED = {
     "rabbitmq": {"127.0.0.1:5672:5672", "127.0.0.1:15672:15672"},
     "api": {"127.0.0.1:8000:8000"},
+    "prometheus": {"127.0.0.1:9090:9090"},
+    "grafana": {"127.0.0.1:3000:3000"},
+    "jaeger": {"127.0.0.1:16686:16686"},
 }
-GATEWAYS = {"ingress", "web"}
-"""The networks that route out, each for one server's ports published on 127.0.0.1."""
+GATEWAYS = {"ingress", "web", "grafana-web", "prometheus-web", "jaeger-web", "notify"}
+"""The networks that route out: each for one server's ports published on 127.0.0.1, and the
+notifier's, for the webhooks it calls."""
+
+
+ADDED_PROFILES = {"tools", "notifier", "observability"}
+"""Profiles that add services beside the rest, unlike the stores' alternatives."""
 
 
 def together(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two services can run at once: not when their profiles are alternatives (the
-    stores: `mongodb` or `postgres`). The `tools` profile runs beside anything."""
-    pa, pb = set(a.get("profiles") or []) - {"tools"}, set(b.get("profiles") or []) - {"tools"}
+    stores: `mongodb` or `postgres`). Every other profile (`tools`, `notifier`, `observability`)
+    runs beside anything."""
+    pa = set(a.get("profiles") or []) - ADDED_PROFILES
+    pb = set(b.get("profiles") or []) - ADDED_PROFILES
     return not (pa and pb and not pa & pb)
 
 
@@ -208,6 +251,8 @@ WRITABLE = {
     # postgres: its data, its socket and lock file, psql's heredocs during init.
     "postgres": {"/var/lib/postgresql/data", "/var/run/postgresql", "/tmp"},
     "remote": {"/data", "/tmp"},  # the ledger (SQLite, with its -wal and -shm files)
+    "prometheus": {"/prometheus", "/tmp"},  # its time-series database
+    "grafana": {"/var/lib/grafana", "/tmp"},  # its own database, sessions and plugins
 }
 """Every path a container writes: a volume or a tmpfs (the root filesystem is read-only)."""
 MEMORY_CAP = {"rabbitmq": 1 << 30, "mongodb": 1 << 30, "postgres": 1 << 30}
@@ -301,6 +346,11 @@ PATCHED = {
     # 3.13 is out of community support; 4.x is the supported series.
     "rabbitmq": ((4,), (4, 0, 0)),
     "python": ((3, 11), (3, 11, 0)),
+    # The profile `observability`: Prometheus's 3.5 LTS line, Grafana 12, Jaeger 1.x (v1's
+    # all-in-one, one container with OTLP and in-memory storage).
+    "prom/prometheus": ((3, 5), (3, 5, 0)),
+    "grafana/grafana": ((12,), (12, 1, 0)),
+    "jaegertracing/all-in-one": ((1,), (1, 76, 0)),
 }
 """Image -> (the release line it must stay on, the lowest patched release)."""
 FOUND_DIGESTS = {
@@ -310,6 +360,11 @@ FOUND_DIGESTS = {
     "python:3.11.16-slim-bookworm": (
         "528257d48c1da0dcecc2e725d1ae34498d60c965f1241e39cd6a85a8859bdf84"
     ),
+    "prom/prometheus:v3.5.0": "63805ebb8d2b3920190daf1cb14a60871b16fd38bed42b857a3182bc621f4996",
+    "grafana/grafana:12.1.0": "6ac590e7cabc2fbe8d7b8fc1ce9c9f0582177b334e0df9c927ebd9670469440f",
+    "jaegertracing/all-in-one:1.76.0": (
+        "ab6f1a1f0fb49ea08bcd19f6b84f6081d0d44b364b6de148e1798eb5816bacac"
+    ),
 }
 """The digests in use, each one published for its tag (where it was found: the README's design
 decisions). A bump changes this table too, with the digest `docker buildx imagetools inspect`
@@ -317,9 +372,9 @@ prints for the tag: a digest typed from nowhere fails here."""
 
 
 def version_of(tag: str) -> tuple[int, ...]:
-    match = re.match(r"\d+(\.\d+)*", tag)
+    match = re.match(r"v?(\d+(\.\d+)*)", tag)  # prom/prometheus tags its releases v3.5.0
     assert match, tag
-    return tuple(int(part) for part in match.group(0).split("."))
+    return tuple(int(part) for part in match.group(1).split("."))
 
 
 def image_problems(images: list[str]) -> list[str]:
@@ -350,7 +405,11 @@ def all_images() -> list[str]:
 def test_every_image_is_a_patched_release_pinned_by_digest() -> None:
     assert image_problems(all_images()) == []
     names = {image.split(":")[0] for image in all_images()}
-    assert {"rabbitmq", "mongo", "postgres", "python", "orderflow"} == names
+    assert {"rabbitmq", "mongo", "postgres", "python", "orderflow"} | {
+        "prom/prometheus",
+        "grafana/grafana",
+        "jaegertracing/all-in-one",
+    } == names
     # The Dockerfile's two stages share one base.
     assert len(set(dockerfile_images(DOCKERFILE))) == 1
 
