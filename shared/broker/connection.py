@@ -60,6 +60,11 @@ class FailoverConnection(RobustConnection):
         if previous is not None or getattr(self, "connection_attempt", 0) > 0:
             self._next_node()
 
+    async def _on_connected(self) -> None:
+        await super()._on_connected()
+        if self.connection_attempt > 1:  # counted by the call above: this was a reconnection
+            log.info("RabbitMQ: reconnected", extra={"node": redact(str(self.url))})
+
     def _next_node(self) -> None:
         url = self._rotation.next()
         self.url = URL(url)

@@ -3,7 +3,8 @@ processes given its three node URLs, and the node leading the hub's queues kille
 under load, then restarted: every order completes, none lost, no effect twice, the audit clean.
 
 Prints the failover figures (README "Deployment" quotes them): from the kill to the first order
-Processed after it, and to the whole backlog drained."""
+Processed after it, to the last process reconnected to another node, and to the whole backlog
+drained."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,20 @@ def _submit(topo: Topology, count: int, seed: int) -> list[str]:
     published = json.loads(result.stdout)
     assert published["published"] == count
     return list(published["order_ids"])
+
+
+def _reconnections(topo: Topology, *, after: float) -> dict[str, float]:
+    """Each process that reconnected to another node: seconds from `after` to its reconnection
+    (its log's `RabbitMQ: reconnected` line)."""
+    found: dict[str, float] = {}
+    for label in topo.procs:
+        for line in topo.logs(label).splitlines():
+            if '"RabbitMQ: reconnected"' not in line:
+                continue
+            at = datetime.fromisoformat(json.loads(line)["at"]).timestamp()
+            if at >= after and label not in found:
+                found[label] = at - after
+    return found
 
 
 async def _processed(topo: Topology) -> int:
@@ -79,6 +95,7 @@ async def test_killing_the_leading_node_loses_no_order_and_repeats_no_effect(
         assert before < ORDERS * 0.7, "the kill came too late to prove anything"
         await asyncio.to_thread(victim.kill)
         killed_at = time.monotonic()
+        killed_wall = time.time()
 
         async def moving_again() -> bool:
             return await _processed(topo) > before
@@ -102,6 +119,10 @@ async def test_killing_the_leading_node_loses_no_order_and_repeats_no_effect(
         duplicates = sum(n - 1 for n in made.values() if n > 1)
         outcome = Counter(states[i].process_state.value for i in ids if i in states)
         report = await topo.audit()
+        reconnected = _reconnections(topo, after=killed_wall)
+        last_reconnect = (
+            f"the last {max(reconnected.values()):.1f} s after the kill" if reconnected else "none"
+        )
         led_after = Counter(
             str(q["leader"])
             for q in await asyncio.to_thread(cluster.queues)
@@ -111,7 +132,8 @@ async def test_killing_the_leading_node_loses_no_order_and_repeats_no_effect(
         line = (
             f"RabbitMQ cluster failover: {ORDERS} orders, leader of {led[victim.node]}/"
             f"{len(mine)} queues killed with {before} Processed; first order Processed "
-            f"{first_processed_s:.1f} s after the kill, node back {restarted_s:.1f} s, backlog "
+            f"{first_processed_s:.1f} s after the kill; {len(reconnected)} processes failed over "
+            f"({last_reconnect}); node back {restarted_s:.1f} s, backlog "
             f"drained {drained_s:.1f} s; lost {lost}, duplicate effects {duplicates}; "
             f"{dict(outcome)}; leaders after: {dict(led_after)}"
         )
