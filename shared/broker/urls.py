@@ -75,11 +75,6 @@ def first_url(value: str) -> str:
     return value.split(",", 1)[0].strip()
 
 
-def redact_all(value: str) -> str:
-    """The setting with the password of every URL masked; safe for any text, valid or not."""
-    return ",".join(redact(item.strip()) for item in value.split(","))
-
-
 class NodeRotation:
     """Which node a process tries next: a random first one, then each in turn, round and round."""
 
