@@ -39,7 +39,8 @@ class FailoverConnection(RobustConnection):
 
     aio-pika's reconnection loop clears `transport` right before each attempt, which connects
     to `self.url`: the setter below is where the next node is chosen. Pinned to aio-pika's
-    locked version; tests/unit/test_broker_urls.py and the cluster system test notice a change."""
+    locked version; tests/contract/test_broker_failover.py and the cluster system test notice
+    a change."""
 
     def __init__(self, url: URL, *, rotation: NodeRotation, **kwargs: Any) -> None:
         self._rotation = rotation
