@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.broker.urls import broker_urls
 from shared.domain.messages import validation_problems
 from shared.domain.models import StateRecord
 from shared.domain.states import ErrorKind
@@ -54,7 +55,9 @@ class Settings(BaseSettings):
 
     # -- where things are
     rabbitmq_url: str = "amqp://guest:guest@localhost:5672/"
-    """AMQP URL of the broker."""
+    """AMQP URL of the broker; or a comma-separated list of the URLs of a RabbitMQ cluster's
+    nodes (the same user, password and virtual host in each): a process connects to one, from a
+    random start, and fails over to the next when it loses it."""
     store_url: str = "mongodb://localhost:27017"
     """`mongodb://...` selects MongoDB, `postgresql://...` selects PostgreSQL."""
     hub: str = Field(default="orderflow", pattern=r"^[a-z][a-z0-9_]{0,39}$")
@@ -278,9 +281,10 @@ class Settings(BaseSettings):
     """How often a live status stream reads its order again, besides the status messages that
     wake it (so a lost message, or a change nobody reports, is seen within this)."""
     api_operator_rabbitmq_url: str | None = None
-    """AMQP URL of the broker user the API's dead-letter endpoints act as: the operator's, whose
-    replays the consumers trust (the compose deployment gives the API the operator's URL here
-    and an application's of its own as `ORDERFLOW_RABBITMQ_URL`); unset: the API's own."""
+    """AMQP URL (or list of a cluster's node URLs) of the broker user the API's dead-letter
+    endpoints act as: the operator's, whose replays the consumers trust (the compose deployment
+    gives the API the operator's URL here and an application's of its own as
+    `ORDERFLOW_RABBITMQ_URL`); unset: the API's own."""
     api_catalogue_path: str | None = None
     """A JSON file of the shop's catalogue (`[{"sku", "name", "unit_price_cents"}, …]`);
     unset: a small built-in catalogue."""
@@ -373,10 +377,7 @@ class Settings(BaseSettings):
     def _amqp(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        parts = urlsplit(value)
-        if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
-            raise ValueError("RabbitMQ URL must look like amqp://user:password@host:5672/vhost")
-        _check_port(value)
+        broker_urls(value)  # one URL, or a list of one cluster's nodes: shared/broker/urls.py
         return value
 
     @property

@@ -87,7 +87,10 @@ def _store_hint(ctx: click.Context, exc: ServiceUnavailable) -> str:
 @click.version_option(version("orderflow"), prog_name="orderflow")
 @click.option("--hub", help="Task hub name (overrides ORDERFLOW_HUB).")
 @click.option("--store-url", help="Store URL (overrides ORDERFLOW_STORE_URL).")
-@click.option("--rabbitmq-url", help="AMQP URL (overrides ORDERFLOW_RABBITMQ_URL).")
+@click.option(
+    "--rabbitmq-url",
+    help="AMQP URL, or a comma-separated list of one cluster's nodes (overrides the setting).",
+)
 @click.pass_context
 def main(
     ctx: click.Context, hub: str | None, store_url: str | None, rabbitmq_url: str | None

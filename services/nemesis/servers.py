@@ -17,15 +17,17 @@ Everything here blocks (subprocess calls, waits of seconds): call it from a thre
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import secrets
 import shutil
 import signal
 import subprocess
-from contextlib import suppress
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, suppress
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from services.nemesis.process import (
     CLIENT_TIMEOUT_S,
@@ -42,6 +44,7 @@ from shared.errors import ServerError, ServerFailed, ServerMissing
 __all__ = [
     "PostgresStandby",
     "PrivatePostgres",
+    "PrivateRabbitCluster",
     "PrivateRabbitMQ",
     "PrivateServer",
     "ReplicatedPostgres",
@@ -192,8 +195,10 @@ class PrivateRabbitMQ(PrivateServer):
     stop_signal = signal.SIGTERM  # rabbitmq-server's trap: a clean shutdown of the node
     foreign_environment = ("RABBITMQ_",)
 
-    def __init__(self, *, startup_timeout: float = 90.0) -> None:
+    def __init__(self, *, startup_timeout: float = 90.0, cookie: str | None = None) -> None:
         super().__init__(startup_timeout=startup_timeout)
+        self.cookie = cookie
+        """The Erlang cookie (the nodes of a cluster share one); None: `erlang_cookie()`."""
         self.sbin = rabbitmq_sbin()
         self.node = f"orderflow-{secrets.token_hex(4)}@localhost"
         # Set explicitly: by default it is the AMQP port + 20000, which may be taken.
@@ -214,7 +219,7 @@ class PrivateRabbitMQ(PrivateServer):
         home.mkdir()
         cookie = os.open(home / ".erlang.cookie", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
         with os.fdopen(cookie, "w") as f:
-            f.write(erlang_cookie())
+            f.write(self.cookie or erlang_cookie())
 
     def _settings(self) -> dict[str, str]:
         base = self.base
@@ -366,3 +371,90 @@ class ReplicatedPostgres:
     def _synchronous(self) -> bool:
         states = self.primary.sql("SELECT sync_state FROM pg_stat_replication")
         return "sync" in states.split()
+
+
+class PrivateRabbitCluster:
+    """`size` private RabbitMQ nodes (each its own node name, AMQP and distribution ports, data
+    directory and configuration; one Erlang cookie) joined in one cluster with `rabbitmqctl
+    join_cluster`. `url` lists every node's AMQP URL, as ORDERFLOW_RABBITMQ_URL takes them.
+
+        with PrivateRabbitCluster() as cluster:
+            leader = cluster.node(cluster.leaders()["hub.orders"])
+            leader.kill()  # a crash of one node; the others carry on
+            leader.start()  # it rejoins the cluster from its data
+    """
+
+    def __init__(self, *, size: int = 3, startup_timeout: float = 120.0) -> None:
+        cookie = secrets.token_hex(20).upper()
+        self.nodes = [
+            PrivateRabbitMQ(startup_timeout=startup_timeout, cookie=cookie) for _ in range(size)
+        ]
+        self._stack = ExitStack()
+
+    @property
+    def url(self) -> str:
+        return ",".join(node.url for node in self.nodes)
+
+    def __enter__(self) -> PrivateRabbitCluster:
+        try:
+            # Booted side by side: each takes 10 to 30 s, mostly waiting.
+            with ThreadPoolExecutor(len(self.nodes)) as pool:
+                booted = list(pool.map(self._boot, self.nodes))
+            for node in booted:
+                if node is not None:  # one that failed removed itself already
+                    self._stack.callback(node.close)
+            if not all(booted):
+                raise ServerFailed("a node of the private RabbitMQ cluster did not start")
+            first = self.nodes[0]
+            for node in self.nodes[1:]:
+                node.ctl("stop_app")
+                node.ctl("join_cluster", first.node, timeout=node.startup_timeout)
+                node.start_app()
+            running = self.running_nodes()
+            if running != {n.node for n in self.nodes}:
+                raise ServerFailed(f"the private cluster runs only {sorted(running)}")
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    @staticmethod
+    def _boot(node: PrivateRabbitMQ) -> PrivateRabbitMQ | None:
+        try:
+            return node.__enter__()
+        except ServerError:
+            return None
+
+    def node(self, name: str) -> PrivateRabbitMQ:
+        """The node of this Erlang node name (`orderflow-…@localhost`)."""
+        for node in self.nodes:
+            if node.node == name:
+                return node
+        raise KeyError(name)
+
+    def _any_running(self) -> PrivateRabbitMQ:
+        for node in self.nodes:
+            if node.running and listening(node.port):
+                return node
+        raise ServerFailed("no node of the private RabbitMQ cluster is running")
+
+    def running_nodes(self) -> set[str]:
+        done = self._any_running().ctl("cluster_status", "--formatter", "json")
+        return set(json.loads(done.stdout)["running_nodes"])
+
+    def queues(self) -> list[dict[str, Any]]:
+        """Every queue of the default virtual host: `name`, `durable`, `type`, `leader`,
+        `members`."""
+        done = self._any_running().ctl(
+            "list_queues", "name", "durable", "type", "leader", "members", "--formatter", "json"
+        )
+        return list(json.loads(done.stdout))
+
+    def leaders(self) -> dict[str, str]:
+        """The node leading each quorum queue, by queue name."""
+        return {
+            str(q["name"]): str(q["leader"]) for q in self.queues() if q.get("type") == "quorum"
+        }

@@ -19,6 +19,7 @@ from shared.broker.private import PrivateQueue
 from shared.broker.publisher import Publishing
 from shared.broker.senders import APP, STATUS_SENDERS, Senders
 from shared.broker.topology import APP_NAME, Names
+from shared.broker.urls import first_url
 from shared.config import Settings
 from shared.domain.messages import Contract, OrderStatus, OrderStatusUpdate, SubmitOrder
 from shared.domain.models import OrderData
@@ -35,7 +36,7 @@ FINAL = {
 def app_name(settings: Settings, app: str | None) -> str:
     """The submitting application's name, which prefixes its status queues: `--app`, or else
     the user name in ORDERFLOW_RABBITMQ_URL (the RabbitMQ user is the application)."""
-    name = app or urlsplit(settings.rabbitmq_url).username or ""
+    name = app or urlsplit(first_url(settings.rabbitmq_url)).username or ""
     if not APP_NAME.fullmatch(name):
         raise ConfigurationError(
             f"application name {name!r} (--app, or the user in ORDERFLOW_RABBITMQ_URL) must "

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from shared.broker.connection import login_user
+from shared.broker.urls import first_url
 from shared.config import Settings
 
 DERIVATION = b"orderflow dead-letter seal v1"
@@ -36,7 +37,7 @@ def seal_key(settings: Settings) -> bytes | None:
     if settings.seal_key is not None:
         secret = settings.seal_key.get_secret_value()
     else:
-        password = urlsplit(settings.rabbitmq_url).password
+        password = urlsplit(first_url(settings.rabbitmq_url)).password
         if not password:
             return None
         secret = unquote(password)
