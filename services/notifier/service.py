@@ -21,7 +21,6 @@ from typing import Any
 import aio_pika
 import aiohttp
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
-from aiormq.exceptions import ChannelNotFoundEntity
 
 from services.notifier.formats import Notice, notices_of, webhook_body
 from services.notifier.sending import Outcome, Sender, deliver_all
@@ -39,6 +38,7 @@ from shared.broker.envelope import (
     TARGET,
 )
 from shared.broker.senders import Senders
+from shared.broker.topology import existing_queue
 from shared.config import Settings
 from shared.domain.journal import Alert, AlertState
 from shared.domain.timing import utcnow
@@ -80,12 +80,7 @@ class Notifier:
         names = self._rt.names
         channel = await self._rt.connection.channel()
         await channel.set_qos(prefetch_count=self._rt.settings.prefetch)
-        try:
-            queue = await channel.declare_queue(names.alert_feed, passive=True)
-        except ChannelNotFoundEntity:
-            raise ConfigurationError(
-                f"queue {names.alert_feed} does not exist: run `orderflow init`"
-            ) from None
+        queue = await existing_queue(channel, names.alert_feed)
         if burst:
             while (message := await queue.get(no_ack=False, fail=False)) is not None:
                 await self._handle(message, stop)

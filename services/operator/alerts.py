@@ -23,20 +23,19 @@ from datetime import datetime
 from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
-from aiormq.exceptions import ChannelNotFoundEntity
 
 from shared.bootstrap import open_broker
 from shared.broker.connection import login_user
 from shared.broker.dead_letters import describe, header_value
 from shared.broker.envelope import TARGET, user_of
 from shared.broker.senders import Senders, agent_role
-from shared.broker.topology import Names
+from shared.broker.topology import Names, existing_queue
 from shared.config import Settings
 from shared.domain.journal import Alert, AlertAction, AlertState
 from shared.domain.messages import AlertMessage, decode
 from shared.domain.timing import utcnow
 from shared.domain.workflow import AGENTS
-from shared.errors import ConfigurationError, ContractViolation
+from shared.errors import ContractViolation
 from shared.store.factory import open_store
 
 ALERT_SENDERS = frozenset(
@@ -95,12 +94,7 @@ async def follow_alerts(
     try:
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=settings.prefetch)
-        try:
-            queue = await channel.declare_queue(names.alert_feed, passive=True)
-        except ChannelNotFoundEntity:
-            raise ConfigurationError(
-                f"queue {names.alert_feed} does not exist: run `orderflow init`"
-            ) from None
+        queue = await existing_queue(channel, names.alert_feed)
         taken = 0
 
         async def one(message: AbstractIncomingMessage) -> None:
@@ -137,12 +131,7 @@ async def undelivered_alerts(settings: Settings) -> list[dict[str, Any]]:
     connection = await open_broker(settings, name="orderflow-alerts")
     try:
         channel = await connection.channel()
-        try:
-            queue = await channel.declare_queue(names.alert_dead_letters, passive=True)
-        except ChannelNotFoundEntity:
-            raise ConfigurationError(
-                f"queue {names.alert_dead_letters} does not exist: run `orderflow init`"
-            ) from None
+        queue = await existing_queue(channel, names.alert_dead_letters)
         now = utcnow()
         rows = []
         while (message := await queue.get(no_ack=False, fail=False)) is not None:

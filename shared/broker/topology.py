@@ -349,3 +349,12 @@ async def delete_topology(
     await channel.queue_delete(names.alerts)  # a hub made by a release before issue 14
     for exchange in names.exchanges(agents):
         await channel.exchange_delete(exchange)
+
+
+async def existing_queue(channel: AbstractChannel, name: str) -> AbstractQueue:
+    """The queue `name` as `orderflow init` declared it; a clear error naming `orderflow init`
+    when it does not exist (a passive declare: nothing is made)."""
+    try:
+        return await channel.declare_queue(name, passive=True)
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        raise ConfigurationError(f"queue {name} does not exist: run `orderflow init`") from None
