@@ -59,7 +59,9 @@ class Settings(BaseSettings):
     nodes (the same user, password and virtual host in each): a process connects to one, from a
     random start, and fails over to the next when it loses it."""
     store_url: str = "mongodb://localhost:27017"
-    """`mongodb://...` selects MongoDB, `postgresql://...` selects PostgreSQL."""
+    """`mongodb://...` selects MongoDB, `postgresql://...` selects PostgreSQL (libpq's
+    multi-host form too: `postgresql://u:pw@h1:5432,h2:5432/db?target_session_attrs=read-write`
+    follows the writes to a promoted standby)."""
     hub: str = Field(default="orderflow", pattern=r"^[a-z][a-z0-9_]{0,39}$")
     """Task hub: prefixes every queue, exchange and database/schema."""
     remote_url: str = "http://127.0.0.1:8080"
