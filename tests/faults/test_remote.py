@@ -106,8 +106,9 @@ async def test_a_full_remote_outage_parks_orders_until_resubmitted(topo: Topolog
     run.struck()
     ids = run.submit(50, seed=35)
     await run.wait_for(ProcessState.ERROR, 50, timeout=90)
-    # pybreaker's own words, in the agent's line about the step it could not run
-    assert "circuit breaker" in topo.logs("inventory"), "the breaker opened and failed fast"
+    # orderflow's words for an open circuit (services/agents/breakers.py), in the agent's line
+    # about the step it could not run
+    assert "circuit open: inventory." in topo.logs("inventory"), "the breaker opened, failed fast"
     for order_id in ids:
         state = await topo.store.get_state(order_id)
         assert state is not None and state.error is not None
