@@ -60,7 +60,7 @@ class Settings(BaseSettings):
     random start, and fails over to the next when it loses it."""
     store_url: str = "mongodb://localhost:27017"
     """`mongodb://...` selects MongoDB, `postgresql://...` selects PostgreSQL (libpq's
-    multi-host form too: `postgresql://u:pw@h1:5432,h2:5432/db?target_session_attrs=read-write`
+    multi-host form too: `postgresql://h1:5432,h2:5432/db?target_session_attrs=read-write`
     follows the writes to a promoted standby)."""
     hub: str = Field(default="orderflow", pattern=r"^[a-z][a-z0-9_]{0,39}$")
     """Task hub: prefixes every queue, exchange and database/schema."""
