@@ -156,12 +156,15 @@ async def test_healthz_and_the_heartbeat_say_when_submission_stops_consuming(
         topo.serve("submission", "submission", ORDERFLOW_METRICS_PORT=str(port))
 
         async def healthy() -> bool:
+            # Healthy with its consumer attached: /healthz answers 200 from the moment the
+            # broker and the store are reached, and reports intake only once a consumer is.
             try:
-                return _healthz(port)[0] == 200
+                code, body = _healthz(port)
             except OSError:
                 return False
+            return code == 200 and "intake" in body["checks"]
 
-        await eventually(healthy, timeout=30, what="submission healthy")
+        await eventually(healthy, timeout=30, what="submission healthy, its intake reported")
         _, body = _healthz(port)
         assert body["checks"] == {"broker": True, "store": True, "intake": True}
 
