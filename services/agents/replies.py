@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import logging
 
+from tenacity import AsyncRetrying, RetryError, retry_if_exception, wait_exponential_jitter
+
 from services.agents.calls import Outcome
+from shared.backoff import stop_after
 from shared.broker.consumer import Delivery
+from shared.broker.delivery import is_outage
 from shared.broker.publisher import Publishing
 from shared.domain.messages import StepOutcome, StepReply, StepRequest
 from shared.domain.states import ErrorKind
+from shared.domain.timing import utcnow
 from shared.errors import (
     PermanentError,
     PublishError,
@@ -96,18 +101,38 @@ async def send_reply(
     delivery: Delivery,
     reply: StepReply,
 ) -> None:
-    """Publish the reply to `request` (which `delivery` brought), to the queue it names."""
+    """Publish the reply to `request` (which `delivery` brought), to the queue it names.
+
+    The effect is done and recorded; the reply is all the scheduler waits for. So a broker that
+    does not take it (a connection failing over to another node, a queue between leaders) is
+    tried again, with backoff, until the step's deadline: past it the scheduler has stopped
+    waiting and the supervisor recovers the step, which finds the effect done. Returning
+    without a reply while the broker was merely away would lose it for good: the request is
+    then acknowledged and its message id marked handled, so a redelivery is a duplicate."""
+    left = (request.complete_by - utcnow()).total_seconds()
     try:
-        await publisher.publish(
-            reply,
-            exchange=exchange,
-            routing_key=request.reply_to,
-            message_id=f"{delivery.message_id}:reply",
-            # The request's own (random) correlation id: the only one its scheduler takes.
-            correlation_id=delivery.correlation_id,
-        )
+        async for attempt in AsyncRetrying(
+            stop=stop_after(max(0.0, left)),
+            wait=wait_exponential_jitter(multiplier=0.1, max=1.0, jitter=0.1),
+            retry=retry_if_exception(is_outage),
+        ):
+            with attempt:
+                await publisher.publish(
+                    reply,
+                    exchange=exchange,
+                    routing_key=request.reply_to,
+                    message_id=f"{delivery.message_id}:reply",
+                    # The request's own (random) correlation id: the only one its scheduler
+                    # takes.
+                    correlation_id=delivery.correlation_id,
+                )
     except PublishUnroutable:
         # The scheduler that asked is gone: late replies are ignored by design.
         log.info("reply queue is gone; dropping the reply")
-    except PublishError:
-        log.exception("could not publish a reply")
+    except (RetryError, PublishError) as exc:
+        error = exc.last_attempt.exception() if isinstance(exc, RetryError) else exc
+        log.warning(
+            "could not publish the reply by the step's deadline; the supervisor recovers "
+            "the step, and finds its effect done",
+            extra={"error": str(error)},
+        )

@@ -453,6 +453,37 @@ class PrivateRabbitCluster:
         )
         return list(json.loads(done.stdout))
 
+    def diagnosis(self, *, lines: int = 40) -> str:
+        """What a failed test prints about the cluster: its running nodes, every queue's
+        leader, members, consumers and depths, and the end of each node's own log."""
+        parts: list[str] = []
+        try:
+            parts.append(f"running nodes: {sorted(self.running_nodes())}")
+            done = self._any_running().ctl(
+                "list_queues",
+                "name",
+                "type",
+                "leader",
+                "online",
+                "consumers",
+                "messages_ready",
+                "messages_unacknowledged",
+                "--formatter",
+                "json",
+                check=False,
+            )
+            parts.append(f"queues: {done.stdout.strip() or done.stderr.strip()}")
+        except Exception as exc:  # a diagnosis never hides the failure it explains
+            parts.append(f"cluster state unavailable: {exc}")
+        for node in self.nodes:
+            logs = sorted((node.base / "log").glob("*.log")) if node._base else []
+            for path in logs:
+                text = path.read_text(errors="replace").splitlines()[-lines:]
+                if not text:
+                    continue
+                parts.append(f"--- {node.node} {path.name} ---\n" + "\n".join(text))
+        return "\n".join(parts)
+
     def leaders(self) -> dict[str, str]:
         """The node leading each quorum queue, by queue name."""
         return {

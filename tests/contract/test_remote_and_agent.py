@@ -8,6 +8,7 @@ import sqlite3
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -26,7 +27,13 @@ from shared.config import load_settings
 from shared.domain.messages import StepAction, StepOutcome, StepReply, StepRequest
 from shared.domain.states import ErrorKind
 from shared.domain.timing import utcnow
-from shared.errors import RemoteDeclined, RemoteFenced, RemoteRejected, StaleFencingToken
+from shared.errors import (
+    PublishRejected,
+    RemoteDeclined,
+    RemoteFenced,
+    RemoteRejected,
+    StaleFencingToken,
+)
 from tests.conftest import RABBITMQ_URL, service_missing
 from tests.support.topology import free_port
 from tests.support.waiting import eventually
@@ -179,12 +186,36 @@ async def test_fault_knobs_are_validated(client) -> None:
 # -- the agent against the remote service and a real reply queue
 
 
+class Refusing:
+    """The real publisher, but the broker's refusal (a negative confirm, as from a quorum queue
+    between leaders) of the next `refusals` step replies, before passing them on."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self._publisher = publisher
+        self.refusals = 0
+        self.refused = 0
+
+    async def publish(self, contract: Any, **kwargs: Any) -> None:
+        if self.refusals > 0 and isinstance(contract, StepReply):
+            self.refusals -= 1
+            self.refused += 1
+            raise PublishRejected("the broker refused the message (drill)")
+        await self._publisher.publish(contract, **kwargs)
+
+    async def publish_raw(self, message: Any, *, exchange: str, routing_key: str) -> None:
+        await self._publisher.publish_raw(message, exchange=exchange, routing_key=routing_key)
+
+    async def close(self) -> None:
+        await self._publisher.close()
+
+
 class AgentRig:
     def __init__(self, remote: Remote, connection, settings) -> None:
         self.remote = remote
         self.replies: list[StepReply] = []
         self.connection = connection
         self.settings = settings
+        self.publisher: Refusing
 
     async def start(self) -> None:
         self.queue = PrivateQueue(
@@ -195,9 +226,9 @@ class AgentRig:
         )
         await self.queue.start()
         self.client = RemoteClient.open(self.remote.url)
-        publisher = await Publisher.open(self.connection, timeout=5)
+        self.publisher = Refusing(await Publisher.open(self.connection, timeout=5))
         self.agent = Agent(
-            "payment", self.client, publisher, self.settings, tickets=MemoryTickets()
+            "payment", self.client, self.publisher, self.settings, tickets=MemoryTickets()
         )
 
     async def ask(self, order_id: str, *, allowed: int = 3, seconds: float = 5) -> None:
@@ -254,6 +285,30 @@ async def test_agent_replies_ok_with_the_attempts_it_used(rig: AgentRig) -> None
     await rig.ask("o-ok")
     replies = await eventually(lambda: asyncio.sleep(0, rig.replies), what="a reply")
     assert replies[0].outcome is StepOutcome.OK and replies[0].attempts_used == 1
+
+
+async def test_a_reply_the_broker_refuses_is_published_again_within_the_deadline(
+    rig: AgentRig,
+) -> None:
+    """The effect is done: a reply refused while the broker fails over is sent again, not
+    dropped (the request is acknowledged after, so a redelivery would be a duplicate)."""
+    rig.publisher.refusals = 3
+    await rig.ask("o-refused", seconds=10)
+    [reply] = await eventually(lambda: asyncio.sleep(0, rig.replies), what="the reply")
+    assert reply.order_id == "o-refused" and reply.outcome is StepOutcome.OK
+    assert rig.publisher.refused == 3 and rig.calls() == 1, "the step's call is not made again"
+
+
+async def test_a_reply_refused_until_the_deadline_is_given_up(
+    rig: AgentRig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past the deadline the scheduler waits no more; the supervisor recovers the step."""
+    rig.publisher.refusals = 1000
+    started = asyncio.get_running_loop().time()
+    await rig.ask("o-refused-long", seconds=1.0)
+    assert asyncio.get_running_loop().time() - started < 5, "it stopped at the deadline"
+    assert rig.publisher.refused >= 2 and rig.replies == []
+    assert "could not publish the reply by the step's deadline" in caplog.text
 
 
 async def test_agent_retries_transient_failures_within_its_allowance_then_says_so(

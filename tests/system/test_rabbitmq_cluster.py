@@ -105,7 +105,12 @@ async def test_killing_the_leading_node_loses_no_order_and_repeats_no_effect(
         async def moving_again() -> bool:
             return await _processed(topo) > before
 
-        await eventually(moving_again, timeout=60, interval=0.1, what="an order Processed")
+        try:
+            await eventually(moving_again, timeout=60, interval=0.1, what="an order Processed")
+        except AssertionError:
+            with capsys.disabled():  # what the cluster was doing while nothing moved
+                print(f"\n{await asyncio.to_thread(cluster.diagnosis)}")
+            raise
         first_processed_s = time.monotonic() - killed_at
         await asyncio.to_thread(victim.start)  # it rejoins the cluster from its data
         restarted_s = time.monotonic() - killed_at
