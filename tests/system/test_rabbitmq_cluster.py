@@ -28,6 +28,10 @@ from tests.support.waiting import eventually
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres, pytest.mark.slow]
 
 ORDERS = 300
+STALL_S = 30.0
+"""No order Processed this long after the kill: the test prints the cluster's state (queues,
+leaders, consumers, the nodes' logs). The time to recover is a figure the test prints, not one
+it asserts (a loaded machine stretches it); that every order completes, once, is asserted."""
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +70,6 @@ async def _processed(topo: Topology) -> int:
     return (await topo.counts())[ProcessState.PROCESSED]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="quarantined, still run: in one CI run of stop 28 no order moved for 60 s after the "
-    "leading node was killed (it passed in every other run); not yet explained",
-)
 async def test_killing_the_leading_node_loses_no_order_and_repeats_no_effect(
     hub: str, tmp_path: Path, cluster: PrivateRabbitCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -102,15 +101,22 @@ async def test_killing_the_leading_node_loses_no_order_and_repeats_no_effect(
         killed_at = time.monotonic()
         killed_wall = time.time()
 
-        async def moving_again() -> bool:
-            return await _processed(topo) > before
+        diagnosed = False
 
-        try:
-            await eventually(moving_again, timeout=60, interval=0.1, what="an order Processed")
-        except AssertionError:
-            with capsys.disabled():  # what the cluster was doing while nothing moved
-                print(f"\n{await asyncio.to_thread(cluster.diagnosis)}")
-            raise
+        async def moving_again() -> bool:
+            nonlocal diagnosed
+            if await _processed(topo) > before:
+                return True
+            if not diagnosed and time.monotonic() - killed_at > STALL_S:
+                diagnosed = True  # what the cluster is doing while nothing moves, once
+                with capsys.disabled():
+                    print(
+                        f"\nno order Processed {STALL_S:g} s after the kill; the cluster now:\n"
+                        f"{await asyncio.to_thread(cluster.diagnosis)}"
+                    )
+            return False
+
+        await eventually(moving_again, timeout=180, interval=0.1, what="an order Processed")
         first_processed_s = time.monotonic() - killed_at
         await asyncio.to_thread(victim.start)  # it rejoins the cluster from its data
         restarted_s = time.monotonic() - killed_at
