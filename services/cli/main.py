@@ -22,6 +22,7 @@ from services.cli.render import PlainFormatter, plain
 from services.cli.serve import serve
 from services.cli.settings import LoadedSettings, settings_of
 from services.cli.simulate import simulate
+from services.cli.snapshot import snapshot
 from services.cli.submit import submit
 from services.cli.tokens import tokens
 from services.cli.uninitialised import not_initialised
@@ -124,6 +125,7 @@ main.add_command(nemesis)
 main.add_command(orders)
 main.add_command(serve)
 main.add_command(simulate)
+main.add_command(snapshot)
 main.add_command(stats)
 main.add_command(submit)
 main.add_command(tokens)

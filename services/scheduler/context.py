@@ -20,16 +20,33 @@ from shared.broker.topology import Names
 from shared.config import Settings
 from shared.crash import crash_point
 from shared.domain.journal import CompensationEntry, HistoryEvent, HistoryEventType
-from shared.domain.messages import StepAction, StepReply, StepRequest
+from shared.domain.messages import StepAction, StepOutcome, StepReply, StepRequest
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.timing import utcnow
 from shared.domain.updates import RecoveryPolicy, Update, extend_deadline
+from shared.domain.workflow import WORKFLOWS
 from shared.errors import PublishError, Superseded
 from shared.metrics import STEP_OUTCOMES, STEP_SECONDS
 from shared.reporting import Reporter
 from shared.store.port import StateStore, UndoMark
 
 log = logging.getLogger(__name__)
+
+
+STEP_OUTCOME_NAMES = (*(o.value for o in StepOutcome), "deadline")
+
+
+def step_series_from_the_start() -> None:
+    """Every step's latency and outcome series, at zero, from the scheduler's start: a series
+    born with its first observation already counted is invisible to `rate` and `increase`, so
+    the dashboard's step latency and outcomes would miss whatever happened between two scrapes
+    after a (re)start (Prometheus's advice: initialise the label sets you know)."""
+    for workflow in WORKFLOWS:
+        for step in workflow.steps:
+            for action in StepAction:
+                STEP_SECONDS.labels(step.name, action.value)
+                for outcome in STEP_OUTCOME_NAMES:
+                    STEP_OUTCOMES.labels(step.name, action.value, outcome)
 
 
 Renew = Callable[[], Awaitable[datetime]]

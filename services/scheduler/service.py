@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from services.scheduler.compensator import Compensator
-from services.scheduler.context import AttemptContext
+from services.scheduler.context import AttemptContext, step_series_from_the_start
 from services.scheduler.leader_watch import LeaderWatch
 from services.scheduler.runner import OrderRunner
 from shared import crash
@@ -53,6 +53,7 @@ class Scheduler:
         self._rt = runtime
         self._settings = runtime.settings
         self.name = runtime.name
+        step_series_from_the_start()
         self._router = ReplyRouter(runtime.senders("scheduler"))
         self._replies = PrivateQueue(
             runtime.connection,

@@ -1,0 +1,236 @@
+"""A snapshot of the dashboard: every panel of the provisioned Grafana dashboard (the same
+`PANELS`, services/deploy/observability.py), queried from Prometheus over a time range and drawn
+into one self-contained HTML file (inline SVG, no script, nothing fetched when it is opened).
+
+For what Grafana cannot do for you at 3 a.m.: attach what the dashboard showed to an incident
+report, look at it where Grafana is not (a laptop, a ticket, a chat), or keep it after
+Prometheus's retention dropped the data. `orderflow snapshot --prometheus URL` writes one.
+
+The page follows the dashboard: the panels in its order, two to a row, each with its title, its
+series named by the panel's legend formats (`{{label}}`), and "No data" where Grafana would say
+so. Every label value and title is escaped: metric labels carry queue and operation names.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from services.deploy.observability import PANELS, Panel
+from shared.errors import ServiceUnavailable, one_line
+
+WIDTH = 600
+HEIGHT = 240
+PLOT = (56, 12, WIDTH - 12, HEIGHT - 28)
+"""The plot area inside a panel's SVG: left, top, right, bottom."""
+MAX_LEGEND = 8
+"""Series a legend names; a panel with more lists the busiest (by peak) first."""
+COLOURS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
+LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line of a panel: its legend and its points (unix seconds, value)."""
+
+    name: str
+    points: tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """One panel as queried: its series, and the errors of expressions Prometheus refused."""
+
+    panel: Panel
+    series: tuple[Series, ...]
+    errors: tuple[str, ...] = ()
+
+
+def legend(template: str, labels: dict[str, str]) -> str:
+    """Grafana's legend format: `{{label}}` replaced by the series' value of that label
+    (empty when it has none); a legend that comes out blank names the series by its labels."""
+    name = LEGEND_LABEL.sub(lambda m: labels.get(m.group(1), ""), template).strip()
+    if name:
+        return name
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "__name__")
+    return f"{{{shown}}}"
+
+
+def series_of(result: Sequence[dict[str, Any]], template: str) -> list[Series]:
+    """The series of a `query_range` matrix, NaN and infinite samples left out (a quantile of
+    no observations is NaN: a gap, as Grafana draws it), and a series left with no point at
+    all not listed (the quantiles of steps that never ran in the range)."""
+    found = []
+    for item in result:
+        points = []
+        for at, raw in item.get("values", []):
+            value = float(raw)
+            if math.isfinite(value):
+                points.append((float(at), value))
+        if points:
+            found.append(Series(legend(template, dict(item.get("metric", {}))), tuple(points)))
+    return found
+
+
+async def query_panels(
+    prometheus: str,
+    *,
+    start: float,
+    end: float,
+    step: float,
+    panels: Sequence[Panel] = PANELS,
+    timeout: float = 10.0,
+) -> list[Drawn]:
+    """Every panel's expressions over [start, end], one `query_range` each. An expression
+    Prometheus refuses is shown as an error in its panel; Prometheus unreachable is
+    `ServiceUnavailable`."""
+    url = prometheus.rstrip("/") + "/api/v1/query_range"
+    drawn = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+        for panel in panels:
+            series: list[Series] = []
+            errors: list[str] = []
+            for expr, template in panel.targets:
+                params = {"query": expr, "start": str(start), "end": str(end), "step": str(step)}
+                try:
+                    async with session.get(url, params=params) as answer:
+                        body = await answer.json(content_type=None)
+                except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                    raise ServiceUnavailable(
+                        f"Prometheus at {prometheus} does not answer: {one_line(exc)}"
+                    ) from exc
+                if body.get("status") != "success":
+                    errors.append(f"{expr}: {body.get('error', 'refused')}")
+                    continue
+                series.extend(series_of(body["data"]["result"], template))
+            if len(series) > MAX_LEGEND:  # the legend names the busiest first
+                series.sort(key=lambda one: max(abs(v) for _, v in one.points), reverse=True)
+            drawn.append(Drawn(panel, tuple(series), tuple(errors)))
+    return drawn
+
+
+def formatted(value: float, unit: str) -> str:
+    """A tick label in the panel's unit (Grafana's `short`, `ops` and `s`)."""
+    if unit == "s":
+        return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.3g} s"
+    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= size:
+            text = f"{value / size:.3g}{suffix}"
+            break
+    else:
+        text = f"{value:.3g}"
+    return f"{text}/s" if unit == "ops" else text
+
+
+def _svg(drawn: Drawn, start: float, end: float) -> str:
+    left, top, right, bottom = PLOT
+    values = [v for s in drawn.series for _, v in s.points]
+    low = min([0.0, *values])
+    high = max([0.0, *values])
+    if not high > low:  # flat, or nothing: a range around it (1.0 lost to a huge value's ulp)
+        high = low + max(1.0, abs(low))
+    span = end - start or 1.0
+
+    def x(at: float) -> float:
+        return left + (at - start) / span * (right - left)
+
+    def y(value: float) -> float:
+        return bottom - (value - low) / (high - low) * (bottom - top)
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img">'
+    ]
+    for fraction in (0.0, 0.5, 1.0):  # the grid, with its values
+        value = low + fraction * (high - low)
+        parts.append(
+            f'<line x1="{left}" x2="{right}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
+            'stroke="#ddd"/>'
+            f'<text x="{left - 6}" y="{y(value) + 4:.1f}" text-anchor="end" font-size="11" '
+            f'fill="#555">{html.escape(formatted(value, drawn.panel.unit))}</text>'
+        )
+    for at, anchor in ((start, "start"), (end, "end")):
+        clock = datetime.fromtimestamp(at, UTC).strftime("%H:%M:%S")
+        parts.append(
+            f'<text x="{x(at):.1f}" y="{bottom + 18}" text-anchor="{anchor}" font-size="11" '
+            f'fill="#555">{clock}</text>'
+        )
+    for n, series in enumerate(drawn.series):
+        colour = COLOURS[n % len(COLOURS)]
+        if len(series.points) == 1:
+            (at, value) = series.points[0]
+            parts.append(f'<circle cx="{x(at):.1f}" cy="{y(value):.1f}" r="2" fill="{colour}"/>')
+        elif series.points:
+            line = " ".join(f"{x(at):.1f},{y(value):.1f}" for at, value in series.points)
+            parts.append(
+                f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
+            )
+    if not values:
+        parts.append(
+            f'<text x="{(left + right) / 2}" y="{(top + bottom) / 2}" text-anchor="middle" '
+            'font-size="14" fill="#888">No data</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _legend_html(series: Sequence[Series]) -> str:
+    items = [
+        f'<li><span style="background:{COLOURS[n % len(COLOURS)]}"></span>'
+        f"{html.escape(s.name)}</li>"
+        for n, s in enumerate(series[:MAX_LEGEND])
+    ]
+    if len(series) > MAX_LEGEND:
+        items.append(f"<li>… and {len(series) - MAX_LEGEND} more</li>")
+    return f'<ul class="legend">{"".join(items)}</ul>'
+
+
+STYLE = """
+body { font-family: sans-serif; margin: 16px; color: #222; background: #f4f5f7; }
+h1 { font-size: 18px; margin: 0 0 4px; } p.range { margin: 0 0 12px; color: #555; }
+main { display: grid; grid-template-columns: repeat(2, 624px); gap: 12px; }
+section { background: #fff; border: 1px solid #d8dbe0; border-radius: 4px; padding: 6px; }
+h2 { font-size: 14px; margin: 2px 6px 4px; }
+ul.legend { list-style: none; margin: 2px 6px; padding: 0; font-size: 12px; }
+ul.legend li { display: inline-block; margin-right: 12px; }
+ul.legend span { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
+p.error { color: #b00; font-size: 12px; margin: 2px 6px; }
+"""
+
+
+def render(drawn: Sequence[Drawn], *, start: float, end: float, title: str) -> str:
+    """The snapshot page: one section per panel, in the dashboard's order."""
+    sections = []
+    for panel in drawn:
+        errors = "".join(f'<p class="error">{html.escape(e)}</p>' for e in panel.errors)
+        sections.append(
+            f"<section><h2>{html.escape(panel.panel.title)}</h2>"
+            f"{_svg(panel, start, end)}{_legend_html(panel.series)}{errors}</section>"
+        )
+    since = datetime.fromtimestamp(start, UTC).isoformat(timespec="seconds")
+    until = datetime.fromtimestamp(end, UTC).isoformat(timespec="seconds")
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1>"
+        f'<p class="range">{since} to {until} (UTC)</p>'
+        f"<main>{''.join(sections)}</main></body></html>\n"
+    )
