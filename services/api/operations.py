@@ -26,7 +26,7 @@ from services.operator import actions
 from services.operator.actions import COMPENSATE, Outcome, refused
 from services.operator.cancellation import cancel_order
 from services.operator.explain import fingerprint, group_failures
-from services.operator.stats import queue_depths_on, store_stats
+from services.operator.stats import process_stats, queue_depths_on, store_stats
 from services.operator.views import (
     FAILED,
     matching,
@@ -42,7 +42,7 @@ from shared.broker.connection import login_user
 from shared.broker.senders import Senders
 from shared.domain.durations import parse_duration
 from shared.domain.journal import ALERT_ID_LIMIT, Alert, AlertAction, AlertState
-from shared.domain.models import APP_ORDER_ID, OrderId
+from shared.domain.models import APP_ORDER_ID
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.timing import utcnow
 from shared.errors import BadInput
@@ -52,9 +52,10 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/ops", tags=["operator"])
 Context = Annotated[ApiContext, Depends(context)]
-SystemOrderId = Annotated[
-    str, Query(pattern=rf"^([a-z][a-z0-9_-]{{0,39}}/)?{APP_ORDER_ID}$", max_length=105)
-]
+SYSTEM_ORDER_ID = rf"^([a-z][a-z0-9_-]{{0,39}}/)?{APP_ORDER_ID}$"
+"""An order's id as the store holds it: the application's id, prefixed with its shop's name when
+a shop placed it."""
+SystemOrderId = Annotated[str, Query(pattern=SYSTEM_ORDER_ID, max_length=105)]
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "A filter or a value that makes no sense."},
     401: {"model": ErrorBody, "description": "No token, or an unknown or revoked one."},
@@ -244,7 +245,6 @@ def _iso_text(value: Any) -> Any:
 
 
 WireTime = Annotated[AwareDatetime, BeforeValidator(_iso_text)]
-SYSTEM_ORDER_ID = rf"^([a-z][a-z0-9_-]{{0,39}}/)?{APP_ORDER_ID}$"
 
 
 class Selected(Body):
@@ -504,9 +504,7 @@ async def stats(ctx: Context, who: Viewer) -> Json:
 @router.get("/processes", responses=ERRORS)
 async def processes(ctx: Context, who: Viewer) -> Json:
     """The processes reporting, their open circuit breakers and intake, the leader."""
-    snapshot = await store_stats(ctx.store, ctx.settings)
-    keep = ("processes", "open_breakers", "leader", "intake")
-    return {k: snapshot[k] for k in keep}
+    return await process_stats(ctx.store, now=utcnow())
 
 
-__all__ = ["OrderId", "router"]
+__all__ = ["router"]

@@ -48,7 +48,6 @@ async def store_stats(store: StateStore, settings: Settings) -> dict[str, Any]:
     """What `gather_stats` reads from the store (all but the queue depths)."""
     now = utcnow()
     by_state = await store.count_by_state()
-    lease = await store.lease_get(LEASE)
     # One more than the cap, to tell "exactly the cap" from "more than the cap".
     stuck = await store.find_stuck_pending(
         due_before=now - timedelta(seconds=settings.stuck_pending_s), limit=COUNT_CAP + 1
@@ -57,11 +56,6 @@ async def store_stats(store: StateStore, settings: Settings) -> dict[str, Any]:
         now=now - timedelta(seconds=settings.step_timeout_s),
         states=frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING}),
         limit=COUNT_CAP + 1,
-    )
-    components = await store.list_status(now=now)
-    leader = lease.holder if lease is not None and lease.expires_at > now else None
-    breakers = sorted(
-        {f"{c.name}: {op}" for c in components for op in c.data.get("open_breakers", [])}
     )
     return {
         "hub": settings.hub,
@@ -72,6 +66,20 @@ async def store_stats(store: StateStore, settings: Settings) -> dict[str, Any]:
         "overdue": [r.order_id for r in overdue.records[:COUNT_CAP]],
         "overdue_capped": len(overdue.records) > COUNT_CAP,
         "count_cap": COUNT_CAP,
+        **await process_stats(store, now=now),
+    }
+
+
+async def process_stats(store: StateStore, *, now: datetime) -> dict[str, Any]:
+    """The processes reporting (their heartbeats), their open circuit breakers and intake, and
+    the supervisor leader: two reads, for `stats` and the console's processes."""
+    lease = await store.lease_get(LEASE)
+    components = await store.list_status(now=now)
+    leader = lease.holder if lease is not None and lease.expires_at > now else None
+    breakers = sorted(
+        {f"{c.name}: {op}" for c in components for op in c.data.get("open_breakers", [])}
+    )
+    return {
         "processes": processes(components, now),
         "open_breakers": breakers,
         "leader": leader,

@@ -273,7 +273,11 @@ async def test_operator_endpoints_do_what_the_cli_does_as_the_token_s_holder(
 
     stats = await api.call("GET", "/ops/stats", viewer)
     assert stats.body["by_state"]["Processed"] == 3 and stats.body["queues"]
-    assert (await api.call("GET", "/ops/processes", viewer)).body["leader"]
+    running = (await api.call("GET", "/ops/processes", viewer)).body
+    assert set(running) == {"processes", "open_breakers", "leader", "intake"}, running
+    assert running["leader"] and isinstance(running["open_breakers"], list)
+    assert {"scheduler", "supervisor"} <= {p["kind"] for p in running["processes"]}
+    assert {c["process"] for c in running["intake"]} <= {p["name"] for p in running["processes"]}
     alerts = await api.call("GET", "/ops/alerts", viewer)
     assert {a["kind"] for a in alerts.body["alerts"]} >= {"order-error"}
     # Acknowledged and resolved as the token's holder (`alerts ack|resolve`), the first standing.
