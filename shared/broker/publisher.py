@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -124,8 +125,11 @@ class Publisher:
         if message.user_id is None:
             message.user_id = self._user_id
         try:
-            ex = await self._exchange(exchange)
-            await ex.publish(message, routing_key, mandatory=True, timeout=self._timeout)
+            # The whole of it within the timeout: a robust channel whose connection is being
+            # restored waits for it before it publishes, for as long as that takes.
+            async with asyncio.timeout(self._timeout):
+                ex = await self._exchange(exchange)
+                await ex.publish(message, routing_key, mandatory=True, timeout=self._timeout)
         except aiormq.exceptions.PublishError as exc:
             raise PublishUnroutable(f"no queue takes messages for {target}") from exc
         except aiormq.exceptions.DeliveryError as exc:
@@ -133,6 +137,9 @@ class Publisher:
                 f"the broker refused the message for {target} (queue full or unavailable)"
             ) from exc
         except TimeoutError as exc:
-            raise PublishError(f"no confirm for {target} within {self._timeout}s") from exc
+            raise PublishError(
+                f"no confirm for {target} within {self._timeout}s (the broker did not answer, "
+                "or the connection to it was being restored)"
+            ) from exc
         except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
             raise PublishError(f"publishing to {target} failed: {exc!r}") from exc

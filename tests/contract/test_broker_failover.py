@@ -6,6 +6,8 @@ with a node killed under load: tests/system/test_rabbitmq_cluster.py."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 from urllib.parse import urlsplit, urlunsplit
 
@@ -14,7 +16,8 @@ import pytest
 
 from services.nemesis.process import free_port
 from shared.broker.connection import FailoverConnection, connect, connected_node
-from shared.errors import ServiceUnavailable
+from shared.broker.publisher import Publisher
+from shared.errors import PublishError, ServiceUnavailable
 from tests.conftest import RABBITMQ_URL, service_missing
 from tests.support.waiting import eventually
 
@@ -101,5 +104,80 @@ async def test_a_lost_connection_fails_over_past_a_dead_node(nodes: tuple[str, s
         message = await eventually(lambda: queue.get(fail=False), timeout=5, what="a message")
         assert message is not None and message.body == b"after"
         await message.ack()
+    finally:
+        await connection.close()
+
+
+class CuttableProxy:
+    """A TCP forwarder to the real broker, which can be cut: connections closed and the port
+    refusing, as a node that died looks to its clients."""
+
+    def __init__(self, upstream: str) -> None:
+        parts = urlsplit(upstream)
+        self._upstream = (parts.hostname or "127.0.0.1", parts.port or 5672)
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self._upstream)
+        self._writers += [writer, up_writer]
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def cut(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:
+            writer.close()
+        await self._server.wait_closed()
+
+
+async def test_a_publish_while_no_node_answers_fails_within_its_timeout() -> None:
+    """While its connection is being restored, a publish fails (at once, or within the
+    publisher's timeout, which covers any wait for the channel too), never hangs: a process
+    publishing while every node is away would otherwise wait there with nothing logged, and a
+    step request held that way would be neither renewed nor reported."""
+    proxy = CuttableProxy(RABBITMQ_URL)
+    await proxy.start()
+    via_proxy = _on_host(RABBITMQ_URL, f"127.0.0.1:{proxy.port}")
+    try:
+        connection = await connect(via_proxy, timeout=5, name="failover-test")
+    except ServiceUnavailable as exc:
+        service_missing("RabbitMQ", exc)
+    try:
+        publisher = await Publisher.open(connection, timeout=1.0)
+        channel = await connection.channel()
+        queue = await channel.declare_queue(exclusive=True)
+        await publisher.publish_raw(
+            aio_pika.Message(b"before"), exchange="", routing_key=queue.name
+        )
+        await proxy.cut()
+
+        async def reconnecting() -> bool:  # its reconnection attempts refused, one a second
+            return not connection.connected.is_set() and connection.transport is None
+
+        await eventually(reconnecting, timeout=10, what="the connection lost and not back")
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(PublishError):
+            # The guard only keeps a hanging publish from hanging the test.
+            await asyncio.wait_for(
+                publisher.publish_raw(
+                    aio_pika.Message(b"after"), exchange="", routing_key=queue.name
+                ),
+                timeout=15,
+            )
+        assert asyncio.get_running_loop().time() - started < 5
     finally:
         await connection.close()
