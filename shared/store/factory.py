@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from shared import crash
 from shared.config import Settings
-from shared.store.mongo import MongoStore
 from shared.store.port import StateStore
-from shared.store.postgres import BeforeClaimCommit, PostgresStore
+
+if TYPE_CHECKING:
+    from shared.store.postgres import BeforeClaimCommit
 
 
 async def open_store(settings: Settings) -> StateStore:
-    """Connect to the store `ORDERFLOW_STORE_URL` names, in the hub's schema or database."""
+    """Connect to the store `ORDERFLOW_STORE_URL` names, in the hub's schema or database.
+    Only its adapter is imported: a process on PostgreSQL never loads PyMongo, nor the other
+    way round."""
     url, hub = settings.store_url, settings.hub
     pool_size, timeout = settings.store_pool_size, settings.connect_timeout_s
     command_timeout = settings.store_command_timeout_s
     if settings.store_kind != "postgresql":
+        from shared.store.mongo import MongoStore  # noqa: PLC0415 - only its own adapter
+
         return await MongoStore.connect(
             url, hub, pool_size=pool_size, timeout=timeout, command_timeout=command_timeout
         )
+    from shared.store.postgres import PostgresStore  # noqa: PLC0415 - only its own adapter
+
     return await PostgresStore.connect(
         url,
         hub,
