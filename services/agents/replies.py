@@ -9,12 +9,18 @@ step's other work at full throughput).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
-from tenacity import AsyncRetrying, RetryError, retry_if_exception, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    RetryError,
+    retry_if_exception,
+    wait_exponential_jitter,
+)
 
 from services.agents.calls import Outcome
-from shared.backoff import stop_after
 from shared.broker.consumer import Delivery
 from shared.broker.delivery import is_outage
 from shared.broker.publisher import Publishing
@@ -109,30 +115,40 @@ async def send_reply(
     waiting and the supervisor recovers the step, which finds the effect done. Returning
     without a reply while the broker was merely away would lose it for good: the request is
     then acknowledged and its message id marked handled, so a redelivery is a duplicate."""
-    left = (request.complete_by - utcnow()).total_seconds()
+    loop = asyncio.get_running_loop()
+    until = loop.time() + max(0.0, (request.complete_by - utcnow()).total_seconds())
+
+    def past_the_deadline(state: RetryCallState) -> bool:
+        return loop.time() + (state.upcoming_sleep or 0.0) >= until  # its pause counted too
+
     try:
         async for attempt in AsyncRetrying(
-            stop=stop_after(max(0.0, left)),
+            stop=past_the_deadline,
             wait=wait_exponential_jitter(multiplier=0.1, max=1.0, jitter=0.1),
             retry=retry_if_exception(is_outage),
         ):
             with attempt:
-                await publisher.publish(
-                    reply,
-                    exchange=exchange,
-                    routing_key=request.reply_to,
-                    message_id=f"{delivery.message_id}:reply",
-                    # The request's own (random) correlation id: the only one its scheduler
-                    # takes.
-                    correlation_id=delivery.correlation_id,
-                )
+                # The first try has the publisher's own timeout; a try again, what is left.
+                again = attempt.retry_state.attempt_number > 1
+                try:
+                    async with asyncio.timeout(max(0.0, until - loop.time()) if again else None):
+                        await publisher.publish(
+                            reply,
+                            exchange=exchange,
+                            routing_key=request.reply_to,
+                            message_id=f"{delivery.message_id}:reply",
+                            # The request's own (random) correlation id: the only one its
+                            # scheduler takes.
+                            correlation_id=delivery.correlation_id,
+                        )
+                except TimeoutError:
+                    raise PublishError("the broker took no reply by the step's deadline") from None
     except PublishUnroutable:
         # The scheduler that asked is gone: late replies are ignored by design.
         log.info("reply queue is gone; dropping the reply")
-    except (RetryError, PublishError) as exc:
-        error = exc.last_attempt.exception() if isinstance(exc, RetryError) else exc
+    except RetryError as exc:
         log.warning(
             "could not publish the reply by the step's deadline; the supervisor recovers "
             "the step, and finds its effect done",
-            extra={"error": str(error)},
+            extra={"error": str(exc.last_attempt.exception())},
         )

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from shared.domain.states import ErrorKind
 from shared.domain.timing import utcnow
 from shared.errors import (
     PublishRejected,
+    PublishUnroutable,
     RemoteDeclined,
     RemoteFenced,
     RemoteRejected,
@@ -187,19 +189,21 @@ async def test_fault_knobs_are_validated(client) -> None:
 
 
 class Refusing:
-    """The real publisher, but the broker's refusal (a negative confirm, as from a quorum queue
-    between leaders) of the next `refusals` step replies, before passing them on."""
+    """The real publisher, but the next `refusals` step replies fail with `error` first (by
+    default the broker's refusal, a negative confirm, as from a quorum queue between leaders)
+    before the rest are passed on."""
 
     def __init__(self, publisher: Publisher) -> None:
         self._publisher = publisher
         self.refusals = 0
         self.refused = 0
+        self.error: Callable[[], Exception] = lambda: PublishRejected("refused (drill)")
 
     async def publish(self, contract: Any, **kwargs: Any) -> None:
         if self.refusals > 0 and isinstance(contract, StepReply):
             self.refusals -= 1
             self.refused += 1
-            raise PublishRejected("the broker refused the message (drill)")
+            raise self.error()
         await self._publisher.publish(contract, **kwargs)
 
     async def publish_raw(self, message: Any, *, exchange: str, routing_key: str) -> None:
@@ -306,9 +310,33 @@ async def test_a_reply_refused_until_the_deadline_is_given_up(
     rig.publisher.refusals = 1000
     started = asyncio.get_running_loop().time()
     await rig.ask("o-refused-long", seconds=1.0)
-    assert asyncio.get_running_loop().time() - started < 5, "it stopped at the deadline"
+    # The deadline, plus the remote call before it and one try's overrun at most.
+    assert asyncio.get_running_loop().time() - started < 1.0 + 0.5, "it stopped at the deadline"
     assert rig.publisher.refused >= 2 and rig.replies == []
     assert "could not publish the reply by the step's deadline" in caplog.text
+
+
+async def test_a_reply_nobody_waits_for_is_dropped_at_once(
+    rig: AgentRig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unroutable: the scheduler that asked is gone (its reply queue with it)."""
+    caplog.set_level(logging.INFO, logger="services.agents.agent")
+    rig.publisher.refusals = 1000
+    rig.publisher.error = lambda: PublishUnroutable("no queue takes it (drill)")
+    await rig.ask("o-unroutable", seconds=10)
+    assert rig.publisher.refused == 1, "not tried again"
+    assert "reply queue is gone" in caplog.text
+    assert "could not publish the reply" not in caplog.text
+
+
+async def test_a_reply_failing_for_another_reason_is_not_retried(rig: AgentRig) -> None:
+    """Not an outage: the error reaches the consumer, whose outcome table decides (set aside,
+    then dead-lettered), rather than being tried again until the deadline."""
+    rig.publisher.refusals = 1000
+    rig.publisher.error = lambda: ValueError("a bug (drill)")
+    with pytest.raises(ValueError, match="a bug"):
+        await rig.ask("o-bug", seconds=10)
+    assert rig.publisher.refused == 1
 
 
 async def test_agent_retries_transient_failures_within_its_allowance_then_says_so(
