@@ -17,6 +17,16 @@ from shared.masking import mask_credentials
 
 POINTS = 240
 """Points per series: a step of the range over this (at least 1 s)."""
+UNTIL_FORMATS = [
+    "%Y-%m-%dT%H:%M:%S.%f%z",
+    "%Y-%m-%dT%H:%M:%S%z",
+    "%Y-%m-%dT%H:%M%z",
+    "%Y-%m-%dT%H:%M:%S.%f",
+    "%Y-%m-%dT%H:%M:%S",
+    "%Y-%m-%d %H:%M:%S",
+    "%Y-%m-%dT%H:%M",
+]
+"""What `--until` takes: a log line's `at` as it is, or a time without offset, read as UTC."""
 
 
 @click.command()
@@ -36,8 +46,9 @@ POINTS = 240
 )
 @click.option(
     "--until",
-    type=click.DateTime(formats=["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M"]),
-    help="Where it ends, in UTC [default: now]: an incident's time, looked at afterwards.",
+    type=click.DateTime(formats=UNTIL_FORMATS),
+    help="Where it ends [default: now]: an incident's time, looked at afterwards. With an "
+    "offset (as the log lines' `at`, 2026-12-04T03:10:00.123+00:00), or else in UTC.",
 )
 @click.option(
     "--out",
@@ -51,21 +62,30 @@ def snapshot(
     """The dashboard's panels over the last MINUTES, as one self-contained HTML page (no
     script; nothing is fetched when it is opened): to attach to an incident report, or to keep
     after Prometheus's retention dropped the data."""
-    end = (until.replace(tzinfo=UTC) if until else datetime.now(UTC)).timestamp()
+    if out is not None and not out.parent.is_dir():
+        raise click.BadParameter(f"{out.parent} is not a directory", param_hint="'--out'")
+    if until is None:
+        until = datetime.now(UTC)
+    elif until.tzinfo is None:
+        until = until.replace(tzinfo=UTC)
+    end = until.timestamp()
     start = end - minutes * 60
     step = max(1.0, (end - start) / POINTS)
     drawn = asyncio.run(query_panels(prometheus, start=start, end=end, step=step))
-    page = render(drawn, start=start, end=end, title=f"orderflow: hub {settings.hub}")
+    page = render(drawn, start=start, end=end, step=step, title=f"orderflow: hub {settings.hub}")
     if out is None:
         sys.stdout.write(page)
-        return
-    out.write_text(page, encoding="utf-8")
+    else:
+        out.write_text(page, encoding="utf-8")
     empty = [d.panel.title for d in drawn if not any(s.points for s in d.series)]
     click.echo(
-        f"wrote {out}: {len(drawn)} panels from {mask_credentials(prometheus)}, "
+        f"wrote {out or 'the page to standard output'}: {len(drawn)} panels from "
+        f"{mask_credentials(prometheus)}, "
         + (f"{len(empty)} with no data: {'; '.join(empty)}" if empty else "each with data"),
         err=True,
     )
     for panel in drawn:
         for error in panel.errors:
             click.echo(f"{panel.panel.title}: Prometheus refused {error}", err=True)
+        for note in panel.notes:
+            click.echo(f"{panel.panel.title}: Prometheus warned {note}", err=True)

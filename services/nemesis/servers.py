@@ -455,7 +455,8 @@ class PrivateRabbitCluster:
 
     def diagnosis(self, *, lines: int = 40) -> str:
         """What a failed test prints about the cluster: its running nodes, every queue's
-        leader, members, consumers and depths, and the end of each node's own log."""
+        leader, online members, consumers and depths, and the end of each node's own log.
+        Never raises: a diagnosis must not hide the failure it explains."""
         parts: list[str] = []
         try:
             parts.append(f"running nodes: {sorted(self.running_nodes())}")
@@ -471,17 +472,19 @@ class PrivateRabbitCluster:
                 "--formatter",
                 "json",
                 check=False,
+                timeout=10,
             )
             parts.append(f"queues: {done.stdout.strip() or done.stderr.strip()}")
-        except Exception as exc:  # a diagnosis never hides the failure it explains
+        except Exception as exc:
             parts.append(f"cluster state unavailable: {exc}")
         for node in self.nodes:
-            logs = sorted((node.base / "log").glob("*.log")) if node._base else []
-            for path in logs:
-                text = path.read_text(errors="replace").splitlines()[-lines:]
-                if not text:
-                    continue
-                parts.append(f"--- {node.node} {path.name} ---\n" + "\n".join(text))
+            try:
+                for path in sorted((node.base / "log").glob("*.log")):
+                    text = path.read_text(errors="replace").splitlines()[-lines:]
+                    if text:
+                        parts.append(f"--- {node.node} {path.name} ---\n" + "\n".join(text))
+            except (OSError, ServerError) as exc:
+                parts.append(f"--- {node.node}: no log ({exc})")
         return "\n".join(parts)
 
     def leaders(self) -> dict[str, str]:

@@ -14,6 +14,7 @@ so. Every label value and title is escaped: metric labels carry queue and operat
 from __future__ import annotations
 
 import html
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -31,7 +32,9 @@ HEIGHT = 240
 PLOT = (56, 12, WIDTH - 12, HEIGHT - 28)
 """The plot area inside a panel's SVG: left, top, right, bottom."""
 MAX_LEGEND = 8
-"""Series a legend names; a panel with more lists the busiest (by peak) first."""
+"""Series a legend names; a panel with more lists the busiest (by peak) first, and draws the
+rest in grey."""
+GREY = "#c0c0c0"
 COLOURS = (
     "#1f77b4",
     "#ff7f0e",
@@ -57,11 +60,13 @@ class Series:
 
 @dataclass(frozen=True)
 class Drawn:
-    """One panel as queried: its series, and the errors of expressions Prometheus refused."""
+    """One panel as queried: its series, the errors of expressions Prometheus refused (or
+    answered with something else than a range), and its warnings (partial data, say)."""
 
     panel: Panel
     series: tuple[Series, ...]
     errors: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 def legend(template: str, labels: dict[str, str]) -> str:
@@ -90,6 +95,41 @@ def series_of(result: Sequence[dict[str, Any]], template: str) -> list[Series]:
     return found
 
 
+RANGE_SELECTOR = re.compile(r"\[(\d+)([smh])\]")
+UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
+
+
+def widened(expr: str, step: float) -> str:
+    """`expr` with every range selector shorter than `step` widened to it, as Grafana's
+    `$__rate_interval` does: `rate(x[1m])` evaluated every 6 minutes would see one minute in
+    six, and miss what happened between."""
+
+    def one(match: re.Match[str]) -> str:
+        seconds = int(match.group(1)) * UNIT_SECONDS[match.group(2)]
+        return match.group(0) if seconds >= step else f"[{math.ceil(step)}s]"
+
+    return RANGE_SELECTOR.sub(one, expr)
+
+
+def read_answer(
+    expr: str, template: str, status: int, body: Any
+) -> tuple[list[Series], list[str], list[str]]:
+    """One `query_range` answer: its series, the error that replaced them, and its warnings.
+    Anything but a successful range (a proxy's page, an instant vector from a look-alike
+    backend) is an error shown in the panel, never a failure of the whole snapshot."""
+    if not isinstance(body, dict):
+        return [], [f"{expr}: HTTP {status}, not a Prometheus answer"], []
+    notes = [f"{expr}: {note}" for key in ("warnings", "infos") for note in body.get(key) or []]
+    if body.get("status") != "success":
+        return [], [f"{expr}: {body.get('error') or f'HTTP {status}'}"], notes
+    data = body.get("data")
+    kind = data.get("resultType") if isinstance(data, dict) else None
+    result = data.get("result") if isinstance(data, dict) else None
+    if kind != "matrix" or not isinstance(result, list):
+        return [], [f"{expr}: a {kind or 'malformed'} answer, not a range"], notes
+    return series_of([r for r in result if isinstance(r, dict)], template), [], notes
+
+
 async def query_panels(
     prometheus: str,
     *,
@@ -99,31 +139,41 @@ async def query_panels(
     panels: Sequence[Panel] = PANELS,
     timeout: float = 10.0,
 ) -> list[Drawn]:
-    """Every panel's expressions over [start, end], one `query_range` each. An expression
-    Prometheus refuses is shown as an error in its panel; Prometheus unreachable is
-    `ServiceUnavailable`."""
+    """Every panel's expressions over [start, end], one `query_range` each (their ranges
+    widened to the step). What Prometheus refuses is shown in its panel; Prometheus
+    unreachable is `ServiceUnavailable`."""
     url = prometheus.rstrip("/") + "/api/v1/query_range"
     drawn = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
         for panel in panels:
             series: list[Series] = []
             errors: list[str] = []
+            notes: list[str] = []
             for expr, template in panel.targets:
-                params = {"query": expr, "start": str(start), "end": str(end), "step": str(step)}
+                params = {
+                    "query": widened(expr, step),
+                    "start": str(start),
+                    "end": str(end),
+                    "step": str(step),
+                }
                 try:
                     async with session.get(url, params=params) as answer:
-                        body = await answer.json(content_type=None)
-                except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                        status, text = answer.status, await answer.text()
+                except (aiohttp.ClientError, TimeoutError) as exc:
                     raise ServiceUnavailable(
                         f"Prometheus at {prometheus} does not answer: {one_line(exc)}"
                     ) from exc
-                if body.get("status") != "success":
-                    errors.append(f"{expr}: {body.get('error', 'refused')}")
-                    continue
-                series.extend(series_of(body["data"]["result"], template))
+                try:
+                    body: Any = json.loads(text)
+                except ValueError:
+                    body = None
+                found, failed, noted = read_answer(expr, template, status, body)
+                series += found
+                errors += failed
+                notes += noted
             if len(series) > MAX_LEGEND:  # the legend names the busiest first
                 series.sort(key=lambda one: max(abs(v) for _, v in one.points), reverse=True)
-            drawn.append(Drawn(panel, tuple(series), tuple(errors)))
+            drawn.append(Drawn(panel, tuple(series), tuple(errors), tuple(notes)))
     return drawn
 
 
@@ -140,7 +190,24 @@ def formatted(value: float, unit: str) -> str:
     return f"{text}/s" if unit == "ops" else text
 
 
-def _svg(drawn: Drawn, start: float, end: float) -> str:
+def runs(points: Sequence[tuple[float, float]], step: float) -> list[list[tuple[float, float]]]:
+    """The points cut where samples are missing (NaN, or a series gone stale): a gap, as
+    Grafana leaves one, rather than a line drawn across it."""
+    cut: list[list[tuple[float, float]]] = []
+    for point in points:
+        if cut and point[0] - cut[-1][-1][0] <= step * 1.5:
+            cut[-1].append(point)
+        else:
+            cut.append([point])
+    return cut
+
+
+def colour(n: int) -> str:
+    """The n-th series' colour; past the legend's, grey (drawn, but not named)."""
+    return COLOURS[n % len(COLOURS)] if n < MAX_LEGEND else GREY
+
+
+def _svg(drawn: Drawn, start: float, end: float, step: float) -> str:
     left, top, right, bottom = PLOT
     values = [v for s in drawn.series for _, v in s.points]
     low = min([0.0, *values])
@@ -167,22 +234,27 @@ def _svg(drawn: Drawn, start: float, end: float) -> str:
             f'<text x="{left - 6}" y="{y(value) + 4:.1f}" text-anchor="end" font-size="11" '
             f'fill="#555">{html.escape(formatted(value, drawn.panel.unit))}</text>'
         )
+    shown = "%Y-%m-%d %H:%M" if span > 24 * 3600 else "%H:%M:%S"
     for at, anchor in ((start, "start"), (end, "end")):
-        clock = datetime.fromtimestamp(at, UTC).strftime("%H:%M:%S")
+        clock = datetime.fromtimestamp(at, UTC).strftime(shown)
         parts.append(
             f'<text x="{x(at):.1f}" y="{bottom + 18}" text-anchor="{anchor}" font-size="11" '
             f'fill="#555">{clock}</text>'
         )
-    for n, series in enumerate(drawn.series):
-        colour = COLOURS[n % len(COLOURS)]
-        if len(series.points) == 1:
-            (at, value) = series.points[0]
-            parts.append(f'<circle cx="{x(at):.1f}" cy="{y(value):.1f}" r="2" fill="{colour}"/>')
-        elif series.points:
-            line = " ".join(f"{x(at):.1f},{y(value):.1f}" for at, value in series.points)
-            parts.append(
-                f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
-            )
+    # Drawn last first: the named series on top of the grey ones.
+    for n, series in reversed(list(enumerate(drawn.series))):
+        for run in runs(series.points, step):
+            if len(run) == 1:
+                (at, value) = run[0]
+                parts.append(
+                    f'<circle cx="{x(at):.1f}" cy="{y(value):.1f}" r="2" fill="{colour(n)}"/>'
+                )
+            else:
+                line = " ".join(f"{x(at):.1f},{y(value):.1f}" for at, value in run)
+                parts.append(
+                    f'<polyline points="{line}" fill="none" stroke="{colour(n)}" '
+                    'stroke-width="1.5"/>'
+                )
     if not values:
         parts.append(
             f'<text x="{(left + right) / 2}" y="{(top + bottom) / 2}" text-anchor="middle" '
@@ -194,12 +266,13 @@ def _svg(drawn: Drawn, start: float, end: float) -> str:
 
 def _legend_html(series: Sequence[Series]) -> str:
     items = [
-        f'<li><span style="background:{COLOURS[n % len(COLOURS)]}"></span>'
-        f"{html.escape(s.name)}</li>"
+        f'<li><span style="background:{colour(n)}"></span>{html.escape(s.name)}</li>'
         for n, s in enumerate(series[:MAX_LEGEND])
     ]
     if len(series) > MAX_LEGEND:
-        items.append(f"<li>… and {len(series) - MAX_LEGEND} more</li>")
+        items.append(
+            f'<li><span style="background:{GREY}"></span>… and {len(series) - MAX_LEGEND} more</li>'
+        )
     return f'<ul class="legend">{"".join(items)}</ul>'
 
 
@@ -213,17 +286,20 @@ ul.legend { list-style: none; margin: 2px 6px; padding: 0; font-size: 12px; }
 ul.legend li { display: inline-block; margin-right: 12px; }
 ul.legend span { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
 p.error { color: #b00; font-size: 12px; margin: 2px 6px; }
+p.note { color: #8a6d00; font-size: 12px; margin: 2px 6px; }
 """
 
 
-def render(drawn: Sequence[Drawn], *, start: float, end: float, title: str) -> str:
+def render(drawn: Sequence[Drawn], *, start: float, end: float, step: float, title: str) -> str:
     """The snapshot page: one section per panel, in the dashboard's order."""
     sections = []
     for panel in drawn:
         errors = "".join(f'<p class="error">{html.escape(e)}</p>' for e in panel.errors)
+        notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in panel.notes)
         sections.append(
             f"<section><h2>{html.escape(panel.panel.title)}</h2>"
-            f"{_svg(panel, start, end)}{_legend_html(panel.series)}{errors}</section>"
+            f"{_svg(panel, start, end, step)}{_legend_html(panel.series)}{errors}{notes}"
+            "</section>"
         )
     since = datetime.fromtimestamp(start, UTC).isoformat(timespec="seconds")
     until = datetime.fromtimestamp(end, UTC).isoformat(timespec="seconds")

@@ -141,7 +141,7 @@ class CuttableProxy:
         self._server.close()
         for writer in self._writers:
             writer.close()
-        await self._server.wait_closed()
+        await asyncio.wait_for(self._server.wait_closed(), timeout=5)
 
 
 async def test_a_publish_while_no_node_answers_fails_within_its_timeout() -> None:

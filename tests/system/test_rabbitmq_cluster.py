@@ -116,7 +116,12 @@ async def test_killing_the_leading_node_loses_no_order_and_repeats_no_effect(
                     )
             return False
 
-        await eventually(moving_again, timeout=180, interval=0.1, what="an order Processed")
+        try:
+            await eventually(moving_again, timeout=180, interval=0.1, what="an order Processed")
+        except AssertionError:
+            with capsys.disabled():  # and again at the end, if it never moved
+                print(f"\nthe cluster at the end:\n{await asyncio.to_thread(cluster.diagnosis)}")
+            raise
         first_processed_s = time.monotonic() - killed_at
         await asyncio.to_thread(victim.start)  # it rejoins the cluster from its data
         restarted_s = time.monotonic() - killed_at

@@ -5,11 +5,15 @@ tests/system/test_observability.py."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import socket
+from datetime import UTC, datetime
 from html.parser import HTMLParser
 from pathlib import Path
 
+import pytest
+from aiohttp import web
 from click.testing import CliRunner
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -21,11 +25,15 @@ from services.operator.snapshot import (
     Series,
     formatted,
     legend,
+    read_answer,
     render,
+    runs,
     series_of,
+    widened,
 )
 
 START, END = 1_700_000_000.0, 1_700_000_600.0
+STEP = 5.0
 
 
 class Structure(HTMLParser):
@@ -66,10 +74,10 @@ def test_nan_samples_are_gaps_not_points() -> None:
 
 def test_every_panel_appears_in_order_and_an_empty_one_says_no_data() -> None:
     drawn = [
-        Drawn(panel, (Series("a", ((START, 1.0), (END, 2.0))),) if n % 2 else ())
+        Drawn(panel, (Series("a", ((START, 1.0), (START + STEP, 2.0))),) if n % 2 else ())
         for n, panel in enumerate(PANELS)
     ]
-    page = render(drawn, start=START, end=END, title="orderflow: hub h")
+    page = render(drawn, start=START, end=END, step=STEP, title="orderflow: hub h")
     positions = [page.index(panel.title) for panel in PANELS]
     assert positions == sorted(positions)
     assert page.count("No data") == sum(1 for n in range(len(PANELS)) if n % 2 == 0)
@@ -79,7 +87,7 @@ def test_every_panel_appears_in_order_and_an_empty_one_says_no_data() -> None:
 
 def test_a_refused_expression_is_shown_in_its_panel() -> None:
     drawn = [Drawn(PANELS[0], (), ("bad(: parse error",))]
-    page = render(drawn, start=START, end=END, title="t")
+    page = render(drawn, start=START, end=END, step=STEP, title="t")
     assert "bad(: parse error" in page and "No data" in page
 
 
@@ -97,7 +105,7 @@ def test_no_label_value_puts_markup_into_the_page(values: list[str], points: lis
     series = tuple(
         Series(value, tuple((START + i, p) for i, p in enumerate(points))) for value in values
     )
-    page = render([Drawn(PANELS[0], series)], start=START, end=END, title=values[0])
+    page = render([Drawn(PANELS[0], series)], start=START, end=END, step=STEP, title=values[0])
     structure = parsed(page)
     assert structure.active == []
     assert set(structure.tags) <= {
@@ -134,3 +142,95 @@ def test_prometheus_unreachable_is_one_line_and_exit_3(tmp_path: Path) -> None:
     assert result.exit_code == 3, result.output
     assert f"Prometheus at http://127.0.0.1:{port} does not answer" in result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_a_gap_in_the_samples_is_a_gap_in_the_line() -> None:
+    """NaN samples are dropped, and a series that went stale has none: the line stops there
+    and starts again, never drawn straight across the hole."""
+    points = ((START, 1.0), (START + STEP, 2.0), (START + 4 * STEP, 2.0), (START + 5 * STEP, 1.0))
+    assert runs(points, STEP) == [list(points[:2]), list(points[2:])]
+    page = render(
+        [Drawn(PANELS[0], (Series("a", points),))], start=START, end=END, step=STEP, title="t"
+    )
+    assert page.count("<polyline") == 2
+
+
+def test_ranges_shorter_than_the_step_are_widened_to_it() -> None:
+    expr = "sum(rate(a[1m])) / sum(increase(b[5m])) + c[2h]"
+    assert widened(expr, 15) == expr
+    assert widened(expr, 360) == "sum(rate(a[360s])) / sum(increase(b[360s])) + c[2h]"
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error"),
+    [
+        (502, None, "HTTP 502, not a Prometheus answer"),
+        (200, [1, 2], "HTTP 200, not a Prometheus answer"),
+        (400, {"status": "error", "error": "parse error"}, "parse error"),
+        (503, {"status": "error"}, "HTTP 503"),
+        (200, {"status": "success", "data": {"resultType": "vector", "result": []}}, "vector"),
+        (200, {"status": "success"}, "malformed"),
+    ],
+)
+def test_an_answer_that_is_not_a_range_is_an_error_in_its_panel(
+    status: int, body: object, error: str
+) -> None:
+    series, errors, _ = read_answer("up", "{{job}}", status, body)
+    assert series == [] and len(errors) == 1 and error in errors[0]
+
+
+def test_prometheus_warnings_are_shown_with_the_data() -> None:
+    body = {
+        "status": "success",
+        "warnings": ["partial data"],
+        "infos": ["metric might not be a counter"],
+        "data": {"resultType": "matrix", "result": [{"metric": {}, "values": [[1, "2"]]}]},
+    }
+    series, errors, notes = read_answer("up", "up", 200, body)
+    assert [s.points for s in series] == [((1.0, 2.0),)] and errors == []
+    assert notes == ["up: partial data", "up: metric might not be a counter"]
+    page = render(
+        [Drawn(PANELS[0], tuple(series), (), tuple(notes))],
+        start=START, end=END, step=STEP, title="t",
+    )  # fmt: skip
+    assert "partial data" in page
+
+
+async def test_until_with_an_offset_is_that_instant(tmp_path: Path) -> None:
+    """A log line's `at`, pasted as it is, ends the range at that instant, whatever its
+    offset; a time without one is UTC. (The Prometheus here is a stand-in that records the
+    range asked for and answers an empty matrix.)"""
+    asked: list[float] = []
+
+    async def query_range(request: web.Request) -> web.Response:
+        asked.append(float(request.query["end"]))
+        return web.json_response(
+            {"status": "success", "data": {"resultType": "matrix", "result": []}}
+        )
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query_range", query_range)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        for until in ("2026-12-04T04:10:00.123+01:00", "2026-12-04T03:10:00.123"):
+            asked.clear()
+            result = await asyncio.to_thread(
+                CliRunner().invoke,
+                main,
+                ["snapshot", "--prometheus", f"http://127.0.0.1:{port}", "--until", until],
+            )
+            assert result.exit_code == 0, result.output
+            assert set(asked) == {datetime(2026, 12, 4, 3, 10, 0, 123000, UTC).timestamp()}
+            assert "No data" in result.stdout and "11 with no data" in result.stderr
+    finally:
+        await runner.cleanup()
+
+
+def test_out_into_a_missing_directory_is_a_usage_error(tmp_path: Path) -> None:
+    out = tmp_path / "missing" / "snapshot.html"
+    result = CliRunner().invoke(main, ["snapshot", "--out", str(out)])
+    assert result.exit_code == 2 and "is not a directory" in result.output
