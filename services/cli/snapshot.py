@@ -17,16 +17,25 @@ from shared.masking import mask_credentials
 
 POINTS = 240
 """Points per series: a step of the range over this (at least 1 s)."""
-UNTIL_FORMATS = [
-    "%Y-%m-%dT%H:%M:%S.%f%z",
-    "%Y-%m-%dT%H:%M:%S%z",
-    "%Y-%m-%dT%H:%M%z",
-    "%Y-%m-%dT%H:%M:%S.%f",
-    "%Y-%m-%dT%H:%M:%S",
-    "%Y-%m-%d %H:%M:%S",
-    "%Y-%m-%dT%H:%M",
-]
-"""What `--until` takes: a log line's `at` as it is, or a time without offset, read as UTC."""
+
+
+class IsoTime(click.ParamType[datetime]):
+    """An ISO 8601 time as `datetime.fromisoformat` reads it: a log line's `at`, an alert's
+    `activeAt` (nanoseconds and `Z` included), or a time without offset, read as UTC."""
+
+    name = "TIME"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> datetime:
+        if isinstance(value, datetime):
+            moment = value
+        else:
+            try:
+                moment = datetime.fromisoformat(str(value))
+            except ValueError:
+                self.fail(f"{value!r} is not an ISO 8601 time (2026-12-04T03:10:00Z)", param, ctx)
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 @click.command()
@@ -46,9 +55,9 @@ UNTIL_FORMATS = [
 )
 @click.option(
     "--until",
-    type=click.DateTime(formats=UNTIL_FORMATS),
-    help="Where it ends [default: now]: an incident's time, looked at afterwards. With an "
-    "offset (as the log lines' `at`, 2026-12-04T03:10:00.123+00:00), or else in UTC.",
+    type=IsoTime(),
+    help="Where it ends [default: now]: an incident's time, looked at afterwards. ISO 8601, "
+    "with an offset (a log line's `at`, an alert's `activeAt`, as they are), or else UTC.",
 )
 @click.option(
     "--out",
@@ -64,11 +73,7 @@ def snapshot(
     after Prometheus's retention dropped the data."""
     if out is not None and not out.parent.is_dir():
         raise click.BadParameter(f"{out.parent} is not a directory", param_hint="'--out'")
-    if until is None:
-        until = datetime.now(UTC)
-    elif until.tzinfo is None:
-        until = until.replace(tzinfo=UTC)
-    end = until.timestamp()
+    end = (until or datetime.now(UTC)).timestamp()
     start = end - minutes * 60
     step = max(1.0, (end - start) / POINTS)
     drawn = asyncio.run(query_panels(prometheus, start=start, end=end, step=step))

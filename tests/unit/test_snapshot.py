@@ -216,7 +216,11 @@ async def test_until_with_an_offset_is_that_instant(tmp_path: Path) -> None:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        for until in ("2026-12-04T04:10:00.123+01:00", "2026-12-04T03:10:00.123"):
+        for until in (
+            "2026-12-04T04:10:00.123+01:00",  # a log line's `at`, elsewhere
+            "2026-12-04T03:10:00.123000000Z",  # an alert's `activeAt`
+            "2026-12-04T03:10:00.123",  # no offset: UTC
+        ):
             asked.clear()
             result = await asyncio.to_thread(
                 CliRunner().invoke,
@@ -234,3 +238,8 @@ def test_out_into_a_missing_directory_is_a_usage_error(tmp_path: Path) -> None:
     out = tmp_path / "missing" / "snapshot.html"
     result = CliRunner().invoke(main, ["snapshot", "--out", str(out)])
     assert result.exit_code == 2 and "is not a directory" in result.output
+
+
+def test_until_that_is_not_a_time_is_a_usage_error() -> None:
+    result = CliRunner().invoke(main, ["snapshot", "--until", "yesterday"])
+    assert result.exit_code == 2 and "is not an ISO 8601 time" in result.output
