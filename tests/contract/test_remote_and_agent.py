@@ -198,11 +198,15 @@ class Refusing:
         self.refusals = 0
         self.refused = 0
         self.error: Callable[[], Exception] = lambda: PublishRejected("refused (drill)")
+        self.slow_s = 0.0
+        """How long each refusal after the first takes (a confirm that does not come)."""
 
     async def publish(self, contract: Any, **kwargs: Any) -> None:
         if self.refusals > 0 and isinstance(contract, StepReply):
             self.refusals -= 1
             self.refused += 1
+            if self.refused > 1:
+                await asyncio.sleep(self.slow_s)
             raise self.error()
         await self._publisher.publish(contract, **kwargs)
 
@@ -314,6 +318,17 @@ async def test_a_reply_refused_until_the_deadline_is_given_up(
     assert asyncio.get_running_loop().time() - started < 1.0 + 0.5, "it stopped at the deadline"
     assert rig.publisher.refused >= 2 and rig.replies == []
     assert "could not publish the reply by the step's deadline" in caplog.text
+
+
+async def test_a_slow_try_again_is_cut_at_the_deadline(rig: AgentRig) -> None:
+    """A try again that would outlast the deadline (no confirm coming) is cut there: the
+    request is not held in hand for a publish timeout past it."""
+    rig.publisher.refusals = 1000
+    rig.publisher.slow_s = 5.0
+    started = asyncio.get_running_loop().time()
+    await rig.ask("o-refused-slowly", seconds=1.0)
+    assert asyncio.get_running_loop().time() - started < 1.0 + 0.5
+    assert rig.publisher.refused >= 2 and rig.replies == []
 
 
 async def test_a_reply_nobody_waits_for_is_dropped_at_once(
