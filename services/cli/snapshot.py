@@ -82,7 +82,7 @@ def snapshot(
         sys.stdout.write(page)
     else:
         out.write_text(page, encoding="utf-8")
-    empty = [d.panel.title for d in drawn if not any(s.points for s in d.series)]
+    empty = [d.panel.title for d in drawn if not d.series]  # a listed series has points
     click.echo(
         f"wrote {out or 'the page to standard output'}: {len(drawn)} panels from "
         f"{mask_credentials(prometheus)}, "

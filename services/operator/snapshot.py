@@ -31,9 +31,6 @@ WIDTH = 600
 HEIGHT = 240
 PLOT = (56, 12, WIDTH - 12, HEIGHT - 28)
 """The plot area inside a panel's SVG: left, top, right, bottom."""
-MAX_LEGEND = 8
-"""Series a legend names; a panel with more lists the busiest (by peak) first, and draws the
-rest in grey."""
 GREY = "#c0c0c0"
 COLOURS = (
     "#1f77b4",
@@ -44,9 +41,11 @@ COLOURS = (
     "#8c564b",
     "#e377c2",
     "#7f7f7f",
-    "#bcbd22",
-    "#17becf",
 )
+"""One per series a legend names."""
+MAX_LEGEND = len(COLOURS)
+"""Series a legend names; a panel with more lists the busiest (by peak) first, and draws the
+rest in grey."""
 LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
@@ -204,7 +203,7 @@ def runs(points: Sequence[tuple[float, float]], step: float) -> list[list[tuple[
 
 def colour(n: int) -> str:
     """The n-th series' colour; past the legend's, grey (drawn, but not named)."""
-    return COLOURS[n % len(COLOURS)] if n < MAX_LEGEND else GREY
+    return COLOURS[n] if n < MAX_LEGEND else GREY
 
 
 def _svg(drawn: Drawn, start: float, end: float, step: float) -> str:
