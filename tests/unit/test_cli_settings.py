@@ -9,6 +9,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from services.cli.main import COMMANDS, main
 from services.cli.settings import LoadedSettings, pass_settings
 from shared.config import Settings
 from shared.errors import ConfigurationError
@@ -66,3 +67,14 @@ def test_no_command_reads_settings_another_way() -> None:
         text = path.read_text()
         assert "find_object" not in text, path.name
         assert not re.search(r"\bload_settings\b|\bSettings\(", text), path.name
+
+
+def test_every_command_of_the_lazy_group_loads_under_its_own_name() -> None:
+    """`orderflow` imports a command's module only when the command runs: a wrong entry in
+    `COMMANDS` would show only then. Each one loads here, and is the command it names."""
+    ctx = click.Context(main)
+    assert main.list_commands(ctx) == sorted(COMMANDS)
+    for name in COMMANDS:
+        command = main.get_command(ctx, name)
+        assert isinstance(command, click.Command) and command.name == name, name
+    assert main.get_command(ctx, "nonsense") is None
