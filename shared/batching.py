@@ -47,11 +47,17 @@ class GroupCommit(Generic[T, R]):
 
     async def submit(self, item: T) -> R:
         """The item's result; the flush's exception when its batch failed."""
+        return await self.enqueue(item)  # a cancelled caller's item may still go
+
+    def enqueue(self, item: T) -> asyncio.Future[R]:
+        """Hand in the item now; the future of its result (or of the flush's exception). Items
+        enqueued one after another, with no wait between them, go in one flush (as far as the
+        batch and `select` allow)."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((item, future))
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._run())
-        return await future  # a cancelled caller's item may still go; its result is dropped
+        return future
 
     async def _run(self) -> None:
         try:

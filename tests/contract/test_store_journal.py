@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import pytest
@@ -588,3 +589,68 @@ async def test_processes_writing_the_same_ids_in_crossing_order_never_deadlock(
     finally:
         for other in others:
             await other.close()
+
+
+async def test_a_completion_alone_is_written_and_its_id_is_then_a_duplicate(
+    store: StateStore,
+) -> None:
+    """A completion with no claim to go with (PostgreSQL holds it a moment for one: decision
+    130) is still written, and soon: a claim of its id by another holder then finds it done."""
+    now = utcnow()
+    until = now + timedelta(seconds=30)
+    assert await store.inbox_claim_many("q", [InboxClaim("a", "h1", until)], now=now) == [
+        InboxOutcome.CLAIMED
+    ]
+    await asyncio.wait_for(
+        store.inbox_complete_many("q", [InboxDone("a", "h1", now + timedelta(hours=1))]), 2.0
+    )
+    again = await store.inbox_claim_many("q", [InboxClaim("a", "h2", until)], now=utcnow())
+    assert again == [InboxOutcome.DUPLICATE]
+
+
+async def test_a_claim_of_an_id_whose_completion_waits_finds_it_done(store: StateStore) -> None:
+    """The completion of an id and, made while it waits to go, another holder's claim of the
+    same id: the completion goes first (calls on one id keep their order), so the claim is a
+    duplicate, never a second handling."""
+    now = utcnow()
+    until = now + timedelta(seconds=30)
+    await store.inbox_claim_many("q", [InboxClaim("a", "h1", until)], now=now)
+    completing = asyncio.create_task(
+        store.inbox_complete_many("q", [InboxDone("a", "h1", now + timedelta(hours=1))])
+    )
+    await asyncio.sleep(0)  # the completion is made (and waits), then the claim
+    claimed = await store.inbox_claim_many("q", [InboxClaim("a", "h2", until)], now=now)
+    await completing
+    assert claimed == [InboxOutcome.DUPLICATE]
+
+
+async def test_a_completion_goes_in_the_round_trip_of_the_next_claim(
+    store: StateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: a completion waits for a claim to go with instead of taking a round trip
+    (and a commit) of its own; a claim made meanwhile takes it along, whatever their queues."""
+    if store.kind != "postgresql":
+        pytest.skip("the round trips shared between calls are PostgreSQL's")
+    round_trips: list[int] = []
+    write = store._write_entries  # type: ignore[attr-defined]
+
+    async def counted(calls: Sequence[object]) -> list[set[str]]:
+        round_trips.append(len(calls))
+        result: list[set[str]] = await write(calls)
+        return result
+
+    monkeypatch.setattr(store, "_write_entries", counted)
+    monkeypatch.setattr(store, "_round_trips", None)  # a batcher that flushes through the spy
+    now = utcnow()
+    until = now + timedelta(seconds=30)
+    await store.inbox_claim_many("q", [InboxClaim("a", "h1", until)], now=now)
+    completing = asyncio.create_task(
+        store.inbox_complete_many("q", [InboxDone("a", "h1", now + timedelta(hours=1))])
+    )
+    await asyncio.sleep(0)
+    ticket = await store.inbox_claim_many("q:attempts", [InboxClaim("b#1", "t1", until)], now=now)
+    await asyncio.wait_for(completing, 1.0)
+    assert ticket == [InboxOutcome.CLAIMED]
+    assert round_trips == [1, 2], "the claim, then the completion and the ticket together"
+    again = await store.inbox_claim_many("q", [InboxClaim("a", "h2", until)], now=utcnow())
+    assert again == [InboxOutcome.DUPLICATE]

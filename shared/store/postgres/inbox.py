@@ -9,6 +9,7 @@ completions, which were three round trips, share one under load.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -22,8 +23,16 @@ MAX_ENTRIES = 500
 """Entries one round trip writes at most (more calls wait for the next)."""
 
 
+DONE_LINGER_S = 0.025
+"""How long a completion waits for a claim to go with it (decision 130): a consumer's completion
+of one message rides in the round trip that claims its next, instead of being a statement (and
+a commit) of its own. The message's ack waits as long; the step it was goes on at once."""
+
+
 class PostgresInbox(PostgresPart):
     _round_trips: GroupCommit[_Call, set[str]] | None = None
+    _lingering: list[tuple[_Call, asyncio.Future[set[str]]]] | None = None
+    _linger_timer: asyncio.TimerHandle | None = None
 
     def _batcher(self) -> GroupCommit[_Call, set[str]]:
         """Group commit of inbox writes: a call made while none is in flight goes at once;
@@ -35,7 +44,35 @@ class PostgresInbox(PostgresPart):
         return self._round_trips
 
     async def _submit(self, call: _Call) -> set[str]:
-        return await self._batcher().submit(call) if call.size else set()
+        if not call.size:
+            return set()
+        if call.claims or DONE_LINGER_S <= 0:
+            self._go_with(call)  # the completions waiting go in the same round trip
+            return await self._batcher().submit(call)
+        return await self._linger(call)
+
+    async def _linger(self, call: _Call) -> set[str]:
+        """Completions only: wait, `DONE_LINGER_S` at most, for a claim to go with."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[set[str]] = loop.create_future()
+        if self._lingering is None:
+            self._lingering = []
+        self._lingering.append((call, future))
+        if self._linger_timer is None:
+            self._linger_timer = loop.call_later(DONE_LINGER_S, self._go_with, None)
+        return await future
+
+    def _go_with(self, call: _Call | None) -> None:
+        """Hand the lingering completions to the round trips, just ahead of `call` (if any):
+        enqueued with no wait between them, they go together (unless an id of theirs is in
+        the batch already, when the later call waits for the next round trip)."""
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        lingering, self._lingering = self._lingering or [], None
+        for waiting, future in lingering:
+            # A caller that stopped waiting: its completion goes anyway.
+            _chain(self._batcher().enqueue(waiting), future)
 
     async def inbox_claim_many(
         self, queue: str, claims: Sequence[InboxClaim], *, now: datetime
@@ -164,6 +201,25 @@ class _Call:
     @property
     def size(self) -> int:
         return len(self.claims) + len(self.done)
+
+
+def _chain(source: asyncio.Future[set[str]], target: asyncio.Future[set[str]]) -> None:
+    """`target` gets `source`'s outcome when it has one (unless it was cancelled)."""
+
+    def copy(done: asyncio.Future[set[str]]) -> None:
+        if done.cancelled():
+            if not target.done():
+                target.cancel()
+            return
+        exc = done.exception()  # retrieved even when nobody waits for it any more
+        if target.done():
+            return
+        if exc is not None:
+            target.set_exception(exc)
+        else:
+            target.set_result(done.result())
+
+    source.add_done_callback(copy)
 
 
 def _disjoint_calls(waiting: Sequence[_Call], _: int) -> list[int]:
