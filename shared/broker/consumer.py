@@ -31,6 +31,7 @@ Where each row is done:
   claim itself;
 - `Consumer._handle`: whatever the handler returned or raised;
 - `Consumer._hold_through_outages`: an outage, whichever of them met it.
+The acks of handlings that returned side by side go out together (shared/broker/acks.py).
 The copies a message leaves by (a dead letter; a retry copy, or a dead letter once no retries
 are left; a held message's return) are made by shared/broker/detours.py, and the inbox column is
 kept by shared/broker/dedupe.py. The deliveries come through the subscription of
@@ -56,6 +57,7 @@ import uuid
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from opentelemetry.trace import SpanKind
 
+from shared.broker.acks import Acks
 from shared.broker.dedupe import Claim, InboxDedupe, inbox_key
 from shared.broker.delivery import (
     ConsumerPolicy,
@@ -151,6 +153,7 @@ class Consumer(Subscription):
         )
         # Messages handled side by side share their inbox round trips (group commit).
         self._inbox = None if store is None else InboxDedupe(store, queue, policy)
+        self._acks = Acks(self._in_hand.values())
 
     async def _deliver(self, message: AbstractIncomingMessage) -> None:
         envelope = Envelope.of(message)
@@ -363,4 +366,4 @@ class Consumer(Subscription):
             await claim.done()
         self.stats.handled += 1
         self._detours.count("handled")
-        await message.ack()
+        await self._acks.ack(message)

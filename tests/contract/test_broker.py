@@ -480,3 +480,40 @@ async def test_a_message_whose_id_another_delivery_holds_waits_out_of_hand_uncou
     await eventually(handled, what="the message handled once the claim expired")
     assert consumer.stats.held_returns >= 1, "it waited out of hand at least once"
     assert [d.deliveries for d in seen] == [1], "the waits counted no delivery"
+
+
+async def test_acks_sent_together_never_settle_a_delivery_still_in_hand(broker: Broker) -> None:
+    """Handlings that end side by side are acked with one `multiple` ack (shared/broker/acks.py),
+    which acks every delivery of the channel up to its tag: the two below the one still being
+    handled go in one, the two above it one by one, and it stays unacked. When the channel
+    closes it alone comes back."""
+    queue = broker.names.agent("shipping")
+    release = asyncio.Event()
+
+    async def handler(d: Delivery) -> None:
+        if d.message_id == "held":
+            await asyncio.Event().wait()  # never ends: in hand until the channel closes
+        await release.wait()
+
+    consumer = await broker.consume(queue, handler, handler_timeout=60.0)
+    for message_id in ("below-1", "below-2", "held", "above-1", "above-2"):
+        await send(broker, queue, message_id=message_id)
+
+    async def all_in_hand() -> bool:
+        return consumer.in_hand == 5
+
+    await eventually(all_in_hand, what="five deliveries in hand")
+    release.set()
+
+    async def four_handled() -> bool:
+        return consumer.stats.handled == 4
+
+    await eventually(four_handled, what="the four around the one held handled and acked")
+    await consumer._channel.close()
+    channel = await broker.connection.channel()
+    back = await channel.get_queue(queue)
+    got = []
+    while (message := await back.get(no_ack=True, fail=False)) is not None:
+        got.append(message.message_id)
+    await channel.close()
+    assert got == ["held"]

@@ -125,7 +125,11 @@ class _Wire:
         return self.channel
 
     async def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
-        self._check().settle(delivery_tag, "ack")
+        channel = self._check()
+        if multiple:  # every delivery of the channel held up to the tag, as AMQP has it
+            channel.settle_up_to(delivery_tag, "ack")
+        else:
+            channel.settle(delivery_tag, "ack")
 
     async def basic_nack(
         self, delivery_tag: int | None = None, multiple: bool = False, requeue: bool = True
@@ -311,6 +315,12 @@ class MemoryChannel:
             raise amqp.ChannelInvalidStateError(f"unknown delivery tag {tag}")
         queue, consumer, message = held
         self.broker.settle(queue, consumer, message, tag or 0, how)
+
+    def settle_up_to(self, tag: int, how: str) -> None:
+        if tag not in self._held:
+            raise amqp.ChannelInvalidStateError(f"unknown delivery tag {tag}")
+        for held in sorted(t for t in self._held if t <= tag):
+            self.settle(held, how)
 
     def _incoming(
         self, message: Stored, consumer_tag: str | None, tag: int, no_ack: bool
