@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -12,7 +13,8 @@ from typing import Any
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustConnection
 
 from shared.broker.connection import connect, login_user, quorum_available, server_version
-from shared.broker.consumer import Consumer, ConsumerPolicy, Handler
+from shared.broker.consumer import Consumer, ConsumerPolicy, Delivery, Handler
+from shared.broker.dedupe import Along
 from shared.broker.delivery import INTAKE_HEALTHY
 from shared.broker.drills import Drills, drilled
 from shared.broker.publisher import Publisher, Publishing
@@ -250,7 +252,14 @@ class Runtime:
             prepare=self.refresh_intake if self.consumers else None,
         )
 
-    async def consumer(self, queue: str, handler: Handler, *, dedupe: bool = True) -> Consumer:
+    async def consumer(
+        self,
+        queue: str,
+        handler: Handler,
+        *,
+        dedupe: bool = True,
+        along: Callable[[Delivery], Sequence[Along]] | None = None,
+    ) -> Consumer:
         channel = await self.connection.channel()
         reporter = self.reporter()
 
@@ -264,6 +273,7 @@ class Runtime:
             policy=consumer_policy(self.settings),
             holder=self.name,
             on_poison=PoisonAlerts(reporter, queue, window_s=self.settings.poison_alert_window_s),
+            along=along,
         )
         self.consumers.append(consumer)
         return consumer

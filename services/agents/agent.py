@@ -27,17 +27,18 @@ from typing import Any
 
 import pybreaker
 
-from services.agents.attempts import Allowance, InboxTickets, Tickets
+from services.agents.attempts import Allowance, InboxTickets, Tickets, ticket_claim
 from services.agents.breakers import Breakers
 from services.agents.calls import StepCalls
 from services.agents.replies import log_outcome, reply_of, send_reply
 from services.remote.client import RemoteCalls, RemoteClient
 from shared.bootstrap import Runtime
 from shared.broker.consumer import Delivery
-from shared.broker.dedupe import inbox_key
+from shared.broker.dedupe import Along, inbox_key
 from shared.broker.publisher import Publishing
 from shared.broker.topology import Names
 from shared.config import Settings
+from shared.domain.coordination import InboxOutcome
 from shared.domain.journal import AlertKind, Severity
 from shared.domain.messages import StepRequest
 from shared.domain.timing import utcnow
@@ -58,9 +59,13 @@ class Agent:
         settings: Settings,
         *,
         tickets: Tickets,
+        ticket_queue: str | None = None,
     ) -> None:
+        """`ticket_queue`: the inbox queue of `tickets` when they are inbox claims, so the
+        first can be taken along with a request's own inbox claim (decision 132)."""
         self.name = name
         self._tickets = tickets
+        self._ticket_queue = ticket_queue
         self._publisher = publisher
         self._settings = settings
         self._replies = Names(settings.hub).replies
@@ -106,6 +111,27 @@ class Agent:
             )
             self._alerted.add(alert_id)
 
+    def along(self, delivery: Delivery) -> list[Along]:
+        """The first attempt ticket of a request, to be taken with its inbox claim in one round
+        trip, when its handling will want it: a request still before its deadline, whose
+        circuit lets calls through (as `StepCalls` asks before each ticket). Should either
+        change in between, the ticket is lost: counted as spent, the safe side."""
+        request = delivery.message
+        if (
+            self._ticket_queue is None
+            or not isinstance(request, StepRequest)
+            or request.attempts_allowed < 1
+            or utcnow() >= request.complete_by
+            or not self._breakers.lets_through(request.operation)
+        ):
+            return []
+        claim = ticket_claim(inbox_key(delivery), 1, keep_until=self._ticket_keep_until(request))
+        return [(self._ticket_queue, claim)]
+
+    def _ticket_keep_until(self, request: StepRequest) -> datetime:
+        # Kept past any deadline this request may carry (a re-publish extends it).
+        return max(request.complete_by, utcnow()) + self._ticket_keep
+
     async def handle(self, delivery: Delivery) -> None:
         request = delivery.message
         if not isinstance(request, StepRequest):
@@ -123,12 +149,14 @@ class Agent:
             if utcnow() >= request.complete_by:
                 log.info("deadline passed before the agent got the request; no side effect")
                 return
+            key = inbox_key(delivery)  # the request, as the inbox dedupes it: its sender's id
+            first = delivery.taken_along.get((self._ticket_queue or "", f"{key}#1"))
             allowance = Allowance(
                 self._tickets,
-                inbox_key(delivery),  # the request, as the inbox dedupes it: its sender's id
+                key,
                 request.attempts_allowed,
-                # Kept past any deadline this request may carry (a re-publish extends it).
-                keep_until=max(request.complete_by, utcnow()) + self._ticket_keep,
+                keep_until=self._ticket_keep_until(request),
+                first=None if first is None else first is InboxOutcome.CLAIMED,
             )
             outcome = await self._calls.run(request, allowance)
             log_outcome(outcome)
@@ -157,13 +185,15 @@ async def serve_agent(
             trace_configs=aiohttp_trace_configs(),
         )
     tickets = InboxTickets(runtime.store, runtime.names.agent(name))
-    agent = Agent(name, client, runtime.publisher, settings, tickets=tickets)
+    agent = Agent(
+        name, client, runtime.publisher, settings, tickets=tickets, ticket_queue=tickets.queue
+    )
     report = runtime.reporter()
 
     async def check_circuits() -> None:
         await agent.alert_open_circuits(report, now=utcnow())
 
-    consumer = await runtime.consumer(runtime.names.agent(name), agent.handle)
+    consumer = await runtime.consumer(runtime.names.agent(name), agent.handle, along=agent.along)
     try:
         async with runtime.heartbeat(f"agent-{name}", agent.status, (check_circuits,)):
             await consumer.start()

@@ -17,7 +17,9 @@ counted as spent (the safe side).
 Tickets are inbox entries under a name of their own (`<agent queue>:attempts`, which no consumer
 reads), each claimed by a holder used once and kept until well after the request's deadline: the
 inbox is the store's "take this key once within a window" primitive, which is what a ticket is,
-so the store's port and schema stay as they are, and both stores have it.
+so the store's port and schema stay as they are, and both stores have it. The first ticket of a
+request is asked for with the request's own inbox claim, in one round trip (decision 132): the
+handling is handed its outcome (`Allowance(first=...)`) and asks the store from ticket 2 on.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ class InboxClaims(Protocol):
     ) -> list[InboxOutcome]: ...
 
 
+def ticket_claim(request: str, number: int, *, keep_until: datetime) -> InboxClaim:
+    """The inbox claim that takes ticket `number` of `request`, by a holder used once."""
+    return InboxClaim(f"{request}#{number}", uuid.uuid4().hex, keep_until)
+
+
 class InboxTickets:
     """Tickets in the store's inbox: one claim per ticket, by a holder that claims nothing else
     (the inbox lets a holder claim again; a ticket must never be handed out twice). Tickets
@@ -61,8 +68,13 @@ class InboxTickets:
             self._claim_batch, max_batch=max_batch
         )
 
+    @property
+    def queue(self) -> str:
+        """The inbox queue the tickets are claims in."""
+        return self._queue
+
     async def take(self, request: str, number: int, *, keep_until: datetime) -> bool:
-        claim = InboxClaim(f"{request}#{number}", uuid.uuid4().hex, keep_until)
+        claim = ticket_claim(request, number, keep_until=keep_until)
         return await self._claims.submit(claim) is InboxOutcome.CLAIMED
 
     async def _claim_batch(self, claims: Sequence[InboxClaim]) -> list[InboxOutcome]:
@@ -85,12 +97,23 @@ class MemoryTickets:
 class Allowance:
     """One handling's view of a request's allowance: the tickets it may still take."""
 
-    def __init__(self, tickets: Tickets, request: str, allowed: int, *, keep_until: datetime):
+    def __init__(
+        self,
+        tickets: Tickets,
+        request: str,
+        allowed: int,
+        *,
+        keep_until: datetime,
+        first: bool | None = None,
+    ):
+        """`first`: whether ticket 1 was taken for this handling already, along with its
+        message's inbox claim (decision 132); None when it was not asked for."""
         self._tickets = tickets
         self._request = request
         self.allowed = allowed
         self._keep_until = keep_until
         self._next = 1
+        self._first = first
 
     @property
     def spent(self) -> int:
@@ -108,7 +131,12 @@ class Allowance:
         failure raises, and leaves the count as it was (the ticket may have been taken: the
         handling that runs next finds it so, and counts it)."""
         while self._next <= self.allowed:
-            taken = await self._tickets.take(self._request, self._next, keep_until=self._keep_until)
+            if self._next == 1 and self._first is not None:
+                taken = self._first
+            else:
+                taken = await self._tickets.take(
+                    self._request, self._next, keep_until=self._keep_until
+                )
             self._next += 1
             if taken:
                 return True

@@ -53,12 +53,13 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Callable, Sequence
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from opentelemetry.trace import SpanKind
 
 from shared.broker.acks import Acks
-from shared.broker.dedupe import Claim, InboxDedupe, inbox_key
+from shared.broker.dedupe import Along, Claim, InboxDedupe, inbox_key
 from shared.broker.delivery import (
     ConsumerPolicy,
     Delivery,
@@ -133,7 +134,10 @@ class Consumer(Subscription):
         policy: ConsumerPolicy,
         holder: str,
         on_poison: PoisonHook | None = None,
+        along: Callable[[Delivery], Sequence[Along]] | None = None,
     ) -> None:
+        """`along`: the claims a delivery's handler will make first, to be made with the
+        delivery's own inbox claim, in the same round trip (decision 132)."""
         super().__init__(channel=channel, queue=queue, names=names, prefetch=policy.prefetch)
         self._handler = handler
         self._policy = policy
@@ -154,6 +158,7 @@ class Consumer(Subscription):
         # Messages handled side by side share their inbox round trips (group commit).
         self._inbox = None if store is None else InboxDedupe(store, queue, policy)
         self._acks = Acks(self._in_hand.values())
+        self._along = along
 
     async def _deliver(self, message: AbstractIncomingMessage) -> None:
         envelope = Envelope.of(message)
@@ -240,8 +245,12 @@ class Consumer(Subscription):
             if self._inbox is None:
                 await self._handle(message, envelope, delivery, claim=None)
             else:
+                along = self._along(delivery) if self._along is not None else ()
                 await self._dedupe(
-                    message, envelope, delivery, Claim(self._inbox, inbox_key(delivery), holder)
+                    message,
+                    envelope,
+                    delivery,
+                    Claim(self._inbox, inbox_key(delivery), holder, along),
                 )
 
     def _span(
@@ -300,7 +309,7 @@ class Consumer(Subscription):
     ) -> None:
         """Handle the message unless the inbox has its id already (or another consumer does)."""
         try:
-            outcome = await claim.take()
+            outcome, taken = await claim.take()
         except PermanentError as exc:  # the store refuses this message id
             await self._detours.dead_letter(
                 message, envelope, reason_of(exc), one_line(exc, 1000), sender=delivery.user_id
@@ -327,6 +336,7 @@ class Consumer(Subscription):
                 waiting_for="another delivery's claim",
             )
         else:
+            delivery.taken_along.update(taken)
             await self._handle(message, envelope, delivery, claim=claim)
 
     async def _handle(

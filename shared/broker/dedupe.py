@@ -13,6 +13,7 @@ import contextvars
 import logging
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 from shared.batching import GroupCommit
@@ -38,6 +39,16 @@ def inbox_key(delivery: Delivery) -> str:
     return f"{delivery.user_id}/{delivery.message_id}"
 
 
+Along = tuple[str, InboxClaim]
+"""A claim made along with a delivery's own (decision 132): the inbox queue it is in, and it."""
+
+Taken = dict[tuple[str, str], InboxOutcome]
+"""The outcomes of the claims made along, by (queue, message id)."""
+
+Asked = tuple[InboxClaim, Sequence[Along]]
+"""A delivery's claim, and the claims made along with it."""
+
+
 @dataclass(frozen=True)
 class Claim:
     """A message id one delivery holds in the inbox while it is handled."""
@@ -45,9 +56,12 @@ class Claim:
     dedupe: InboxDedupe
     key: str
     holder: str
+    along: Sequence[Along] = ()
+    """Claims the handler will make first, made now in the same round trip (decision 132)."""
 
-    async def take(self) -> InboxOutcome:
-        return await self.dedupe.claim(self.key, self.holder)
+    async def take(self) -> tuple[InboxOutcome, Taken]:
+        """The delivery's outcome, and those of the claims made along with it."""
+        return await self.dedupe.claim(self.key, self.holder, self.along)
 
     async def done(self) -> None:
         await self.dedupe.mark_done(self.key, self.holder)
@@ -63,24 +77,30 @@ class InboxDedupe:
         self._store = store
         self._queue = queue
         self._policy = policy
-        self._claims: GroupCommit[InboxClaim, InboxOutcome] = GroupCommit(
+        self._claims: GroupCommit[Asked, tuple[InboxOutcome, Taken]] = GroupCommit(
             self._claim_batch, max_batch=policy.prefetch
         )
         self._completions: GroupCommit[InboxDone, None] = GroupCommit(
             self._complete_batch, max_batch=policy.prefetch
         )
 
-    async def claim(self, key: str, holder: str) -> InboxOutcome:
-        """Claim the message id; while another delivery holds it, wait for it, `busy_wait` at
-        most (a copy handled right now ends sooner; one whose consumer died holds it until its
-        claim expires, and the message must not wait for that in hand)."""
+    async def claim(
+        self, key: str, holder: str, along: Sequence[Along] = ()
+    ) -> tuple[InboxOutcome, Taken]:
+        """Claim the message id, and with it (at the first try) the claims `along`; while
+        another delivery holds the id, wait for it, `busy_wait` at most (a copy handled right
+        now ends sooner; one whose consumer died holds it until its claim expires, and the
+        message must not wait for that in hand)."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self._policy.busy_wait
+        taken: Taken = {}
         while True:
             claim = InboxClaim(key, holder, utcnow() + self._policy.claim_ttl)
-            outcome = await self._claims.submit(claim)
+            outcome, first = await self._claims.submit((claim, along))
+            taken = taken or first
+            along = ()
             if outcome is not InboxOutcome.BUSY or loop.time() >= give_up:
-                return outcome
+                return outcome, taken
             await asyncio.sleep(self._policy.busy_poll)
 
     async def mark_done(self, key: str, holder: str) -> None:
@@ -103,13 +123,37 @@ class InboxDedupe:
         with contextlib.suppress(Exception):
             await self._store.inbox_release(self._queue, key, holder=holder)
 
-    async def _claim_batch(self, claims: Sequence[InboxClaim]) -> list[InboxOutcome]:
-        return await self._for_the_batch(
+    async def _claim_batch(self, items: Sequence[Asked]) -> list[tuple[InboxOutcome, Taken]]:
+        # `now` read here: the batch's task runs in a context of its own (`_for_the_batch`),
+        # without the caller's (a simulated process's clock is one).
+        return await self._for_the_batch(self._claim_with_along(items, utcnow()))
+
+    async def _claim_with_along(
+        self, items: Sequence[Asked], now: datetime
+    ) -> list[tuple[InboxOutcome, Taken]]:
+        """The deliveries' claims and those made along with them, all asked for at once (on
+        PostgreSQL they share one round trip: shared/store/postgres/inbox.py)."""
+        by_queue: dict[str, list[InboxClaim]] = {}
+        for _, along in items:
+            for queue, claim in along:
+                by_queue.setdefault(queue, []).append(claim)
+        own, *others = await asyncio.gather(
             # Expiry judged allowing for the clock of the consumer that set it.
             self._store.inbox_claim_many(
-                self._queue, claims, now=utcnow() - self._policy.clock_skew
-            )
+                self._queue, [claim for claim, _ in items], now=now - self._policy.clock_skew
+            ),
+            *(self._store.inbox_claim_many(q, c, now=now) for q, c in by_queue.items()),
         )
+        # Each claim's own answer (two copies of a message may ask for the same id along).
+        answers = {
+            id(claim): answer
+            for claims, outcomes in zip(by_queue.values(), others, strict=True)
+            for claim, answer in zip(claims, outcomes, strict=True)
+        }
+        return [
+            (outcome, {(q, c.message_id): answers[id(c)] for q, c in along})
+            for (_, along), outcome in zip(items, own, strict=True)
+        ]
 
     async def _complete(self, key: str, holder: str) -> None:
         keep_until = utcnow() + self._policy.dedupe_window

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -17,6 +17,7 @@ from tenacity import (
 )
 
 from shared.backoff import stop_after
+from shared.domain.coordination import InboxOutcome
 from shared.domain.messages import (
     AlertMessage,
     Contract,
@@ -62,6 +63,9 @@ class Delivery:
     user, so it cannot be forged); kept across delayed retries."""
     retries: int = 0
     """Delayed retries this message has had (0 the first time it is handled)."""
+    taken_along: dict[tuple[str, str], InboxOutcome] = field(default_factory=dict)
+    """The outcomes of the claims made along with this delivery's inbox claim, by (inbox
+    queue, message id): what its handler asked to have claimed first (decision 132)."""
 
 
 Handler = Callable[[Delivery], Awaitable[None]]

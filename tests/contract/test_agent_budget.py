@@ -63,10 +63,17 @@ class Rig:
         await self.reply_queue.stop()
         await self.client.close()
 
-    def agent(self, *, client: Any = None, store: Any = None) -> Agent:
+    def agent(self, *, client: Any = None, store: Any = None, along: bool = False) -> Agent:
+        """`along`: the agent asks for each request's first ticket with its inbox claim (its
+        consumer must be given `agent.along`, as `serve_agent` does)."""
         tickets = InboxTickets(store or self.broker.store, self.queue)
         return Agent(
-            "payment", client or self.client, self.broker.publisher, self.settings, tickets=tickets
+            "payment",
+            client or self.client,
+            self.broker.publisher,
+            self.settings,
+            tickets=tickets,
+            ticket_queue=tickets.queue if along else None,
         )
 
     async def ask(self, order_id: str) -> None:
@@ -125,11 +132,15 @@ def assert_within_allowance(calls: int, replies: list[StepReply]) -> None:
         )
 
 
-async def test_a_handling_run_again_after_a_store_outage_spends_nothing_more(rig: Rig) -> None:
+@pytest.mark.parametrize("along", [False, True], ids=["ticket-alone", "ticket-along"])
+async def test_a_handling_run_again_after_a_store_outage_spends_nothing_more(
+    rig: Rig, along: bool
+) -> None:
     """The consumer holds a message whose handler raised an outage and runs the handler again
     in place. Here the outage strikes after the calls, as it would for any store write the
-    handling makes after them: the second run must find the allowance spent."""
-    agent = rig.agent()
+    handling makes after them: the second run must find the allowance spent, also when its
+    first ticket is asked for with its claim again (decision 132)."""
+    agent = rig.agent(along=along)
     struck: list[str] = []
 
     async def handler(delivery: Delivery) -> None:
@@ -138,7 +149,7 @@ async def test_a_handling_run_again_after_a_store_outage_spends_nothing_more(rig
             struck.append(delivery.message_id)
             raise StoreUnavailable("the store went away after the calls")
 
-    await rig.broker.consume(rig.queue, handler)
+    await rig.broker.consume(rig.queue, handler, along=agent.along if along else None)
     await rig.ask("o-held")
     replies = await rig.replies_to("o-held", 2)  # one per run of the handler
     assert struck, "the outage struck"
@@ -233,3 +244,33 @@ async def test_every_run_of_a_handling_shares_one_allowance_when_runs_overlap(ri
     replies = await rig.replies_to("o-twice", 2)
     assert_within_allowance(await rig.calls("o-twice"), replies)
     assert await rig.calls("o-twice") == ALLOWED
+
+
+async def test_a_requests_first_ticket_goes_with_its_inbox_claim(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decision 132: the agent's consumer claims a request and takes its first attempt ticket
+    in one round trip (on PostgreSQL, one statement) instead of two in a row; the allowance
+    is kept all the same."""
+    rounds: list[set[tuple[str, str]]] = []
+    store = rig.broker.store
+    if rig.broker.kind == "rabbitmq":  # its store is PostgreSQL: count the round trips
+        write = store._write_entries  # type: ignore[attr-defined]
+
+        async def counted(calls: Any) -> Any:
+            rounds.append({(c.queue, "claim" if c.claims else "done") for c in calls})
+            return await write(calls)
+
+        monkeypatch.setattr(store, "_write_entries", counted)
+        monkeypatch.setattr(store, "_round_trips", None)
+    agent = rig.agent(along=True)
+    await rig.broker.consume(rig.queue, agent.handle, along=agent.along)
+    await rig.ask("o-along")
+    [reply] = await rig.replies_to("o-along", 1)
+    calls = await rig.calls("o-along")
+    assert_within_allowance(calls, [reply])
+    assert (calls, reply.attempts_used) == (ALLOWED, ALLOWED)
+    if rig.broker.kind == "rabbitmq":
+        request, ticket = (rig.queue, "claim"), (f"{rig.queue}:attempts", "claim")
+        assert {request, ticket} <= rounds[0], f"claim and first ticket apart: {rounds}"
+        assert sum(ticket in r for r in rounds) == ALLOWED, "each ticket taken once"

@@ -48,7 +48,7 @@ class Broker:
         return await connect(RABBITMQ_URL, timeout=5, name=name)
 
     async def consume(
-        self, queue: str, handler, *, dead_letters=None, store=None, **policy
+        self, queue: str, handler, *, dead_letters=None, store=None, along=None, **policy
     ) -> Consumer:
         channel = await self.connection.channel()
         defaults = {
@@ -71,6 +71,7 @@ class Broker:
             dead_letter_publisher=dead_letters or self.publisher,
             policy=ConsumerPolicy(**(defaults | policy)),
             holder=f"test-{uuid.uuid4().hex[:6]}",
+            along=along,
         )
         await consumer.start()
         self.consumers.append(consumer)

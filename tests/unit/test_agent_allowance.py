@@ -10,6 +10,7 @@ reports at least the calls made so far (never more than the allowance).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ from services.agents.agent import Agent
 from services.agents.attempts import MemoryTickets
 from shared.broker.consumer import Delivery
 from shared.config import load_settings
+from shared.domain.coordination import InboxOutcome
 from shared.domain.messages import StepAction, StepReply, StepRequest
 from shared.domain.timing import utcnow
 from shared.errors import RemoteDeclined, RemoteTransient, StoreUnavailable
@@ -65,6 +67,20 @@ class FlakyTickets(MemoryTickets):
         return taken
 
 
+def claimed_along(agent: Agent, delivery: Delivery) -> dict[tuple[str, str], InboxOutcome]:
+    """What the consumer's inbox claim would answer for the claims the agent asks along: each
+    one a ticket, taken by the first to ask (the tickets' store, as `InboxTickets` uses it)."""
+    tickets = agent._tickets
+    assert isinstance(tickets, MemoryTickets)
+    answers = {}
+    for queue, claim in agent.along(delivery):
+        request, _, number = claim.message_id.rpartition("#")
+        first = (request, int(number)) not in tickets.taken
+        tickets.taken.add((request, int(number)))
+        answers[(queue, claim.message_id)] = InboxOutcome.CLAIMED if first else InboxOutcome.BUSY
+    return answers
+
+
 class Replies:
     def __init__(self, remote: Remote) -> None:
         self._remote = remote
@@ -83,10 +99,13 @@ class Replies:
         min_size=1,
         max_size=6,
     ),
+    along=st.booleans(),
 )
 async def test_no_run_of_handlings_spends_beyond_the_allowance(
-    allowed: int, answers: list[Answer], cuts: list[Cut]
+    allowed: int, answers: list[Answer], cuts: list[Cut], along: bool
 ) -> None:
+    """`along`: each handling's first ticket is asked for with its inbox claim, as the
+    consumer does for an agent (decision 132), and what that claim answered is handed in."""
     remote = Remote(answers)
     tickets = FlakyTickets()
     replies = Replies(remote)
@@ -96,6 +115,7 @@ async def test_no_run_of_handlings_spends_beyond_the_allowance(
         replies,  # type: ignore[arg-type]
         load_settings(breaker_fail_max=1000),
         tickets=tickets,
+        ticket_queue="payment:attempts" if along else None,
     )
     request = StepRequest(
         order_id="o-1",
@@ -122,8 +142,11 @@ async def test_no_run_of_handlings_spends_beyond_the_allowance(
             remote.bug_after_next = cut == "bug-after-call"
             tickets.fail_next = cut if cut.startswith("store") else None
             # The consumer handles it again after either: in place, later, or redelivered.
+            handled = delivery
+            if along:
+                handled = dataclasses.replace(delivery, taken_along=claimed_along(agent, delivery))
             with contextlib.suppress(RuntimeError, StoreUnavailable):
-                await agent.handle(delivery)
+                await agent.handle(handled)
             assert remote.calls <= allowed, f"{remote.calls} calls, allowance {allowed}"
     assert replies.seen, "the last handling replied"
     for reply, calls_before in replies.seen:
