@@ -6,96 +6,170 @@ they all ack in the same turn of the event loop. Each ack waits for the next tur
 for by then go out together.
 
 `multiple=True` acks every unsettled delivery of the channel up to its tag, so it is sent only
-for a tag below which no delivery is still unsettled but those being acked: any other delivery in
-hand with a lower tag (still being handled, or settled by a frame not yet written: aio-pika marks
-a message processed only once its frame is queued) keeps the ones above it out of the multiple
-ack, and they are acked one by one. A delivery of an earlier incarnation of the channel (before a
-reconnection) is acked alone, on its own channel, and fails as it would have.
+for a tag below which no delivery of that channel is unsettled but those being acked. The book
+of unsettled deliveries is kept here, not read off the handlings in hand: a delivery is entered
+when it is taken (with the channel it came on, read while that channel is open), and leaves the
+book only once it is settled (acked here, or acked, rejected or returned by another path: aio-pika
+marks a message processed once its frame is queued). One whose handling ended without settling it
+(cancelled by a drain that timed out, or a requeue that failed) stays in the book until its
+channel closes, and keeps every ack above it out of a multiple ack: those go one by one. A
+delivery whose channel has closed (a reconnection since) is acked alone, and fails as it would
+have.
 
-Every ack still waits until its frame has been handed to the connection, as `message.ack()` does,
-and a failure reaches each caller whose delivery it was meant to settle.
+Every ack still waits until its frame has been handed to the connection, as `message.ack()` does;
+a failure, of the ack or of this bookkeeping, reaches each caller whose delivery it was meant to
+settle, and no caller is left waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+import contextlib
+from dataclasses import dataclass
 
 from aio_pika.abc import AbstractIncomingMessage
 
-Pending = tuple[AbstractIncomingMessage, asyncio.Future[None]]
-"""A delivery to ack, and the future its handling waits on."""
+
+@dataclass(eq=False)
+class _Entry:
+    message: AbstractIncomingMessage
+    channel: object | None
+    """The channel it came on (None: it could not be read, which acks it alone)."""
+    acked: bool = False
+    """Acked here (a multiple ack sets aio-pika's `processed` on its last message only)."""
+
+    @property
+    def tag(self) -> int:
+        return self.message.delivery_tag or 0
+
+    @property
+    def settled(self) -> bool:
+        return self.acked or self.message.processed
+
+    @property
+    def open(self) -> bool:
+        return self.channel is not None and not getattr(self.channel, "is_closed", True)
+
+
+@dataclass(eq=False)
+class _Pending:
+    entry: _Entry
+    future: asyncio.Future[None]
 
 
 class Acks:
-    """The acks of one consumer's channel."""
+    """The acks of one consumer's deliveries, and its book of those not yet settled."""
 
-    def __init__(self, in_hand: Collection[AbstractIncomingMessage]) -> None:
-        self._in_hand = in_hand
-        """The deliveries being handled on this channel right now (those acked included)."""
-        self._waiting: list[Pending] = []
+    def __init__(self) -> None:
+        self._book: dict[int, _Entry] = {}
+        """Deliveries taken and not known settled, by `id` of the message."""
+        self._waiting: list[_Pending] = []
         self._sender: asyncio.Task[None] | None = None
 
+    def taken(self, message: AbstractIncomingMessage) -> None:
+        """A delivery came: in the book until it is settled."""
+        channel: object | None = None
+        with contextlib.suppress(Exception):  # aio-pika raises for a closed channel
+            channel = message.channel
+        self._book[id(message)] = _Entry(message, channel)
+
+    def left(self, message: AbstractIncomingMessage) -> None:
+        """Its handling ended. Settled, it leaves the book; not (a cancelled handling, a failed
+        requeue), it stays while its channel is open, and no multiple ack passes over it."""
+        entry = self._book.get(id(message))
+        if entry is not None and (entry.settled or not entry.open):
+            del self._book[id(message)]
+        self._forget_closed()
+
+    @property
+    def unsettled(self) -> int:
+        """Deliveries in the book (handled right now, or left unsettled on an open channel)."""
+        return len(self._book)
+
     async def ack(self, message: AbstractIncomingMessage) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((message, future))
+        entry = self._book.get(id(message))
+        if entry is None:  # not taken through `taken` (cannot happen in the consumer): alone
+            entry = _Entry(message, None)
+        loop = asyncio.get_running_loop()
+        pending = _Pending(entry, loop.create_future())
+        self._waiting.append(pending)
         if self._sender is None:
-            self._sender = asyncio.get_running_loop().create_task(self._send())
-        await future
+            self._sender = loop.create_task(self._send())
+        await pending.future
 
     async def _send(self) -> None:
         try:
             while self._waiting:
                 batch, self._waiting = self._waiting, []
-                await self._settle(batch)
+                try:
+                    await self._settle(batch)
+                except BaseException as exc:
+                    _fail_all(batch, exc)
+                    raise
+        except BaseException as exc:
+            # Cancelled (the loop is stopping) or broken: nobody is left waiting.
+            waiting, self._waiting = self._waiting, []
+            _fail_all(waiting, exc)
+            if not isinstance(exc, Exception):
+                raise
         finally:
             self._sender = None
 
-    async def _settle(self, batch: list[Pending]) -> None:
+    async def _settle(self, batch: list[_Pending]) -> None:
         together, alone = self.together(batch)
         if together:
-            last = together[-1]
+            last = together[-1].entry
             try:
-                await last[0].ack(multiple=len(together) > 1)
+                await last.message.ack(multiple=len(together) > 1)
             except Exception as exc:
-                for _, future in together:
-                    _fail(future, exc)
+                _fail_all(together, exc)
             else:
-                for _, future in together:
-                    _done(future)
-        for message, future in alone:
+                for pending in together:
+                    pending.entry.acked = True
+                    _done(pending.future)
+        for pending in alone:
             try:
-                await message.ack()
+                await pending.entry.message.ack()
             except Exception as exc:
-                _fail(future, exc)
+                _fail_all([pending], exc)
             else:
-                _done(future)
+                pending.entry.acked = True
+                _done(pending.future)
 
-    def together(self, batch: list[Pending]) -> tuple[list[Pending], list[Pending]]:
+    def together(self, batch: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
         """(the acks one multiple ack settles, in tag order; the ones acked alone)."""
-        if len(batch) == 1:
-            return batch, []
-        channel = batch[-1][0].channel
-        acking = {id(m) for m, _ in batch}
-        others = [
-            m.delivery_tag
-            for m in self._in_hand
-            if id(m) not in acking
-            and m.channel is channel
-            and not m.processed
-            and m.delivery_tag is not None
-        ]
-        below = min(others, default=None)
-        together: list[Pending] = []
-        alone: list[Pending] = []
-        for entry in sorted(batch, key=lambda e: e[0].delivery_tag or 0):
-            message = entry[0]
-            tag = message.delivery_tag
-            if message.channel is channel and tag is not None and (below is None or tag < below):
-                together.append(entry)
+        open_ones = [p for p in batch if p.entry.open]
+        if len(open_ones) < 2:
+            return open_ones, [p for p in batch if not p.entry.open]
+        channel = open_ones[-1].entry.channel
+        acking = {id(p.entry) for p in batch}
+        below = min(
+            (
+                e.tag
+                for e in self._book.values()
+                if e.channel is channel and id(e) not in acking and not e.settled
+            ),
+            default=None,
+        )
+        together: list[_Pending] = []
+        alone: list[_Pending] = []
+        for pending in sorted(batch, key=lambda p: p.entry.tag):
+            entry = pending.entry
+            same = entry.channel is channel and entry.open
+            first = below is None or entry.tag < below
+            if same and entry.message.delivery_tag is not None and first:
+                together.append(pending)
             else:
-                alone.append(entry)
+                alone.append(pending)
         return together, alone
+
+    def _forget_closed(self) -> None:
+        """Entries of closed channels settle nothing any more (their deliveries went back to
+        their queues with the channel), and no multiple ack can pass over them: out of the
+        book. An ack still asked for one holds its entry, and is sent alone."""
+        closed = [key for key, entry in self._book.items() if not entry.open]
+        for key in closed:
+            del self._book[key]
 
 
 def _done(future: asyncio.Future[None]) -> None:
@@ -103,6 +177,11 @@ def _done(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _fail(future: asyncio.Future[None], exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
+def _fail_all(batch: list[_Pending], exc: BaseException) -> None:
+    for pending in batch:
+        if pending.future.done():
+            continue
+        if isinstance(exc, asyncio.CancelledError):
+            pending.future.cancel()
+        else:
+            pending.future.set_exception(exc)

@@ -157,10 +157,17 @@ class Consumer(Subscription):
         )
         # Messages handled side by side share their inbox round trips (group commit).
         self._inbox = None if store is None else InboxDedupe(store, queue, policy)
-        self._acks = Acks(self._in_hand.values())
+        self._acks = Acks()
         self._along = along
 
     async def _deliver(self, message: AbstractIncomingMessage) -> None:
+        self._acks.taken(message)
+        try:
+            await self._settle(message)
+        finally:
+            self._acks.left(message)
+
+    async def _settle(self, message: AbstractIncomingMessage) -> None:
         envelope = Envelope.of(message)
         # The block scopes this delivery's fields, and the order fields `_process` binds once
         # the body is decoded (leaving the block restores what was there before both).

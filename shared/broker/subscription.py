@@ -32,8 +32,6 @@ class Subscription:
         self._queue: AbstractQueue | None = None
         self._tag: str | None = None
         self._inflight: set[asyncio.Task[None]] = set()
-        self._in_hand: dict[int, AbstractIncomingMessage] = {}
-        """The deliveries being handled, by `id`."""
         self.last_taken: float | None = None
         """`clock.monotonic()` of the last delivery taken (None: none yet)."""
         self.subscribed_at: float | None = None
@@ -133,11 +131,9 @@ class Subscription:
         if task is not None:
             self._inflight.add(task)
         self.last_taken = clock.monotonic()
-        self._in_hand[id(message)] = message
         try:
             await self._deliver(message)
         finally:
-            del self._in_hand[id(message)]
             if task is not None:
                 self._inflight.discard(task)
 

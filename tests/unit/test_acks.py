@@ -1,80 +1,152 @@
-"""Which acks one `multiple` ack may settle (shared/broker/acks.py): never a delivery of the
-channel still in hand below its tag, whatever is in hand and whatever is being acked."""
+"""The acks a consumer sends together (shared/broker/acks.py): whatever is in hand, settled by
+another path, abandoned unsettled, or on a channel that has closed since, no `multiple` ack passes
+over a delivery that is not settled, and every ack asked for is answered."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
-from hypothesis import given
+from aiormq.exceptions import ChannelInvalidStateError
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.broker.acks import Acks
 
 
 @dataclass(eq=False)
-class _Delivery:
-    """What `Acks` reads of an aio-pika delivery."""
+class _Channel:
+    is_closed: bool = False
+    frames: list[tuple[int, bool]] = field(default_factory=list)
+    """The acks written on it: (tag, multiple)."""
 
-    channel: object
+
+@dataclass(eq=False)
+class _Delivery:
+    """What `Acks` uses of an aio-pika delivery: its channel raises once closed, as aio-pika's."""
+
+    wire: _Channel
     delivery_tag: int
     processed: bool = False
 
+    @property
+    def channel(self) -> _Channel:
+        if self.wire.is_closed:
+            raise ChannelInvalidStateError
+        return self.wire
 
-CHANNELS = (object(), object())  # the channel now, and an earlier incarnation of it
+    async def ack(self, multiple: bool = False) -> None:
+        if self.wire.is_closed:
+            raise ChannelInvalidStateError("closed")
+        self.wire.frames.append((self.delivery_tag, multiple))
+        self.processed = True
+
+
+STATES = ("in-hand", "settled-elsewhere", "abandoned", "acking")
 
 
 @st.composite
-def hands(draw: st.DrawFn) -> tuple[list[_Delivery], list[_Delivery]]:
-    """(the deliveries in hand, those of them being acked now: at least one)."""
-    tags = draw(st.lists(st.integers(1, 60), min_size=1, max_size=20, unique=True))
-    in_hand = [
-        _Delivery(
-            channel=CHANNELS[draw(st.integers(0, 1))],
-            delivery_tag=tag,
-            processed=draw(st.booleans()),
-        )
-        for tag in tags
-    ]
-    acking = draw(st.lists(st.sampled_from(in_hand), min_size=1, unique_by=id))
-    for delivery in acking:
-        delivery.processed = False  # an ack is asked for only for a delivery not yet settled
-    return in_hand, acking
+def hands(draw: st.DrawFn) -> tuple[list[_Channel], list[tuple[_Delivery, str]], bool]:
+    """Two incarnations of a channel and deliveries on them, each in one of `STATES` (at least
+    one being acked), and whether the first incarnation closes before the acks are asked for."""
+    old, now = _Channel(), _Channel()
+    count = draw(st.integers(1, 16))
+    deliveries = []
+    for tag in range(1, count + 1):
+        wire = draw(st.sampled_from([old, now]))
+        deliveries.append((_Delivery(wire, tag), draw(st.sampled_from(STATES))))
+    if not any(state == "acking" for _, state in deliveries):
+        deliveries[-1] = (deliveries[-1][0], "acking")
+    return [old, now], deliveries, draw(st.booleans())
 
 
+@settings(max_examples=300, deadline=None)
 @given(hands())
-def test_a_multiple_ack_never_covers_a_delivery_still_in_hand(
-    drawn: tuple[list[_Delivery], list[_Delivery]],
+def test_no_multiple_ack_passes_over_a_delivery_not_settled(
+    drawn: tuple[list[_Channel], list[tuple[_Delivery, str]], bool],
 ) -> None:
-    in_hand, acking = drawn
-    loop = asyncio.new_event_loop()
-    try:
-        batch = [(cast(Any, d), loop.create_future()) for d in acking]
-        together, alone = Acks(cast(Any, in_hand)).together(batch)
-    finally:
-        loop.close()
-    sent = [d for d, _ in together]
-    assert sorted(map(id, sent + [d for d, _ in alone])) == sorted(map(id, acking))
-    if len(sent) > 1:
-        channel = sent[-1].channel
-        top = sent[-1].delivery_tag
-        assert [d.delivery_tag for d in sent] == sorted(d.delivery_tag for d in sent)
-        assert all(d.channel is channel for d in sent)
-        unsettled = [
-            d for d in in_hand if d.channel is channel and not d.processed and d not in acking
-        ]
-        assert all(d.delivery_tag > top for d in unsettled), "it would ack one still in hand"
+    channels, deliveries, close_old = drawn
+    acking = [d for d, state in deliveries if state == "acking"]
+
+    async def scenario() -> list[object]:
+        acks = Acks()
+        for delivery, _ in deliveries:
+            acks.taken(cast(Any, delivery))
+        for delivery, state in deliveries:
+            if state == "settled-elsewhere":
+                delivery.processed = True
+                acks.left(cast(Any, delivery))
+            elif state == "abandoned":
+                acks.left(cast(Any, delivery))  # a cancelled handling: left unsettled
+        channels[0].is_closed = close_old
+        asked = (acks.ack(cast(Any, d)) for d in acking)
+        return await asyncio.wait_for(asyncio.gather(*asked, return_exceptions=True), 5.0)
+
+    results = asyncio.run(scenario())
+    for delivery, result in zip(acking, results, strict=True):
+        if delivery.wire.is_closed:
+            assert isinstance(result, ChannelInvalidStateError)
+        else:
+            assert result is None, result
+    for channel in channels:
+        for tag in (tag for tag, multiple in channel.frames if multiple):
+            _assert_settled_up_to(tag, channel, deliveries, acking)
 
 
-@given(st.lists(st.integers(1, 60), min_size=2, max_size=20, unique=True))
-def test_acks_of_one_channel_with_nothing_else_in_hand_go_as_one(tags: list[int]) -> None:
-    in_hand = [_Delivery(CHANNELS[0], tag) for tag in tags]
-    loop = asyncio.new_event_loop()
-    try:
-        batch = [(cast(Any, d), loop.create_future()) for d in in_hand]
-        together, alone = Acks(cast(Any, in_hand)).together(batch)
-    finally:
-        loop.close()
-    assert alone == []
-    assert [d.delivery_tag for d, _ in together] == sorted(tags)
+def _assert_settled_up_to(
+    tag: int, channel: _Channel, deliveries: list[tuple[_Delivery, str]], acking: list[_Delivery]
+) -> None:
+    covered = [d for d, _ in deliveries if d.wire is channel and d.delivery_tag <= tag]
+    unsettled = [d for d in covered if not d.processed and d not in acking]
+    assert not unsettled, f"ack {tag} multiple covers {unsettled}"
+
+
+def test_a_delivery_taken_on_a_closed_channel_is_acked_alone_and_fails() -> None:
+    async def scenario() -> BaseException | None:
+        delivery = _Delivery(_Channel(is_closed=True), 1)
+        acks = Acks()
+        acks.taken(cast(Any, delivery))  # its channel cannot be read
+        try:
+            await asyncio.wait_for(acks.ack(cast(Any, delivery)), 5.0)
+        except ChannelInvalidStateError as exc:
+            return exc
+        return None
+
+    assert asyncio.run(scenario()) is not None
+
+
+def test_acks_asked_for_together_go_as_one_multiple_ack() -> None:
+    async def scenario() -> _Channel:
+        channel = _Channel()
+        deliveries = [_Delivery(channel, tag) for tag in range(1, 6)]
+        acks = Acks()
+        for delivery in deliveries:
+            acks.taken(cast(Any, delivery))
+        await asyncio.gather(*(acks.ack(cast(Any, d)) for d in deliveries))
+        for delivery in deliveries:
+            acks.left(cast(Any, delivery))
+        assert acks.unsettled == 0
+        return channel
+
+    assert asyncio.run(scenario()).frames == [(5, True)]
+
+
+def test_a_delivery_left_unsettled_keeps_the_acks_above_it_single() -> None:
+    """A handling cancelled by a drain leaves its delivery unsettled: a multiple ack above it
+    would ack it (and lose it). The acks above it go one by one, until its channel closes."""
+
+    async def scenario() -> _Channel:
+        channel = _Channel()
+        cancelled, *rest = [_Delivery(channel, tag) for tag in range(1, 4)]
+        acks = Acks()
+        for delivery in (cancelled, *rest):
+            acks.taken(cast(Any, delivery))
+        acks.left(cast(Any, cancelled))
+        await asyncio.gather(*(acks.ack(cast(Any, d)) for d in rest))
+        channel.is_closed = True
+        acks.left(cast(Any, rest[0]))
+        assert acks.unsettled == 0, "its channel closed: the book forgets its deliveries"
+        return channel
+
+    assert asyncio.run(scenario()).frames == [(2, False), (3, False)]
