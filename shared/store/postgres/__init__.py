@@ -86,3 +86,8 @@ class PostgresStore(
             url, pool_size=pool_size, timeout=timeout, command_timeout=command_timeout
         )
         return cls(pool, schema, before_claim_commit=before_claim_commit)
+
+    async def close(self) -> None:
+        """Write the inbox completions still waiting for a claim (decision 130), then close."""
+        await self._write_lingering()
+        await super().close()

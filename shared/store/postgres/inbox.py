@@ -51,6 +51,13 @@ class PostgresInbox(PostgresPart):
             return await self._batcher().submit(call)
         return await self._linger(call)
 
+    async def _write_lingering(self) -> None:
+        """Write the completions still waiting for a claim: a stopping process's last ones."""
+        lingering = self._lingering or []
+        if lingering:
+            self._go_with(None)
+            await asyncio.gather(*(future for _, future in lingering), return_exceptions=True)
+
     async def _linger(self, call: _Call) -> set[str]:
         """Completions only: wait, `DONE_LINGER_S` at most, for a claim to go with."""
         loop = asyncio.get_running_loop()
