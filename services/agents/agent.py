@@ -29,7 +29,7 @@ import pybreaker
 
 from services.agents.attempts import Allowance, InboxTickets, Tickets, ticket_claim
 from services.agents.breakers import Breakers
-from services.agents.calls import StepCalls
+from services.agents.calls import DEADLINE_MARGIN_S, StepCalls
 from services.agents.replies import log_outcome, reply_of, send_reply
 from services.remote.client import RemoteCalls, RemoteClient
 from shared.bootstrap import Runtime
@@ -113,15 +113,17 @@ class Agent:
 
     def along(self, delivery: Delivery) -> list[Along]:
         """The first attempt ticket of a request, to be taken with its inbox claim in one round
-        trip, when its handling will want it: a request still before its deadline, whose
-        circuit lets calls through (as `StepCalls` asks before each ticket). Should either
+        trip, when its handling will want it: a request of this agent far enough before its
+        deadline for a call, whose circuit lets calls through (as `StepCalls` asks before each
+        ticket). Should either
         change in between, the ticket is lost: counted as spent, the safe side."""
         request = delivery.message
         if (
             self._ticket_queue is None
             or not isinstance(request, StepRequest)
+            or not request.operation.startswith(f"{self.name}.")
             or request.attempts_allowed < 1
-            or utcnow() >= request.complete_by
+            or (request.complete_by - utcnow()).total_seconds() <= DEADLINE_MARGIN_S
             or not self._breakers.lets_through(request.operation)
         ):
             return []
