@@ -615,14 +615,8 @@ async def test_a_claim_of_an_id_whose_completion_waits_finds_it_done(store: Stat
     handling. MongoDB sends them over pooled connections, in either order: not a case of it."""
     if store.kind not in ("postgresql", "memory"):
         pytest.skip("two concurrent calls on one id are ordered by PostgreSQL's batcher only")
-    now = utcnow()
-    until = now + timedelta(seconds=30)
-    await store.inbox_claim_many("q", [InboxClaim("a", "h1", until)], now=now)
-    completing = asyncio.create_task(
-        store.inbox_complete_many("q", [InboxDone("a", "h1", now + timedelta(hours=1))])
-    )
-    await asyncio.sleep(0)  # the completion is made (and waits), then the claim
-    claimed = await store.inbox_claim_many("q", [InboxClaim("a", "h2", until)], now=now)
+    completing, until = await _claimed_then_completing(store)
+    claimed = await store.inbox_claim_many("q", [InboxClaim("a", "h2", until)], now=utcnow())
     await completing
     assert claimed == [InboxOutcome.DUPLICATE]
 
@@ -644,14 +638,10 @@ async def test_a_completion_goes_in_the_round_trip_of_the_next_claim(
 
     monkeypatch.setattr(store, "_write_entries", counted)
     monkeypatch.setattr(store, "_round_trips", None)  # a batcher that flushes through the spy
-    now = utcnow()
-    until = now + timedelta(seconds=30)
-    await store.inbox_claim_many("q", [InboxClaim("a", "h1", until)], now=now)
-    completing = asyncio.create_task(
-        store.inbox_complete_many("q", [InboxDone("a", "h1", now + timedelta(hours=1))])
+    completing, until = await _claimed_then_completing(store)
+    ticket = await store.inbox_claim_many(
+        "q:attempts", [InboxClaim("b#1", "t1", until)], now=utcnow()
     )
-    await asyncio.sleep(0)
-    ticket = await store.inbox_claim_many("q:attempts", [InboxClaim("b#1", "t1", until)], now=now)
     await asyncio.wait_for(completing, 1.0)
     assert ticket == [InboxOutcome.CLAIMED]
     assert round_trips == [1, 2], "the claim, then the completion and the ticket together"
@@ -669,14 +659,24 @@ async def test_a_store_closing_writes_the_completions_still_waiting(
     closing = await PostgresStore.connect(
         POSTGRES_URL, hub, pool_size=2, timeout=5.0, command_timeout=10.0
     )
-    now = utcnow()
-    until = now + timedelta(seconds=30)
-    await closing.inbox_claim_many("q", [InboxClaim("a", "h1", until)], now=now)
-    completing = asyncio.create_task(
-        closing.inbox_complete_many("q", [InboxDone("a", "h1", now + timedelta(hours=1))])
-    )
-    await asyncio.sleep(0)
+    completing, until = await _claimed_then_completing(closing)
     await closing.close()
     await asyncio.wait_for(completing, 1.0)
     again = await store.inbox_claim_many("q", [InboxClaim("a", "h2", until)], now=utcnow())
     assert again == [InboxOutcome.DUPLICATE]
+
+
+async def _claimed_then_completing(
+    store: StateStore,
+) -> tuple[asyncio.Task[None], datetime]:
+    """Message id "a" of queue "q" claimed by h1, then its completion made (and, on
+    PostgreSQL, waiting for a claim to go with); the completion's task, and the claims'
+    expiry."""
+    now = utcnow()
+    until = now + timedelta(seconds=30)
+    await store.inbox_claim_many("q", [InboxClaim("a", "h1", until)], now=now)
+    completing = asyncio.create_task(
+        store.inbox_complete_many("q", [InboxDone("a", "h1", now + timedelta(hours=1))])
+    )
+    await asyncio.sleep(0)  # the completion is made, then what the caller does next
+    return completing, until
