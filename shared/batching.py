@@ -59,6 +59,13 @@ class GroupCommit(Generic[T, R]):
             self._flusher = asyncio.create_task(self._run())
         return future
 
+    async def settled(self) -> None:
+        """Return once every item handed in so far has been flushed (or has failed), whether or
+        not its caller still waits for it: what a closing owner waits for before it lets go of
+        what the flushes use."""
+        while self._flusher is not None:
+            await asyncio.wait([self._flusher])
+
     async def _run(self) -> None:
         try:
             while self._waiting:

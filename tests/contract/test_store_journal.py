@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
@@ -642,26 +643,33 @@ async def test_a_completion_goes_in_the_round_trip_of_the_next_claim(
     ticket = await store.inbox_claim_many(
         "q:attempts", [InboxClaim("b#1", "t1", until)], now=utcnow()
     )
-    await asyncio.wait_for(completing, 1.0)
+    await asyncio.wait_for(completing, 5.0)
     assert ticket == [InboxOutcome.CLAIMED]
     assert round_trips == [1, 2], "the claim, then the completion and the ticket together"
     again = await store.inbox_claim_many("q", [InboxClaim("a", "h2", until)], now=utcnow())
     assert again == [InboxOutcome.DUPLICATE]
 
 
+@pytest.mark.parametrize("caller", ["waiting", "gone"])
 async def test_a_store_closing_writes_the_completions_still_waiting(
-    store: StateStore, hub: str
+    store: StateStore, hub: str, caller: str
 ) -> None:
-    """PostgreSQL: a process that stops while a completion waits for a claim to go with (its
-    drain awaited the handling, not the 25 ms) still writes it before its pool closes."""
+    """PostgreSQL: a process that stops while a completion waits for a claim to go with still
+    writes it before its pool closes: whether its caller still waits for it, or has gone (a
+    handling cancelled by a drain, a notifier's task), when nothing else waits for the write."""
     if store.kind != "postgresql":
         pytest.skip("only PostgreSQL holds completions back")
     closing = await PostgresStore.connect(
         POSTGRES_URL, hub, pool_size=2, timeout=5.0, command_timeout=10.0
     )
     completing, until = await _claimed_then_completing(closing)
+    if caller == "gone":
+        completing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await completing
     await closing.close()
-    await asyncio.wait_for(completing, 1.0)
+    if caller == "waiting":
+        await asyncio.wait_for(completing, 5.0)
     again = await store.inbox_claim_many("q", [InboxClaim("a", "h2", until)], now=utcnow())
     assert again == [InboxOutcome.DUPLICATE]
 
@@ -678,5 +686,7 @@ async def _claimed_then_completing(
     completing = asyncio.create_task(
         store.inbox_complete_many("q", [InboxDone("a", "h1", now + timedelta(hours=1))])
     )
-    await asyncio.sleep(0)  # the completion is made, then what the caller does next
+    await asyncio.sleep(0)  # the completion task runs up to its wait; then the caller goes on
+    if store.kind == "postgresql":
+        assert store._lingering, "the completion waits for a claim"  # type: ignore[attr-defined]
     return completing, until

@@ -109,3 +109,20 @@ async def test_a_flush_fails_one_item_alone_by_answering_it_with_an_exception() 
     results = await asyncio.gather(*(batcher.submit(i) for i in (1, 2, 3)), return_exceptions=True)
     assert results[0] == 1 and results[2] == 3
     assert isinstance(results[1], ValueError) and str(results[1]) == "no 2"
+
+
+async def test_settled_waits_for_every_item_handed_in_even_with_no_caller_left() -> None:
+    rec = Recorder()
+    batcher: GroupCommit[int, int] = GroupCommit(rec.flush)
+    in_flight = asyncio.create_task(batcher.submit(1))
+    await _until(lambda: rec.batches == [[1]])
+    waiting = batcher.enqueue(2)
+    in_flight.cancel()
+    waiting.cancel()  # nobody waits for either any more: both still go
+    settled = asyncio.create_task(batcher.settled())
+    await asyncio.sleep(0.01)
+    assert not settled.done(), "a flush is still in flight"
+    rec.gate.set()
+    await asyncio.wait_for(settled, 2.0)
+    assert rec.batches == [[1], [2]]
+    await asyncio.wait_for(batcher.settled(), 2.0)  # idle: at once

@@ -47,16 +47,17 @@ class PostgresInbox(PostgresPart):
         if not call.size:
             return set()
         if call.claims or DONE_LINGER_S <= 0:
-            self._go_with(call)  # the completions waiting go in the same round trip
-            return await self._batcher().submit(call)
+            return await self._go_with(call)
         return await self._linger(call)
 
     async def _write_lingering(self) -> None:
-        """Write the completions still waiting for a claim: a stopping process's last ones."""
-        lingering = self._lingering or []
-        if lingering:
-            self._go_with(None)
-            await asyncio.gather(*(future for _, future in lingering), return_exceptions=True)
+        """Write the completions still waiting for a claim, and wait for every write handed to
+        the round trips (a stopping process's last ones), whether or not their callers still
+        wait: a handling cancelled by a drain, or a notifier's task, leaves its completion
+        behind it, and the pool closes next."""
+        self._hand_lingering()
+        if self._round_trips is not None:
+            await self._round_trips.settled()
 
     async def _linger(self, call: _Call) -> set[str]:
         """Completions only: wait, `DONE_LINGER_S` at most, for a claim to go with."""
@@ -66,13 +67,19 @@ class PostgresInbox(PostgresPart):
             self._lingering = []
         self._lingering.append((call, future))
         if self._linger_timer is None:
-            self._linger_timer = loop.call_later(DONE_LINGER_S, self._go_with, None)
+            self._linger_timer = loop.call_later(DONE_LINGER_S, self._hand_lingering)
         return await future
 
-    def _go_with(self, call: _Call | None) -> None:
-        """Hand the lingering completions to the round trips, just ahead of `call` (if any):
-        enqueued with no wait between them, they go together (unless an id of theirs is in
-        the batch already, when the later call waits for the next round trip)."""
+    def _go_with(self, call: _Call) -> asyncio.Future[set[str]]:
+        """Hand `call` to the round trips with the lingering completions just ahead of it:
+        enqueued with no wait between them, they go together (unless an id of theirs is in the
+        batch already, when the later call waits for the next round trip)."""
+        self._hand_lingering()
+        return self._batcher().enqueue(call)
+
+    def _hand_lingering(self) -> None:
+        """Hand the lingering completions to the round trips (at the timer, or ahead of a
+        claim, or at closing)."""
         if self._linger_timer is not None:
             self._linger_timer.cancel()
             self._linger_timer = None
