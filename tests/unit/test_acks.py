@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from aiormq.exceptions import ChannelInvalidStateError
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shared.broker.acks import Acks
@@ -150,3 +150,143 @@ def test_a_delivery_left_unsettled_keeps_the_acks_above_it_single() -> None:
         return channel
 
     assert asyncio.run(scenario()).frames == [(2, False), (3, False)]
+
+
+# --- Schedules: the book changing between batches --------------------------------------------
+
+
+class _Wire:
+    """A channel as the broker keeps it: the tags delivered on it and not yet settled. An ack
+    of a tag not unsettled is a channel error (PRECONDITION_FAILED, unknown delivery tag); a
+    multiple ack settles every unsettled tag up to its own. `asked` is what the consumer wants
+    acked: a multiple ack that settles anything else has lost a message."""
+
+    def __init__(self) -> None:
+        self.is_closed = False
+        self.delivered = 0
+        self.unsettled: set[int] = set()
+        self.asked: set[int] = set()
+        self.acked: set[int] = set()
+        self.violations: list[str] = []
+
+
+@dataclass(eq=False)
+class _Message:
+    wire: _Wire
+    delivery_tag: int
+    processed: bool = False
+
+    @property
+    def channel(self) -> _Wire:
+        if self.wire.is_closed:
+            raise ChannelInvalidStateError
+        return self.wire
+
+    async def ack(self, multiple: bool = False) -> None:
+        await asyncio.sleep(0)  # the frame goes through the connection's write queue
+        wire = self.wire
+        if wire.is_closed:
+            raise ChannelInvalidStateError("closed")
+        tag = self.delivery_tag
+        if tag not in wire.unsettled:
+            wire.violations.append(f"ack of tag {tag}, not unsettled: the channel closes")
+        settles = {t for t in wire.unsettled if t <= tag} if multiple else {tag}
+        if lost := settles - wire.asked:
+            wire.violations.append(f"ack {tag} multiple settles {sorted(lost)}, not asked for")
+        wire.unsettled -= settles
+        wire.acked |= settles
+        self.processed = True
+
+
+OPS = st.lists(
+    st.tuples(
+        # Deliveries and acks drawn more often: a multiple ack needs several of each.
+        st.sampled_from(
+            ["deliver"] * 3
+            + ["ack"] * 3
+            + ["reject", "abandon", "stop-waiting", "turn", "turn", "reconnect"]
+        ),
+        st.integers(0, 30),
+    ),
+    max_size=60,
+)
+
+
+class _Schedule:
+    """A consumer's side of one drawn schedule: what it has in hand, and what it asked to ack."""
+
+    def __init__(self) -> None:
+        self.acks = Acks()
+        self.wires = [_Wire()]
+        self.in_hand: list[_Message] = []
+        self.asking: list[tuple[_Message, asyncio.Task[None]]] = []
+
+    def _pick(self, i: int) -> _Message | None:
+        return self.in_hand.pop(i % len(self.in_hand)) if self.in_hand else None
+
+    async def _handle_then_ack(self, message: _Message) -> None:
+        message.wire.asked.add(message.delivery_tag)
+        try:
+            await self.acks.ack(cast(Any, message))
+        finally:
+            self.acks.left(cast(Any, message))
+
+    async def deliver(self, _: int) -> None:
+        wire = self.wires[-1]
+        wire.delivered += 1
+        message = _Message(wire, wire.delivered)
+        wire.unsettled.add(message.delivery_tag)
+        self.acks.taken(cast(Any, message))
+        self.in_hand.append(message)
+
+    async def ack(self, i: int) -> None:
+        if message := self._pick(i):
+            self.asking.append((message, asyncio.create_task(self._handle_then_ack(message))))
+
+    async def reject(self, i: int) -> None:
+        if message := self._pick(i):
+            if not message.wire.is_closed:
+                message.wire.unsettled.discard(message.delivery_tag)
+                message.processed = True
+            self.acks.left(cast(Any, message))
+
+    async def abandon(self, i: int) -> None:
+        if message := self._pick(i):
+            self.acks.left(cast(Any, message))  # a cancelled handling: left unsettled
+
+    async def stop_waiting(self, i: int) -> None:
+        if self.asking:
+            self.asking[i % len(self.asking)][1].cancel()
+
+    async def turn(self, _: int) -> None:
+        await asyncio.sleep(0)
+
+    async def reconnect(self, _: int) -> None:
+        self.wires[-1].is_closed = True
+        self.wires[-1].unsettled.clear()  # back to the queue, with the channel
+        self.wires.append(_Wire())
+
+    async def run(self, ops: list[tuple[str, int]]) -> None:
+        for op, i in ops:
+            await getattr(self, op.replace("-", "_"))(i)
+        tasks = [task for _, task in self.asking]
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5.0)
+        for message, task in self.asking:
+            if not task.cancelled() and task.exception() is None:
+                assert message.delivery_tag in message.wire.acked, "answered, not acked"
+
+
+@settings(max_examples=1000, deadline=None)
+@given(OPS)
+@example([("deliver", 0)] * 3 + [("abandon", 0), ("ack", 0), ("ack", 0)])  # a mutation's
+def test_any_schedule_of_deliveries_acks_and_reconnections_loses_nothing(
+    ops: list[tuple[str, int]],
+) -> None:
+    """Deliveries arrive, are acked (each handling asks, then leaves), rejected by another path,
+    abandoned unsettled, or their handling stops waiting for its ack; turns of the loop pass
+    between; the channel is replaced. No ack settles a delivery not asked for, none acks a tag
+    twice, every ack asked for is answered, and each answered without error settled its tag."""
+    schedule = _Schedule()
+    asyncio.run(schedule.run(ops))
+    for wire in schedule.wires:
+        assert not wire.violations, wire.violations
