@@ -28,15 +28,14 @@ import contextlib
 from dataclasses import dataclass
 
 from aio_pika.abc import AbstractIncomingMessage
+from aiormq.abc import AbstractChannel
 
 
 @dataclass(eq=False)
 class _Entry:
     message: AbstractIncomingMessage
-    channel: object | None
+    channel: AbstractChannel | None
     """The channel it came on (None: it could not be read, which acks it alone)."""
-    acked: bool = False
-    """Acked here (a multiple ack sets aio-pika's `processed` on its last message only)."""
 
     @property
     def tag(self) -> int:
@@ -44,11 +43,13 @@ class _Entry:
 
     @property
     def settled(self) -> bool:
-        return self.acked or self.message.processed
+        """Settled by another path (aio-pika marks a message processed once its frame is
+        queued); one acked here has left the book already."""
+        return self.message.processed
 
     @property
     def open(self) -> bool:
-        return self.channel is not None and not getattr(self.channel, "is_closed", True)
+        return self.channel is not None and not self.channel.is_closed
 
 
 @dataclass(eq=False)
@@ -63,28 +64,33 @@ class Acks:
     def __init__(self) -> None:
         self._book: dict[int, _Entry] = {}
         """Deliveries taken and not known settled, by `id` of the message."""
+        self._channel: AbstractChannel | None = None
+        """The channel of the latest delivery: when one comes on another, the book is swept."""
         self._waiting: list[_Pending] = []
         self._sender: asyncio.Task[None] | None = None
 
     def taken(self, message: AbstractIncomingMessage) -> None:
         """A delivery came: in the book until it is settled."""
-        channel: object | None = None
+        channel: AbstractChannel | None = None
         with contextlib.suppress(Exception):  # aio-pika raises for a closed channel
             channel = message.channel
+        if channel is not self._channel:  # a reconnection: the old channel's entries can go
+            self._channel = channel
+            self._forget_closed()
         self._book[id(message)] = _Entry(message, channel)
 
     def left(self, message: AbstractIncomingMessage) -> None:
-        """Its handling ended. Settled, it leaves the book; not (a cancelled handling, a failed
-        requeue), it stays while its channel is open, and no multiple ack passes over it."""
+        """Its handling ended. Settled, it leaves the book (acked here, it has left already);
+        not (a cancelled handling, a failed requeue), it stays while its channel is open, and no
+        multiple ack passes over it."""
         entry = self._book.get(id(message))
         if entry is not None and (entry.settled or not entry.open):
             del self._book[id(message)]
-        self._forget_closed()
 
     @property
     def unsettled(self) -> int:
-        """Deliveries in the book (handled right now, or left unsettled on an open channel)."""
-        return len(self._book)
+        """Deliveries in the book on open channels (handled right now, or left unsettled)."""
+        return sum(1 for entry in self._book.values() if entry.open)
 
     async def ack(self, message: AbstractIncomingMessage) -> None:
         entry = self._book.get(id(message))
@@ -125,16 +131,20 @@ class Acks:
                 _fail_all(together, exc)
             else:
                 for pending in together:
-                    pending.entry.acked = True
-                    _done(pending.future)
+                    self._acked(pending)
         for pending in alone:
             try:
                 await pending.entry.message.ack()
             except Exception as exc:
                 _fail_all([pending], exc)
             else:
-                pending.entry.acked = True
-                _done(pending.future)
+                self._acked(pending)
+
+    def _acked(self, pending: _Pending) -> None:
+        """Out of the book at once, whether or not its handling still waits (a multiple ack
+        marks only its last message processed)."""
+        self._book.pop(id(pending.entry.message), None)
+        _done(pending.future)
 
     def together(self, batch: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
         """(the acks one multiple ack settles, in tag order; the ones acked alone)."""
@@ -165,8 +175,9 @@ class Acks:
 
     def _forget_closed(self) -> None:
         """Entries of closed channels settle nothing any more (their deliveries went back to
-        their queues with the channel), and no multiple ack can pass over them: out of the
-        book. An ack still asked for one holds its entry, and is sent alone."""
+        their queues with the channel), and no multiple ack can pass over them (`together`
+        looks at one open channel): out of the book. An ack still asked for one holds its
+        entry, and is sent alone."""
         closed = [key for key, entry in self._book.items() if not entry.open]
         for key in closed:
             del self._book[key]
