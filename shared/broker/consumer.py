@@ -163,11 +163,11 @@ class Consumer(Subscription):
     async def _deliver(self, message: AbstractIncomingMessage) -> None:
         self._acks.taken(message)
         try:
-            await self._settle(message)
+            await self._process_delivery(message)
         finally:
             self._acks.left(message)
 
-    async def _settle(self, message: AbstractIncomingMessage) -> None:
+    async def _process_delivery(self, message: AbstractIncomingMessage) -> None:
         envelope = Envelope.of(message)
         # The block scopes this delivery's fields, and the order fields `_process` binds once
         # the body is decoded (leaving the block restores what was there before both).
@@ -331,7 +331,7 @@ class Consumer(Subscription):
             self.stats.duplicates += 1
             self._detours.count("duplicate")
             log.info("duplicate message dropped")
-            await message.ack()
+            await self._acks.ack(message)  # a redelivered burst's duplicates go together
         elif outcome is InboxOutcome.BUSY:
             # Another delivery holds its id (a copy handled right now, or one whose consumer
             # died, until its claim expires): the message waits out of hand, uncounted.
