@@ -14,7 +14,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustConn
 
 from shared.broker.connection import connect, login_user, quorum_available, server_version
 from shared.broker.consumer import Consumer, ConsumerPolicy, Delivery, Handler
-from shared.broker.dedupe import Along
+from shared.broker.dedupe import AlongClaim
 from shared.broker.delivery import INTAKE_HEALTHY
 from shared.broker.drills import Drills, drilled
 from shared.broker.publisher import Publisher, Publishing
@@ -258,7 +258,7 @@ class Runtime:
         handler: Handler,
         *,
         dedupe: bool = True,
-        along: Callable[[Delivery], Sequence[Along]] | None = None,
+        along: Callable[[Delivery], Sequence[AlongClaim]] | None = None,
     ) -> Consumer:
         channel = await self.connection.channel()
         reporter = self.reporter()

@@ -27,14 +27,14 @@ from typing import Any
 
 import pybreaker
 
-from services.agents.attempts import Allowance, InboxTickets, Tickets, ticket_claim
+from services.agents.attempts import Allowance, InboxTickets, Tickets, ticket_claim, ticket_id
 from services.agents.breakers import Breakers
 from services.agents.calls import DEADLINE_MARGIN_S, StepCalls
 from services.agents.replies import log_outcome, reply_of, send_reply
 from services.remote.client import RemoteCalls, RemoteClient
 from shared.bootstrap import Runtime
 from shared.broker.consumer import Delivery
-from shared.broker.dedupe import Along, inbox_key
+from shared.broker.dedupe import AlongClaim, inbox_key
 from shared.broker.publisher import Publishing
 from shared.broker.topology import Names
 from shared.config import Settings
@@ -111,12 +111,12 @@ class Agent:
             )
             self._alerted.add(alert_id)
 
-    def along(self, delivery: Delivery) -> list[Along]:
+    def along(self, delivery: Delivery) -> list[AlongClaim]:
         """The first attempt ticket of a request, to be taken with its inbox claim in one round
         trip, when its handling will want it: a request of this agent far enough before its
         deadline for a call, whose circuit lets calls through (as `StepCalls` asks before each
-        ticket). Should either
-        change in between, the ticket is lost: counted as spent, the safe side."""
+        ticket). Should either change in between, the ticket is lost: counted as spent, the
+        safe side."""
         request = delivery.message
         if (
             self._ticket_queue is None
@@ -128,7 +128,7 @@ class Agent:
         ):
             return []
         claim = ticket_claim(inbox_key(delivery), 1, keep_until=self._ticket_keep_until(request))
-        return [(self._ticket_queue, claim)]
+        return [AlongClaim(self._ticket_queue, claim)]
 
     def _ticket_keep_until(self, request: StepRequest) -> datetime:
         # Kept past any deadline this request may carry (a re-publish extends it).
@@ -152,7 +152,11 @@ class Agent:
                 log.info("deadline passed before the agent got the request; no side effect")
                 return
             key = inbox_key(delivery)  # the request, as the inbox dedupes it: its sender's id
-            first = delivery.taken_along.get((self._ticket_queue or "", f"{key}#1"))
+            first = (
+                None
+                if self._ticket_queue is None
+                else delivery.taken_along.get((self._ticket_queue, ticket_id(key, 1)))
+            )
             allowance = Allowance(
                 self._tickets,
                 key,

@@ -51,9 +51,14 @@ class InboxClaims(Protocol):
     ) -> list[InboxOutcome]: ...
 
 
+def ticket_id(request: str, number: int) -> str:
+    """The inbox message id of ticket `number` of `request`."""
+    return f"{request}#{number}"
+
+
 def ticket_claim(request: str, number: int, *, keep_until: datetime) -> InboxClaim:
     """The inbox claim that takes ticket `number` of `request`, by a holder used once."""
-    return InboxClaim(f"{request}#{number}", uuid.uuid4().hex, keep_until)
+    return InboxClaim(ticket_id(request, number), uuid.uuid4().hex, keep_until)
 
 
 class InboxTickets:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -59,7 +60,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from opentelemetry.trace import SpanKind
 
 from shared.broker.acks import Acks
-from shared.broker.dedupe import Along, Claim, InboxDedupe, inbox_key
+from shared.broker.dedupe import AlongClaim, Claim, InboxDedupe, inbox_key
 from shared.broker.delivery import (
     ConsumerPolicy,
     Delivery,
@@ -134,7 +135,7 @@ class Consumer(Subscription):
         policy: ConsumerPolicy,
         holder: str,
         on_poison: PoisonHook | None = None,
-        along: Callable[[Delivery], Sequence[Along]] | None = None,
+        along: Callable[[Delivery], Sequence[AlongClaim]] | None = None,
     ) -> None:
         """`along`: the claims a delivery's handler will make first, to be made with the
         delivery's own inbox claim, in the same round trip (decision 132)."""
@@ -343,7 +344,7 @@ class Consumer(Subscription):
                 waiting_for="another delivery's claim",
             )
         else:
-            delivery.taken_along.update(taken)
+            delivery = dataclasses.replace(delivery, taken_along=taken)
             await self._handle(message, envelope, delivery, claim=claim)
 
     async def _handle(

@@ -14,10 +14,10 @@ import logging
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from shared.batching import GroupCommit
-from shared.broker.delivery import ConsumerPolicy, Delivery, held
+from shared.broker.delivery import ConsumerPolicy, Delivery, TakenAlong, held
 from shared.domain.coordination import InboxOutcome
 from shared.domain.timing import utcnow
 from shared.errors import one_line
@@ -39,13 +39,15 @@ def inbox_key(delivery: Delivery) -> str:
     return f"{delivery.user_id}/{delivery.message_id}"
 
 
-Along = tuple[str, InboxClaim]
-"""A claim made along with a delivery's own (decision 132): the inbox queue it is in, and it."""
+class AlongClaim(NamedTuple):
+    """A claim made along with a delivery's own (decision 132)."""
 
-Taken = dict[tuple[str, str], InboxOutcome]
-"""The outcomes of the claims made along, by (queue, message id)."""
+    queue: str
+    """The inbox queue it is in."""
+    claim: InboxClaim
 
-Asked = tuple[InboxClaim, Sequence[Along]]
+
+_Asked = tuple[InboxClaim, Sequence[AlongClaim]]
 """A delivery's claim, and the claims made along with it."""
 
 
@@ -56,10 +58,10 @@ class Claim:
     dedupe: InboxDedupe
     key: str
     holder: str
-    along: Sequence[Along] = ()
+    along: Sequence[AlongClaim] = ()
     """Claims the handler will make first, made now in the same round trip (decision 132)."""
 
-    async def take(self) -> tuple[InboxOutcome, Taken]:
+    async def take(self) -> tuple[InboxOutcome, TakenAlong]:
         """The delivery's outcome, and those of the claims made along with it."""
         return await self.dedupe.claim(self.key, self.holder, self.along)
 
@@ -77,7 +79,7 @@ class InboxDedupe:
         self._store = store
         self._queue = queue
         self._policy = policy
-        self._claims: GroupCommit[Asked, tuple[InboxOutcome, Taken]] = GroupCommit(
+        self._claims: GroupCommit[_Asked, tuple[InboxOutcome, TakenAlong]] = GroupCommit(
             self._claim_batch, max_batch=policy.prefetch
         )
         self._completions: GroupCommit[InboxDone, None] = GroupCommit(
@@ -85,15 +87,15 @@ class InboxDedupe:
         )
 
     async def claim(
-        self, key: str, holder: str, along: Sequence[Along] = ()
-    ) -> tuple[InboxOutcome, Taken]:
+        self, key: str, holder: str, along: Sequence[AlongClaim] = ()
+    ) -> tuple[InboxOutcome, TakenAlong]:
         """Claim the message id, and with it (at the first try) the claims `along`; while
         another delivery holds the id, wait for it, `busy_wait` at most (a copy handled right
         now ends sooner; one whose consumer died holds it until its claim expires, and the
         message must not wait for that in hand)."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self._policy.busy_wait
-        taken: Taken = {}
+        taken: TakenAlong = {}
         while True:
             claim = InboxClaim(key, holder, utcnow() + self._policy.claim_ttl)
             outcome, first = await self._claims.submit((claim, along))
@@ -123,14 +125,14 @@ class InboxDedupe:
         with contextlib.suppress(Exception):
             await self._store.inbox_release(self._queue, key, holder=holder)
 
-    async def _claim_batch(self, items: Sequence[Asked]) -> list[tuple[InboxOutcome, Taken]]:
+    async def _claim_batch(self, items: Sequence[_Asked]) -> list[tuple[InboxOutcome, TakenAlong]]:
         # `now` read here: the batch's task runs in a context of its own (`_for_the_batch`),
         # without the caller's (a simulated process's clock is one).
         return await self._for_the_batch(self._claim_with_along(items, utcnow()))
 
     async def _claim_with_along(
-        self, items: Sequence[Asked], now: datetime
-    ) -> list[tuple[InboxOutcome, Taken]]:
+        self, items: Sequence[_Asked], now: datetime
+    ) -> list[tuple[InboxOutcome, TakenAlong]]:
         """The deliveries' claims and those made along with them, all asked for at once (on
         PostgreSQL they share one round trip: shared/store/postgres/inbox.py)."""
         by_queue: dict[str, list[InboxClaim]] = {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -47,6 +47,10 @@ def is_outage(exc: BaseException) -> bool:
     return isinstance(exc, ServiceUnavailable)
 
 
+TakenAlong = Mapping[tuple[str, str], InboxOutcome]
+"""The outcomes of the claims made along with a delivery's own, by (inbox queue, message id)."""
+
+
 @dataclass(frozen=True)
 class Delivery:
     """What a handler gets: the validated contract and the envelope around it."""
@@ -63,7 +67,7 @@ class Delivery:
     user, so it cannot be forged); kept across delayed retries."""
     retries: int = 0
     """Delayed retries this message has had (0 the first time it is handled)."""
-    taken_along: dict[tuple[str, str], InboxOutcome] = field(default_factory=dict)
+    taken_along: TakenAlong = field(default_factory=dict)
     """The outcomes of the claims made along with this delivery's inbox claim, by (inbox
     queue, message id): what its handler asked to have claimed first (decision 132)."""
 
