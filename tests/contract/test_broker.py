@@ -484,9 +484,10 @@ async def test_a_message_whose_id_another_delivery_holds_waits_out_of_hand_uncou
 
 async def test_acks_sent_together_never_settle_a_delivery_still_in_hand(broker: Broker) -> None:
     """Handlings that end side by side are acked with one `multiple` ack (shared/broker/acks.py),
-    which acks every delivery of the channel up to its tag: the two below the one still being
-    handled go in one, the two above it one by one, and it stays unacked. When the channel
-    closes it alone comes back."""
+    which acks every delivery of the channel up to its tag: whichever of the four around the
+    one still being handled end together may go in one, but none passes over it, and it stays
+    unacked. When the channel closes it alone comes back. (Which acks went together depends on
+    the turns the handlings end in; tests/unit/test_acks.py checks the frames.)"""
     queue = broker.names.agent("shipping")
     release = asyncio.Event()
 

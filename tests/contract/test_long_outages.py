@@ -3,14 +3,13 @@ counts as a delivery is what RabbitMQ counts (real RabbitMQ, inbox on the real P
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 import pytest
 
-from shared.broker.consumer import Consumer, Delivery
+from shared.broker.consumer import Delivery
 from shared.domain.coordination import InboxOutcome
 from shared.errors import StoreUnavailable
 from shared.store.port import InboxClaim
@@ -21,28 +20,19 @@ from tests.support.waiting import eventually
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
 
-class DownFor:
-    """The real store, unreachable for the first `seconds` (every inbox claim fails as a
-    connection refused would), as a PostgreSQL restart that takes long looks to a consumer;
-    or, given `until`, for as long as that condition is false (an outage measured in the
-    consumer's own returns, not in a time its backoff's jitter may fill with fewer of them)."""
+class DownUntil:
+    """The real store, unreachable (every inbox claim fails as a connection refused would) until
+    `back_when` is set and holds: an outage measured in what the consumer did, not in a time
+    its backoff's jitter may fill with fewer returns, as a PostgreSQL restart that takes long
+    looks to a consumer."""
 
-    def __init__(
-        self,
-        store: PostgresStore,
-        seconds: float = 0.0,
-        *,
-        until: Callable[[], bool] | None = None,
-    ) -> None:
+    def __init__(self, store: PostgresStore) -> None:
         self._store = store
-        self.until = time.monotonic() + seconds
-        self._over = until
+        self.back_when: Callable[[], bool] = lambda: False
         self.refused = 0
 
     def _down(self) -> bool:
-        if self._over is not None:
-            return not self._over()
-        return time.monotonic() < self.until
+        return not self.back_when()
 
     async def inbox_claim_many(
         self, queue: str, claims: Sequence[InboxClaim], *, now: datetime
@@ -67,15 +57,11 @@ async def test_an_outage_many_times_the_patience_dead_letters_nothing(broker: Br
         handled.append(d)
 
     patience = 0.3
-    consumers: list[Consumer] = []  # the store is back once its returns are past the limit
-    down = DownFor(
-        broker.store,
-        until=lambda: consumers[0].stats.held_returns > LIMIT + 1 if consumers else False,
-    )
+    down = DownUntil(broker.store)
     consumer = await broker.consume(
         queue, handler, store=down, outage_patience=patience, retry_delay=0.2
     )
-    consumers.append(consumer)
+    down.back_when = lambda: consumer.stats.held_returns > LIMIT + 1
     message_id = await send(broker, queue)
 
     async def done() -> bool:

@@ -327,7 +327,8 @@ async def test_a_slow_try_again_is_cut_at_the_deadline(rig: AgentRig) -> None:
     rig.publisher.slow_s = 5.0
     started = asyncio.get_running_loop().time()
     await rig.ask("o-refused-slowly", seconds=1.0)
-    assert asyncio.get_running_loop().time() - started < 1.0 + 0.5
+    # Cut at the deadline, not after the 5 s publish: slack for a loaded machine.
+    assert asyncio.get_running_loop().time() - started < 1.0 + 2.0
     assert rig.publisher.refused >= 2 and rig.replies == []
 
 
