@@ -5,7 +5,8 @@ over a delivery that is not settled, and every ack asked for is answered."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, cast
 
 from aiormq.exceptions import ChannelInvalidStateError
@@ -15,11 +16,26 @@ from hypothesis import strategies as st
 from shared.broker.acks import Acks
 
 
-@dataclass(eq=False)
 class _Channel:
-    is_closed: bool = False
-    frames: list[tuple[int, bool]] = field(default_factory=list)
-    """The acks written on it: (tag, multiple)."""
+    """A channel as the broker keeps it: the tags delivered on it and not yet settled. An ack
+    of a tag not unsettled is a channel error (PRECONDITION_FAILED, unknown delivery tag); a
+    multiple ack settles every unsettled tag up to its own. `asked` is what the consumer wants
+    acked: an ack that settles anything else has lost a message."""
+
+    def __init__(self) -> None:
+        self.is_closed = False
+        self.delivered = 0
+        self.unsettled: set[int] = set()
+        self.asked: set[int] = set()
+        self.acked: set[int] = set()
+        self.frames: list[tuple[int, bool]] = []
+        """The acks written on it: (tag, multiple)."""
+        self.violations: list[str] = []
+
+    def deliver(self) -> _Delivery:
+        self.delivered += 1
+        self.unsettled.add(self.delivered)
+        return _Delivery(self, self.delivered)
 
 
 @dataclass(eq=False)
@@ -36,11 +52,33 @@ class _Delivery:
             raise ChannelInvalidStateError
         return self.wire
 
+    def settled_elsewhere(self) -> None:
+        """Rejected or returned by another path."""
+        if not self.wire.is_closed:
+            self.wire.unsettled.discard(self.delivery_tag)
+            self.processed = True
+
     async def ack(self, multiple: bool = False) -> None:
-        if self.wire.is_closed:
+        await asyncio.sleep(0)  # the frame goes through the connection's write queue
+        wire = self.wire
+        if wire.is_closed:
             raise ChannelInvalidStateError("closed")
-        self.wire.frames.append((self.delivery_tag, multiple))
+        tag = self.delivery_tag
+        wire.frames.append((tag, multiple))
+        if tag not in wire.unsettled:
+            wire.violations.append(f"ack of tag {tag}, not unsettled: the channel closes")
+        settles = {t for t in wire.unsettled if t <= tag} if multiple else {tag}
+        if lost := settles - wire.asked:
+            wire.violations.append(f"ack {tag} multiple settles {sorted(lost)}, not asked for")
+        wire.unsettled -= settles
+        wire.acked |= settles
         self.processed = True
+
+
+def _asking(acks: Acks, delivery: _Delivery) -> Coroutine[Any, Any, None]:
+    """The handling's ack, once it counts as asked for."""
+    delivery.wire.asked.add(delivery.delivery_tag)
+    return acks.ack(cast(Any, delivery))
 
 
 STATES = ("in-hand", "settled-elsewhere", "abandoned", "acking")
@@ -53,9 +91,9 @@ def hands(draw: st.DrawFn) -> tuple[list[_Channel], list[tuple[_Delivery, str]],
     old, now = _Channel(), _Channel()
     count = draw(st.integers(1, 16))
     deliveries = []
-    for tag in range(1, count + 1):
+    for _ in range(count):
         wire = draw(st.sampled_from([old, now]))
-        deliveries.append((_Delivery(wire, tag), draw(st.sampled_from(STATES))))
+        deliveries.append((wire.deliver(), draw(st.sampled_from(STATES))))
     if not any(state == "acking" for _, state in deliveries):
         deliveries[-1] = (deliveries[-1][0], "acking")
     return [old, now], deliveries, draw(st.booleans())
@@ -75,12 +113,12 @@ def test_no_multiple_ack_passes_over_a_delivery_not_settled(
             acks.taken(cast(Any, delivery))
         for delivery, state in deliveries:
             if state == "settled-elsewhere":
-                delivery.processed = True
+                delivery.settled_elsewhere()
                 acks.left(cast(Any, delivery))
             elif state == "abandoned":
                 acks.left(cast(Any, delivery))  # a cancelled handling: left unsettled
         channels[0].is_closed = close_old
-        asked = (acks.ack(cast(Any, d)) for d in acking)
+        asked = [_asking(acks, d) for d in acking]
         return await asyncio.wait_for(asyncio.gather(*asked, return_exceptions=True), 5.0)
 
     results = asyncio.run(scenario())
@@ -90,25 +128,18 @@ def test_no_multiple_ack_passes_over_a_delivery_not_settled(
         else:
             assert result is None, result
     for channel in channels:
-        for tag in (tag for tag, multiple in channel.frames if multiple):
-            _assert_settled_up_to(tag, channel, deliveries, acking)
-
-
-def _assert_settled_up_to(
-    tag: int, channel: _Channel, deliveries: list[tuple[_Delivery, str]], acking: list[_Delivery]
-) -> None:
-    covered = [d for d, _ in deliveries if d.wire is channel and d.delivery_tag <= tag]
-    unsettled = [d for d in covered if not d.processed and d not in acking]
-    assert not unsettled, f"ack {tag} multiple covers {unsettled}"
+        assert not channel.violations, channel.violations
 
 
 def test_a_delivery_taken_on_a_closed_channel_is_acked_alone_and_fails() -> None:
     async def scenario() -> BaseException | None:
-        delivery = _Delivery(_Channel(is_closed=True), 1)
+        channel = _Channel()
+        delivery = channel.deliver()
+        channel.is_closed = True
         acks = Acks()
         acks.taken(cast(Any, delivery))  # its channel cannot be read
         try:
-            await asyncio.wait_for(acks.ack(cast(Any, delivery)), 5.0)
+            await asyncio.wait_for(_asking(acks, delivery), 5.0)
         except ChannelInvalidStateError as exc:
             return exc
         return None
@@ -119,17 +150,18 @@ def test_a_delivery_taken_on_a_closed_channel_is_acked_alone_and_fails() -> None
 def test_acks_asked_for_together_go_as_one_multiple_ack() -> None:
     async def scenario() -> _Channel:
         channel = _Channel()
-        deliveries = [_Delivery(channel, tag) for tag in range(1, 6)]
+        deliveries = [channel.deliver() for _ in range(5)]
         acks = Acks()
         for delivery in deliveries:
             acks.taken(cast(Any, delivery))
-        await asyncio.gather(*(acks.ack(cast(Any, d)) for d in deliveries))
+        await asyncio.gather(*(_asking(acks, d) for d in deliveries))
         for delivery in deliveries:
             acks.left(cast(Any, delivery))
         assert acks.unsettled == 0
         return channel
 
-    assert asyncio.run(scenario()).frames == [(5, True)]
+    channel = asyncio.run(scenario())
+    assert channel.frames == [(5, True)] and not channel.violations
 
 
 def test_a_delivery_left_unsettled_keeps_the_acks_above_it_single() -> None:
@@ -138,64 +170,22 @@ def test_a_delivery_left_unsettled_keeps_the_acks_above_it_single() -> None:
 
     async def scenario() -> _Channel:
         channel = _Channel()
-        cancelled, *rest = [_Delivery(channel, tag) for tag in range(1, 4)]
+        cancelled, *rest = [channel.deliver() for _ in range(3)]
         acks = Acks()
         for delivery in (cancelled, *rest):
             acks.taken(cast(Any, delivery))
         acks.left(cast(Any, cancelled))
-        await asyncio.gather(*(acks.ack(cast(Any, d)) for d in rest))
+        await asyncio.gather(*(_asking(acks, d) for d in rest))
         channel.is_closed = True
         acks.left(cast(Any, rest[0]))
         assert acks.unsettled == 0, "its channel closed: the book forgets its deliveries"
         return channel
 
-    assert asyncio.run(scenario()).frames == [(2, False), (3, False)]
+    channel = asyncio.run(scenario())
+    assert channel.frames == [(2, False), (3, False)] and not channel.violations
 
 
 # --- Schedules: the book changing between batches --------------------------------------------
-
-
-class _Wire:
-    """A channel as the broker keeps it: the tags delivered on it and not yet settled. An ack
-    of a tag not unsettled is a channel error (PRECONDITION_FAILED, unknown delivery tag); a
-    multiple ack settles every unsettled tag up to its own. `asked` is what the consumer wants
-    acked: a multiple ack that settles anything else has lost a message."""
-
-    def __init__(self) -> None:
-        self.is_closed = False
-        self.delivered = 0
-        self.unsettled: set[int] = set()
-        self.asked: set[int] = set()
-        self.acked: set[int] = set()
-        self.violations: list[str] = []
-
-
-@dataclass(eq=False)
-class _Message:
-    wire: _Wire
-    delivery_tag: int
-    processed: bool = False
-
-    @property
-    def channel(self) -> _Wire:
-        if self.wire.is_closed:
-            raise ChannelInvalidStateError
-        return self.wire
-
-    async def ack(self, multiple: bool = False) -> None:
-        await asyncio.sleep(0)  # the frame goes through the connection's write queue
-        wire = self.wire
-        if wire.is_closed:
-            raise ChannelInvalidStateError("closed")
-        tag = self.delivery_tag
-        if tag not in wire.unsettled:
-            wire.violations.append(f"ack of tag {tag}, not unsettled: the channel closes")
-        settles = {t for t in wire.unsettled if t <= tag} if multiple else {tag}
-        if lost := settles - wire.asked:
-            wire.violations.append(f"ack {tag} multiple settles {sorted(lost)}, not asked for")
-        wire.unsettled -= settles
-        wire.acked |= settles
-        self.processed = True
 
 
 OPS = st.lists(
@@ -217,25 +207,21 @@ class _Schedule:
 
     def __init__(self) -> None:
         self.acks = Acks()
-        self.wires = [_Wire()]
-        self.in_hand: list[_Message] = []
-        self.asking: list[tuple[_Message, asyncio.Task[None]]] = []
+        self.wires = [_Channel()]
+        self.in_hand: list[_Delivery] = []
+        self.asking: list[tuple[_Delivery, asyncio.Task[None]]] = []
 
-    def _pick(self, i: int) -> _Message | None:
+    def _pick(self, i: int) -> _Delivery | None:
         return self.in_hand.pop(i % len(self.in_hand)) if self.in_hand else None
 
-    async def _handle_then_ack(self, message: _Message) -> None:
-        message.wire.asked.add(message.delivery_tag)
+    async def _handle_then_ack(self, message: _Delivery) -> None:
         try:
-            await self.acks.ack(cast(Any, message))
+            await _asking(self.acks, message)
         finally:
             self.acks.left(cast(Any, message))
 
     async def deliver(self, _: int) -> None:
-        wire = self.wires[-1]
-        wire.delivered += 1
-        message = _Message(wire, wire.delivered)
-        wire.unsettled.add(message.delivery_tag)
+        message = self.wires[-1].deliver()
         self.acks.taken(cast(Any, message))
         self.in_hand.append(message)
 
@@ -245,9 +231,7 @@ class _Schedule:
 
     async def reject(self, i: int) -> None:
         if message := self._pick(i):
-            if not message.wire.is_closed:
-                message.wire.unsettled.discard(message.delivery_tag)
-                message.processed = True
+            message.settled_elsewhere()
             self.acks.left(cast(Any, message))
 
     async def abandon(self, i: int) -> None:
@@ -264,7 +248,7 @@ class _Schedule:
     async def reconnect(self, _: int) -> None:
         self.wires[-1].is_closed = True
         self.wires[-1].unsettled.clear()  # back to the queue, with the channel
-        self.wires.append(_Wire())
+        self.wires.append(_Channel())
 
     async def run(self, ops: list[tuple[str, int]]) -> None:
         for op, i in ops:
