@@ -11,9 +11,6 @@ import asyncio
 import contextlib
 import json
 import re
-import secrets
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -21,11 +18,9 @@ import aio_pika
 import aiormq
 import pytest
 
-from services.deploy.rabbitmq import BrokerLimits, definitions, password_variable, render
-from shared.broker.access import SERVICE_ROLES
-from tests.conftest import service_missing
+from services.deploy.rabbitmq import BrokerLimits
+from tests.support.vhost import Broker, rabbitmqctl, scratch_vhost
 from tests.support.waiting import eventually
-from tests.system.test_least_privilege import AMQP_HOST, _import, rabbitmqctl
 
 pytestmark = [pytest.mark.rabbitmq]
 
@@ -41,50 +36,27 @@ LIMITS = BrokerLimits(
 
 @dataclass
 class Scratch:
-    hub: str
-    app: str
-    passwords: dict[str, str]
+    broker: Broker
 
-    def url(self, user: str, variable: str) -> str:
-        return f"amqp://{user}:{self.passwords[variable]}@{AMQP_HOST}/{self.hub}"
+    @property
+    def hub(self) -> str:
+        return self.broker.hub
+
+    @property
+    def app(self) -> str:
+        return self.broker.apps[0]
 
     def app_url(self) -> str:
-        return self.url(self.app, password_variable(self.app, app=True))
+        return self.broker.url(self.app)
 
     def admin_url(self) -> str:
-        return self.url(f"{self.hub}-admin", password_variable("admin"))
+        return self.broker.url("admin")
 
 
 @pytest.fixture
 async def scratch(hub: str) -> AsyncIterator[Scratch]:
-    if shutil.which("rabbitmqctl") is None:
-        service_missing("rabbitmqctl (to import definitions)", "not on PATH")
-    probe = subprocess.run(["rabbitmqctl", "-q", "status"], capture_output=True, timeout=60)
-    if probe.returncode != 0:
-        service_missing("rabbitmqctl (to import definitions)", probe.stderr.decode()[-300:])
-    app = f"{hub}-shop"
-    passwords = {password_variable(role): secrets.token_hex(16) for role in SERVICE_ROLES}
-    passwords[password_variable(app, app=True)] = secrets.token_hex(16)
-    text = render(definitions(hub, hub, apps=(app,), limits=LIMITS))
-    found = Scratch(hub, app, passwords)
-    try:
-        _import(text, passwords)
-
-        async def imported() -> bool:
-            try:
-                connection = await aio_pika.connect(found.app_url(), timeout=5)
-            except Exception:
-                return False
-            await connection.close()
-            return True
-
-        # The import is asynchronous.
-        await eventually(imported, timeout=30, interval=0.2, what="the imported application user")
-        yield found
-    finally:
-        rabbitmqctl("delete_vhost", hub, check=False)
-        for user in [f"{hub}-{role}" for role in SERVICE_ROLES] + [app]:
-            rabbitmqctl("delete_user", user, check=False)
+    async with scratch_vhost(hub, apps=(f"{hub}-shop",), limits=LIMITS, topology=False) as b:
+        yield Scratch(b)
 
 
 def _limits(*args: str) -> dict[str, int]:

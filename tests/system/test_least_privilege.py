@@ -3,10 +3,8 @@ test's own, let each user do what its service does and refuse the rest; and the 
 each under its own user, take orders to Processed without a password in their logs. Last, the
 postgres profile's init script against the real PostgreSQL.
 
-The definitions go through the same path as in the compose deployment: generated with password
-placeholders, rendered by `infra/rabbitmq/render-definitions.sh` (the shell script computes the
-hashes), imported with `rabbitmqctl import_definitions`. The vhost and the users are deleted
-afterwards, also on failure.
+The vhost is `tests/support/vhost.py`'s: the definitions loaded as the compose deployment loads
+them, deleted afterwards.
 """
 
 from __future__ import annotations
@@ -17,9 +15,8 @@ import os
 import secrets
 import shutil
 import subprocess
-import tempfile
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +28,6 @@ import aiormq
 import asyncpg
 import pytest
 
-from services.deploy.rabbitmq import definitions, password_variable, render
 from shared.broker.access import SERVICE_ROLES
 from shared.broker.consumer import REASON
 from shared.broker.envelope import SEAL, SENDER
@@ -39,7 +35,7 @@ from shared.broker.private import STATUS_QUEUE, Expected, PrivateQueue, ReplyRou
 from shared.broker.publisher import Publisher
 from shared.broker.seal import Sealed, seal_key
 from shared.broker.senders import Senders
-from shared.broker.topology import Names, QueuePolicy, declare_topology
+from shared.broker.topology import Names
 from shared.config import load_settings
 from shared.domain.messages import (
     OrderStatus,
@@ -58,143 +54,28 @@ from tests.conftest import POSTGRES_URL, service_missing
 from tests.support.api import start_api, token
 from tests.support.factories import order_data
 from tests.support.topology import Topology, free_port, running_topology
+from tests.support.vhost import (
+    AMQP_HOST,
+    ROOT,
+    Broker,
+    bind_exchanges,
+    consume,
+    declare,
+    publish,
+    refused,
+    scratch_vhost,
+    serve_each_under_its_own_user,
+    take_dead_letters,
+)
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
-ROOT = Path(__file__).resolve().parents[2]
-RENDER = ROOT / "infra" / "rabbitmq" / "render-definitions.sh"
-AMQP_HOST = os.environ.get("ORDERFLOW_TEST_RABBITMQ_HOST", "127.0.0.1:5672")
-
-
-def rabbitmqctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["rabbitmqctl", *args], capture_output=True, text=True, timeout=60, check=check
-    )
-
-
-@dataclass
-class Broker:
-    hub: str
-    vhost: str
-    apps: tuple[str, str]
-    passwords: dict[str, str]
-    """Password variable -> password."""
-
-    def user(self, role: str) -> str:
-        return role if role in self.apps else f"{self.hub}-{role}"
-
-    def url(self, role: str) -> str:
-        variable = password_variable(role, app=role in self.apps)
-        return f"amqp://{self.user(role)}:{self.passwords[variable]}@{AMQP_HOST}/{self.vhost}"
-
-    async def connect(self, role: str) -> aio_pika.abc.AbstractConnection:
-        return await aio_pika.connect(self.url(role), timeout=5)
-
-
-def _import(text: str, passwords: dict[str, str]) -> None:
-    # The broker reads the file as its own OS user: a world-readable directory, removed at once
-    # (the rendered file holds salted hashes, never a password).
-    folder = Path(tempfile.mkdtemp(prefix="orderflow-definitions-"))
-    try:
-        folder.chmod(0o755)
-        template, rendered = folder / "template.json", folder / "definitions.json"
-        template.write_text(text)
-        done = subprocess.run(
-            ["sh", str(RENDER), str(template), str(rendered)],
-            env=os.environ | passwords,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
-        assert not any(p in rendered.read_text() for p in passwords.values())
-        rendered.chmod(0o644)
-        rabbitmqctl("import_definitions", str(rendered))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
 
 @pytest.fixture
 async def broker(hub: str) -> AsyncIterator[Broker]:
-    if shutil.which("rabbitmqctl") is None:
-        service_missing("rabbitmqctl (to import definitions)", "not on PATH")
-    probe = subprocess.run(["rabbitmqctl", "-q", "status"], capture_output=True, timeout=60)
-    if probe.returncode != 0:
-        service_missing("rabbitmqctl (to import definitions)", probe.stderr.decode()[-300:])
-    apps = (f"{hub}-a", f"{hub}-b")
-    text = render(definitions(hub, hub, apps=apps))
-    passwords = {password_variable(role): secrets.token_hex(16) for role in SERVICE_ROLES} | {
-        password_variable(app, app=True): secrets.token_hex(16) for app in apps
-    }
-    b = Broker(hub, hub, apps, passwords)
-    try:
-        _import(text, passwords)
-
-        async def can_log_in() -> bool:
-            try:
-                connection = await b.connect("admin")
-            except Exception:
-                return False
-            await connection.close()
-            return True
-
-        # The import is asynchronous.
-        await eventually(can_log_in, timeout=30, interval=0.2, what="the imported admin user")
-        admin = await b.connect("admin")
-        try:
-            settings = load_settings()  # the policy `orderflow init` declares with
-            policy = QueuePolicy(
-                quorum=True,
-                delivery_limit=settings.redelivery_limit,
-                orders_max_length=settings.orders_queue_max_length,
-            )
-            await declare_topology(await admin.channel(), Names(hub), policy)
-        finally:
-            await admin.close()
+    async with scratch_vhost(hub) as b:
         yield b
-    finally:
-        rabbitmqctl("delete_vhost", b.vhost, check=False)
-        for role in (*SERVICE_ROLES, *apps):
-            rabbitmqctl("delete_user", b.user(role), check=False)
-
-
-async def refused(action: Callable[[], Awaitable[object]]) -> str:
-    """Run `action`; it must be refused by the broker's permissions. Returns the refusal."""
-    try:
-        await action()
-    except aiormq.exceptions.ChannelAccessRefused as exc:
-        return str(exc)
-    raise AssertionError("the broker allowed it")
-
-
-async def publish(
-    connection: aio_pika.abc.AbstractConnection, exchange: str, routing_key: str
-) -> object:
-    channel = await connection.channel(publisher_confirms=True)
-    target = (
-        channel.default_exchange
-        if exchange == ""
-        else await channel.get_exchange(exchange, ensure=False)
-    )
-    return await target.publish(
-        aio_pika.Message(b"{}", message_id="m-1"), routing_key, mandatory=False, timeout=5
-    )
-
-
-async def _ignore(_: aio_pika.abc.AbstractIncomingMessage) -> None:
-    return None
-
-
-async def consume(connection: aio_pika.abc.AbstractConnection, queue: str) -> str:
-    channel = await connection.channel()
-    declared = await channel.get_queue(queue, ensure=True)  # passive: needs no permission
-    return await declared.consume(_ignore)
-
-
-async def declare(connection: aio_pika.abc.AbstractConnection, queue: str) -> object:
-    channel = await connection.channel()
-    return await channel.declare_queue(queue, auto_delete=True)
 
 
 async def test_each_user_may_do_what_its_service_does_and_nothing_more(broker: Broker) -> None:
@@ -282,14 +163,6 @@ async def test_each_user_may_do_what_its_service_does_and_nothing_more(broker: B
     finally:
         for connection in conns.values():
             await connection.close()
-
-
-async def bind_exchanges(
-    connection: aio_pika.abc.AbstractConnection, *, destination: str, source: str
-) -> object:
-    channel = await connection.channel()
-    target = await channel.get_exchange(destination, ensure=False)
-    return await target.bind(source, routing_key="#")
 
 
 async def test_the_broker_checks_every_user_id(broker: Broker) -> None:
@@ -544,29 +417,6 @@ async def test_no_agent_can_answer_for_another_and_no_reply_for_another_request_
             await connection.close()
 
 
-def _serve_each_under_its_own_user(topo: Topology, broker: Broker) -> None:
-    topo.serve("remote", "remote", ORDERFLOW_RABBITMQ_URL=f"amqp://nobody@{AMQP_HOST}/none")
-    for label, args, role in [
-        ("submission", ["submission"], "submission"),
-        ("scheduler-1", ["scheduler"], "scheduler"),
-        ("supervisor-1", ["supervisor"], "supervisor"),
-        *((name, ["agent", name], f"agent-{name}") for name in ("inventory", "payment")),
-        ("shipping", ["agent", "shipping"], "agent-shipping"),
-    ]:
-        topo.serve(label, *args, ORDERFLOW_RABBITMQ_URL=broker.url(role))
-
-
-async def _dead_letters(connection: aio_pika.abc.AbstractConnection, queue: str) -> list[Any]:
-    """The messages of `queue`'s DLQ, taken off it (the operator's read)."""
-    channel = await connection.channel()
-    dlq = await channel.get_queue(Names.dlq(queue), ensure=True)
-    got = []
-    while (message := await dlq.get(no_ack=True, fail=False)) is not None:
-        got.append(message)
-    await channel.close()
-    return got
-
-
 @dataclass
 class Attack:
     """What the attacks of one run share: the system, and connections as each user."""
@@ -679,8 +529,8 @@ async def _only_the_allowed_may_send(attack: Attack) -> None:
     )
 
     async def refused_all() -> dict[str, Any] | None:
-        got = await _dead_letters(conns["operator"], n.orders)
-        got += await _dead_letters(conns["operator"], n.agent("payment"))
+        got = await take_dead_letters(conns["operator"], n.orders)
+        got += await take_dead_letters(conns["operator"], n.agent("payment"))
         seen.update({str(m.message_id): m for m in got})
         wanted = {"order:o-by-scheduler", "order:o-anonymous", "forged-refund"}
         return seen if wanted | {"order:o-by-operator"} <= set(seen) else None
@@ -732,7 +582,7 @@ async def _only_sealed_replays_are_taken(attack: Attack) -> None:
     await eventually(conflict, timeout=30, what="the conflict dead-lettered")
     replayed = topo.cli("dlq", "replay", "--all", "--queue", "orders", **operator)
     assert replayed.returncode == 0 and "1 replayed" in replayed.stdout, replayed.stderr
-    dead = (await eventually(lambda: _dead_letters(conns["operator"], n.orders), timeout=30))[0]
+    dead = (await eventually(lambda: take_dead_letters(conns["operator"], n.orders), timeout=30))[0]
     assert dead.headers[REASON] == "conflict", dead.headers  # taken as A's, refused as before
     assert dead.headers[SENDER] == app_a and SEAL in dead.headers
     tampered = aio_pika.Message(
@@ -744,7 +594,7 @@ async def _only_sealed_replays_are_taken(attack: Attack) -> None:
         reply_to=dead.reply_to,
     )
     await pubs["operator"].publish_raw(tampered, exchange=n.replay(n.orders), routing_key="")
-    again = await eventually(lambda: _dead_letters(conns["operator"], n.orders), timeout=30)
+    again = await eventually(lambda: take_dead_letters(conns["operator"], n.orders), timeout=30)
     assert [m.headers[REASON] for m in again] == ["unauthorised"]
 
     channel = await conns[app_a].channel()
@@ -825,7 +675,7 @@ async def _what_a_review_found_next_is_closed(attack: Attack) -> None:
     taken: list[Any] = []
 
     async def forgery() -> Any:
-        taken.extend(await _dead_letters(conns["operator"], n.orders))
+        taken.extend(await take_dead_letters(conns["operator"], n.orders))
         return next((m for m in taken if m.message_id == "order:o-as-b"), None)
 
     dead = await eventually(forgery, timeout=30, what="the sealed forgery dead-lettered")
@@ -848,7 +698,7 @@ async def test_every_forgery_planting_and_cross_application_read_is_refused(
     async with running_topology(
         broker.hub, tmp_path, ORDERFLOW_RABBITMQ_URL=broker.url("admin")
     ) as topo:
-        _serve_each_under_its_own_user(topo, broker)
+        serve_each_under_its_own_user(topo, broker)
         await topo.wait_remote()
         conns = {r: await broker.connect(r) for r in (app_a, app_b, "scheduler", "operator")}
         try:
