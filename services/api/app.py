@@ -43,6 +43,11 @@ saying why; nothing is changed by a refused request.
 LIMITED: dict[int | str, dict[str, Any]] = {
     408: {"model": ErrorBody, "description": "The body did not arrive in time."},
     413: {"model": ErrorBody, "description": "The body is larger than this endpoint takes."},
+    429: {
+        "model": ErrorBody,
+        "description": "A stream: this token follows its most orders already; "
+        "`Retry-After` says when to try again.",
+    },
 }
 """What any request may be answered by the API's limits (services/api/limits.py)."""
 
@@ -150,7 +155,7 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
     server = uvicorn.Server(config)
 
     def status() -> dict[str, Any]:
-        return {"port": settings.api_port, "streams": bridge.watched, "jobs": len(ctx.jobs)}
+        return {"port": settings.api_port, "streams": ctx.streams.count, "jobs": len(ctx.jobs)}
 
     async with runtime.heartbeat("api", status):
         serving = asyncio.create_task(server.serve())

@@ -1,6 +1,6 @@
 """What bounds the memory, connections and time the API gives whoever calls it (issue 33): a
-request's body by its size and by the time it takes to arrive, and a request's head by the time
-it takes.
+request's body by its size and by the time it takes to arrive, a request's head by the time it
+takes, and the live status streams by token and in all.
 
 The body and head limits act before routing and before authentication: a client without a
 token makes the API read, hold and wait for no more than what refusing it costs.
@@ -9,6 +9,8 @@ token makes the API read, hold and wait for no more than what refusing it costs.
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import ClassVar, cast
@@ -186,3 +188,61 @@ def h11_with_read_timeout(seconds: float) -> type[H11Protocol]:
         type[H11Protocol],
         type("H11WithReadTimeout", (H11WithReadTimeout,), {"read_timeout_s": seconds}),
     )
+
+
+class Streams:
+    """The live status streams the API serves: `most` in all, `per_token` per token, each for
+    `lifetime_s` at most (the stream ends itself then; this only says when a place frees)."""
+
+    def __init__(
+        self,
+        most: int,
+        per_token: int,
+        lifetime_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.most, self.per_token, self.lifetime_s = most, per_token, lifetime_s
+        self._clock = clock
+        self._open: dict[str, list[float]] = {}
+
+    def take(self, holder: str) -> Callable[[], None]:
+        """A place for a stream of `holder` (a token's name), and what gives it back (once,
+        however often it is called); refused 429 past the token's share, 503 past the whole."""
+        now = self._clock()
+        mine = self._open.get(holder, [])
+        if len(mine) >= self.per_token:
+            raise HTTPException(
+                429,
+                f"token {holder} follows {len(mine)} orders already, the most one token may "
+                f"({self.per_token}): close a stream first",
+                headers={"Retry-After": self._wait(min(mine), now)},
+            )
+        if self.count >= self.most:
+            oldest = min(min(started) for started in self._open.values())
+            raise HTTPException(
+                503,
+                f"the API serves {self.count} live streams, its most ({self.most}): "
+                "follow the order again shortly",
+                headers={"Retry-After": self._wait(oldest, now)},
+            )
+        self._open.setdefault(holder, []).append(now)
+        given_back = False
+
+        def give_back() -> None:
+            nonlocal given_back
+            if given_back:
+                return
+            given_back = True
+            left = self._open[holder]
+            left.remove(now)
+            if not left:
+                del self._open[holder]
+
+        return give_back
+
+    @property
+    def count(self) -> int:
+        return sum(len(started) for started in self._open.values())
+
+    def _wait(self, started: float, now: float) -> str:
+        return str(max(1, math.ceil(started + self.lifetime_s - now)))

@@ -1,6 +1,6 @@
 """The API's limits without a server (services/api/limits.py): the body limit against every
-split of a body into parts (hypothesis), and the allowances against the largest
-bodies the API's own models accept."""
+split of a body into parts (hypothesis), the places of the live streams, and the allowances
+against the largest bodies the API's own models accept."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from starlette.exceptions import HTTPException
 
 from services.api.app import create_app
 from services.api.auth import BULK_BODIES
@@ -19,6 +21,7 @@ from services.api.limits import (
     BULK_BODY_BYTES,
     Allowance,
     BodyLimit,
+    Streams,
 )
 from services.api.models import NewOrder
 from services.api.operations import BulkResubmit, Replay
@@ -26,6 +29,14 @@ from shared.config import Settings
 
 Message = dict[str, Any]
 LIMIT = 1000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def _scope(length: int | None, chunked: bool) -> dict[str, Any]:
@@ -130,6 +141,30 @@ def test_a_body_that_stops_coming_is_answered_408_at_its_deadline() -> None:
     exchange = _drive([b"{"], length=10, stall=True, seconds=0.05)
     status, text = _status(exchange)
     assert status == 408 and "0.05 s" in text and exchange.read is None
+
+
+# -- the live streams
+
+
+def test_streams_are_placed_per_token_and_in_all_and_given_back_once() -> None:
+    clock = Clock()
+    streams = Streams(most=3, per_token=2, lifetime_s=300.0, clock=clock)
+    first = streams.take("acme")
+    clock.now += 100
+    streams.take("acme")
+    with pytest.raises(HTTPException) as mine:
+        streams.take("acme")
+    assert mine.value.status_code == 429 and mine.value.headers == {"Retry-After": "200"}
+    streams.take("bolt")
+    with pytest.raises(HTTPException) as all_:
+        streams.take("bolt")
+    assert all_.value.status_code == 503 and "(3)" in all_.value.detail
+    first()
+    first()  # a second give-back frees nothing more
+    assert streams.count == 2
+    streams.take("acme")
+    with pytest.raises(HTTPException):
+        streams.take("carl")
 
 
 # -- the allowances against the models
