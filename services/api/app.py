@@ -45,8 +45,8 @@ LIMITED: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorBody, "description": "The body is larger than this endpoint takes."},
     429: {
         "model": ErrorBody,
-        "description": "A stream: this token follows its most orders already; "
-        "`Retry-After` says when to try again.",
+        "description": "Too many unknown tokens from this address (a stream: this token "
+        "follows its most orders already); `Retry-After` says when to try again.",
     },
 }
 """What any request may be answered by the API's limits (services/api/limits.py)."""

@@ -1,6 +1,6 @@
 """What every request of the API shares: the process's store, broker connection and publisher,
 the bridge from its status queue to the live streams and their places, the shop's catalogue,
-and the operator's running bulk actions."""
+the operator's running bulk actions and the count of unknown tokens."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from services.api.limits import Streams
+from services.api.limits import FailedAuth, Streams
 from services.api.models import Catalogue, CatalogueItem
 from services.remote.app import DECLINED_TEST_TOKEN
 from shared.broker.envelope import user_of
@@ -123,6 +123,8 @@ class ApiContext:
     _numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     streams: Streams = field(init=False)
     """The live status streams' places (`api_streams_max`, `api_streams_per_token`)."""
+    failed_auth: FailedAuth = field(default_factory=FailedAuth)
+    """Unknown tokens by client address (services/api/auth.py)."""
 
     def __post_init__(self) -> None:
         s = self.settings

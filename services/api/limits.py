@@ -1,6 +1,6 @@
 """What bounds the memory, connections and time the API gives whoever calls it (issue 33): a
 request's body by its size and by the time it takes to arrive, a request's head by the time it
-takes, and the live status streams by token and in all.
+takes, the live status streams by token and in all, and unknown tokens by client address.
 
 The body and head limits act before routing and before authentication: a client without a
 token makes the API read, hold and wait for no more than what refusing it costs.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import ClassVar, cast
@@ -246,3 +247,51 @@ class Streams:
 
     def _wait(self, started: float, now: float) -> str:
         return str(max(1, math.ceil(started + self.lifetime_s - now)))
+
+
+class FailedAuth:
+    """Unknown tokens by client address. Past `most` within `window_s` of an address's first
+    one, the address is refused (429) until the window ends, before its token is even looked
+    up; except with a token that authenticated lately (the newest `remembered`, by digest), so
+    that a shop behind the same address as a guesser (one proxy, one NAT) still gets in. The
+    newest `addresses` addresses are kept, so memory stays bounded however many send."""
+
+    def __init__(
+        self,
+        most: int = 20,
+        window_s: float = 60.0,
+        addresses: int = 10_000,
+        remembered: int = 1_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.most, self.window_s = most, window_s
+        self._addresses, self._remembered = addresses, remembered
+        self._clock = clock
+        self._failures: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        self._good: OrderedDict[str, None] = OrderedDict()
+
+    def refusal(self, address: str, digest: str) -> int | None:
+        """Seconds until `address` may try a token again (None: it may now)."""
+        found = self._failures.get(address)
+        if found is None or digest in self._good:
+            return None
+        first, count = found
+        left = first + self.window_s - self._clock()
+        if left <= 0 or count < self.most:
+            return None
+        return max(1, math.ceil(left))
+
+    def failed(self, address: str) -> None:
+        now = self._clock()
+        first, count = self._failures.pop(address, (now, 0))
+        if first + self.window_s <= now:
+            first, count = now, 0
+        self._failures[address] = (first, count + 1)
+        while len(self._failures) > self._addresses:
+            self._failures.popitem(last=False)
+
+    def succeeded(self, digest: str) -> None:
+        self._good.pop(digest, None)
+        self._good[digest] = None
+        while len(self._good) > self._remembered:
+            self._good.popitem(last=False)

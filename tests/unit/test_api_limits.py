@@ -1,6 +1,7 @@
 """The API's limits without a server (services/api/limits.py): the body limit against every
-split of a body into parts (hypothesis), the places of the live streams, and the allowances
-against the largest bodies the API's own models accept."""
+split of a body into parts (hypothesis), the unknown-token throttle against a model of it over
+generated schedules, the places of the live streams, and the allowances against the largest
+bodies the API's own models accept."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from services.api.limits import (
     BULK_BODY_BYTES,
     Allowance,
     BodyLimit,
+    FailedAuth,
     Streams,
 )
 from services.api.models import NewOrder
@@ -141,6 +143,59 @@ def test_a_body_that_stops_coming_is_answered_408_at_its_deadline() -> None:
     exchange = _drive([b"{"], length=10, stall=True, seconds=0.05)
     status, text = _status(exchange)
     assert status == 408 and "0.05 s" in text and exchange.read is None
+
+
+# -- unknown tokens
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c"]),  # the address
+            st.sampled_from(["good", "bad-1", "bad-2"]),  # the token
+            st.floats(0, 30),  # seconds since the previous request
+        ),
+        max_size=80,
+    )
+)
+def test_an_address_is_refused_only_past_its_unknown_tokens_and_never_with_a_good_one(
+    schedule: list[tuple[str, str, float]],
+) -> None:
+    """Against a model: each address's window of `most` unknown tokens; a token that worked is
+    let through to the lookup whatever its address; another address is never refused for
+    them."""
+    clock = Clock()
+    throttle = FailedAuth(most=5, window_s=60.0, clock=clock)
+    windows: dict[str, tuple[float, int]] = {}
+    known_good = False
+    for address, token, wait in schedule:
+        clock.now += wait
+        first, count = windows.get(address, (clock.now, 0))
+        if first + 60.0 <= clock.now:
+            first, count = clock.now, 0
+        expected = count >= 5 and not (token == "good" and known_good)
+        refused = throttle.refusal(address, token)
+        assert (refused is not None) == expected, (address, token, windows)
+        if refused is not None:
+            assert 1 <= refused <= 60
+            continue
+        if token == "good":
+            throttle.succeeded(token)
+            known_good = True
+        else:
+            throttle.failed(address)
+            windows[address] = (first, count + 1)
+
+
+def test_the_throttle_keeps_the_newest_addresses_only() -> None:
+    clock = Clock()
+    throttle = FailedAuth(most=1, addresses=3, clock=clock)
+    for n in range(10):
+        throttle.failed(f"10.0.0.{n}")
+    assert [throttle.refusal(f"10.0.0.{n}", "x") is not None for n in range(10)] == [False] * 7 + [
+        True
+    ] * 3
 
 
 # -- the live streams
