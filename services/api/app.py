@@ -58,7 +58,9 @@ def create_app(ctx: ApiContext | None) -> FastAPI:
         title="orderflow",
         version="1",
         description=DESCRIPTION,
-        docs_url="/docs",
+        # No page of the API renders its document: Swagger UI and ReDoc are third-party code
+        # from a CDN, and the lock holds no copy to serve (the document is at /openapi.json).
+        docs_url=None,
         redoc_url=None,
         responses=LIMITED,
     )
