@@ -282,6 +282,20 @@ class Settings(BaseSettings):
     api_stream_poll_s: float = Field(default=2.0, gt=0, le=60)
     """How often a live status stream reads its order again, besides the status messages that
     wake it (so a lost message, or a change nobody reports, is seen within this)."""
+    api_stream_max_s: float = Field(default=300.0, gt=0, le=86_400)
+    """A live status stream ends after this long, final or not; its client opens it again (SSE's
+    `retry:` says when), so that no stream holds its place for ever."""
+    api_streams_per_token: int = Field(default=10, ge=1)
+    """Live status streams one API token may hold open at once; one more is refused (429)."""
+    api_streams_max: int = Field(default=100, ge=1)
+    """Live status streams the API serves at once, each reading the store every
+    `api_stream_poll_s`; one more is refused (503). Keep it well below `api_max_connections`."""
+    api_max_connections: int = Field(default=512, ge=8)
+    """Connections the API holds at once (uvicorn's `limit_concurrency`): past it, every request
+    is answered 503 at once, so a flood of connections costs a refusal, not memory."""
+    api_read_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """A request must arrive within this: its head from its first byte (or from the connection's
+    opening: a connection that sends nothing is closed), its body from its head (else 408)."""
     api_operator_rabbitmq_url: str | None = None
     """AMQP URL (or list of a cluster's node URLs) of the broker user the API's dead-letter
     endpoints act as: the operator's, whose replays the consumers trust (the compose deployment

@@ -20,7 +20,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.api import operations, pages, shop
+from services.api.auth import body_allowance
 from services.api.context import ApiContext, StatusBridge, load_catalogue
+from services.api.limits import BodyLimit, h11_with_read_timeout
+from services.api.models import ErrorBody
 from shared.bootstrap import Runtime
 from shared.broker.connection import connect, login_user
 from shared.broker.private import PrivateQueue
@@ -37,17 +40,33 @@ saying why; nothing is changed by a refused request.
 """
 
 
+LIMITED: dict[int | str, dict[str, Any]] = {
+    408: {"model": ErrorBody, "description": "The body did not arrive in time."},
+    413: {"model": ErrorBody, "description": "The body is larger than this endpoint takes."},
+    429: {
+        "model": ErrorBody,
+        "description": "Too many unknown tokens from this address (a stream: this token "
+        "follows its most orders already); `Retry-After` says when to try again.",
+    },
+}
+"""What any request may be answered by the API's limits (services/api/limits.py)."""
+
+
 def create_app(ctx: ApiContext | None) -> FastAPI:
     """The application; without a context, only to read its OpenAPI document (`openapi`)."""
     app = FastAPI(
         title="orderflow",
         version="1",
         description=DESCRIPTION,
-        docs_url="/docs",
+        # No page of the API renders its document: Swagger UI and ReDoc are third-party code
+        # from a CDN, and the lock holds no copy to serve (the document is at /openapi.json).
+        docs_url=None,
         redoc_url=None,
+        responses=LIMITED,
     )
     if ctx is not None:
         app.state.context = ctx
+        app.add_middleware(BodyLimit, allowance=body_allowance(ctx))
     app.include_router(shop.router)
     app.include_router(operations.router)
     app.include_router(pages.router)
@@ -129,12 +148,16 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
         # Longer than a proxy's or a browser's idle connection (60 s is the usual), so the
         # server never closes one just as its client sends a request on it (uvicorn's 5 s did,
         # under a client pausing a few seconds: a POST the client could not safely send again).
+        # It starts only once a response is sent: a connection that never sends a whole head
+        # is closed by the read timeout instead.
         timeout_keep_alive=75,
+        http=h11_with_read_timeout(settings.api_read_timeout_s),
+        limit_concurrency=settings.api_max_connections,
     )
     server = uvicorn.Server(config)
 
     def status() -> dict[str, Any]:
-        return {"port": settings.api_port, "streams": bridge.watched, "jobs": len(ctx.jobs)}
+        return {"port": settings.api_port, "streams": ctx.streams.count, "jobs": len(ctx.jobs)}
 
     async with runtime.heartbeat("api", status):
         serving = asyncio.create_task(server.serve())

@@ -1,6 +1,6 @@
 """What every request of the API shares: the process's store, broker connection and publisher,
-the bridge from its status queue to the live streams, the shop's catalogue and the operator's
-running bulk actions."""
+the bridge from its status queue to the live streams and their places, the shop's catalogue,
+the operator's running bulk actions and the count of unknown tokens."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
+from services.api.limits import FailedAuth, Streams
 from services.api.models import Catalogue, CatalogueItem
 from services.remote.app import DECLINED_TEST_TOKEN
 from shared.broker.envelope import user_of
@@ -120,6 +121,14 @@ class ApiContext:
     broker user (`api_operator_rabbitmq_url`), or else `connection`."""
     jobs: dict[str, BulkJob] = field(default_factory=dict)
     _numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    streams: Streams = field(init=False)
+    """The live status streams' places (`api_streams_max`, `api_streams_per_token`)."""
+    failed_auth: FailedAuth = field(default_factory=FailedAuth)
+    """Unknown tokens by client address (services/api/auth.py)."""
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.streams = Streams(s.api_streams_max, s.api_streams_per_token, s.api_stream_max_s)
 
     def app_order_id(self, shop: str, shop_order_id: str) -> str:
         """The id the API submits a shop's order under: the shop's name, then its own id."""

@@ -17,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from services.api.auth import Anyone, Shop, context
 from services.api.context import ApiContext
@@ -30,6 +31,7 @@ from services.api.models import (
     SHOP_ORDER_ID,
     CancelResult,
     Catalogue,
+    CustomerStatus,
     ErrorBody,
     NewOrder,
     PlacedOrder,
@@ -50,6 +52,12 @@ ShopOrderId = Annotated[
 ]
 KEEP_ALIVE_S = 15.0
 """A stream with nothing to say sends a comment this often (proxies close silent streams)."""
+RECONNECT_MS = 1000
+"""SSE's `retry:`: how long a client waits before it opens a stream the API ended again."""
+RESTING = FINAL | {CustomerStatus.FAILED}
+"""Where a stream ends: the order is final, or Failed, waiting for an operator (for days, maybe;
+a stream kept open meanwhile read the store every `api_stream_poll_s`). Once an operator moves
+it again, a new stream follows it."""
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "No token, or an unknown or revoked one."},
@@ -178,6 +186,25 @@ async def get_order(order_id: ShopOrderId, ctx: Context, shop: Shop) -> ShopOrde
     return await _view(ctx, shop.name, order_id)
 
 
+class EventStream(StreamingResponse):
+    """Server-sent events that give their place among the API's streams back however they end:
+    the order stopped, the stream's time is up, or the client left."""
+
+    def __init__(self, content: AsyncIterator[str], give_back: Callable[[], None]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+        self._give_back = give_back
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._give_back()
+
+
 @router.get(
     "/orders/{order_id}/events",
     response_class=StreamingResponse,
@@ -186,7 +213,9 @@ async def get_order(order_id: ShopOrderId, ctx: Context, shop: Shop) -> ShopOrde
         **NOT_FOUND,
         200: {
             "description": "Server-sent events: an `order` event with the order as "
-            "`GET /orders/{order_id}` answers, at once and on every change, until it is final.",
+            "`GET /orders/{order_id}` answers, at once and on every change, until it is "
+            "Completed, Compensated, Cancelled or Failed, or the stream's time is up "
+            "(`ORDERFLOW_API_STREAM_MAX_S`): then open it again.",
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
         },
     },
@@ -196,12 +225,9 @@ async def order_events(
 ) -> StreamingResponse:
     """Follow one of the shop's orders live (server-sent events)."""
     first = await _view(ctx, shop.name, order_id)  # a 404 before the stream starts
+    give_back = ctx.streams.take(shop.name)  # a 429 or a 503 before it starts
     app_id = ctx.app_order_id(shop.name, order_id)
-    return StreamingResponse(
-        _events(ctx, shop.name, order_id, app_id, first, request),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    return EventStream(_events(ctx, shop.name, order_id, app_id, first, request), give_back)
 
 
 async def _events(
@@ -213,8 +239,11 @@ async def _events(
     request: Request,
 ) -> AsyncIterator[str]:
     """The order now, then again whenever a status message about it arrives or a look every
-    `api_stream_poll_s` finds it changed; ends once it is final."""
+    `api_stream_poll_s` finds it changed; ends once it rests, or after `api_stream_max_s`."""
     poll = ctx.settings.api_stream_poll_s
+    loop = asyncio.get_running_loop()
+    ends_at = loop.time() + ctx.settings.api_stream_max_s
+    yield f"retry: {RECONNECT_MS}\n\n"
     with ctx.bridge.watch(app_id) as woken:
         last: ShopOrderView | None = None
         quiet = 0.0
@@ -225,12 +254,13 @@ async def _events(
             elif quiet >= KEEP_ALIVE_S:
                 yield ": still following\n\n"
                 quiet = 0.0
-            if view.status in FINAL or await request.is_disconnected():
+            left = ends_at - loop.time()
+            if view.status in RESTING or left <= 0 or await request.is_disconnected():
                 return
             try:
-                await asyncio.wait_for(woken.wait(), timeout=poll)
+                await asyncio.wait_for(woken.wait(), timeout=min(poll, left))
             except TimeoutError:
-                quiet += poll
+                quiet += min(poll, left)
             woken.clear()
             view = await _view(ctx, shop, order_id)
 

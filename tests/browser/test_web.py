@@ -78,8 +78,23 @@ async def visit(page: Page, click: str, ready: str, name: str) -> None:
     await shot(page, name)
 
 
+FOREIGN: dict[Page, list[str]] = {}
+"""Per page: what it fetched from another origin and what its CSP refused (issue 33: none)."""
+
+
+def watch_origins(page: Page, base: str) -> list[str]:
+    seen = FOREIGN.setdefault(page, [])
+    page.on("request", lambda r: None if r.url.startswith(base + "/") else seen.append(r.url))
+    page.on(
+        "console",
+        lambda m: seen.append(m.text) if "Content Security Policy" in m.text else None,
+    )
+    return seen
+
+
 async def signed_in(browser: Browser, base: str, path: str, secret: str) -> Page:
     page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    watch_origins(page, base)
     await page.goto(base + path)
     await page.fill("#token", secret)
     await page.click("#token-form button")
@@ -116,6 +131,9 @@ async def test_an_order_placed_in_the_shop_is_seen_completed(
         await shot(page, "shop-completed")
         state = await topo.store.get_state(f"acme.{order_id}")
         assert state is not None and state.process_state is ProcessState.PROCESSED
+        docs = await page.goto(api.base + "/docs")
+        assert docs is not None and docs.status == 404, "no Swagger UI from a CDN"
+        assert not FOREIGN[page], FOREIGN[page]
     finally:
         await api.close()
 
@@ -202,6 +220,7 @@ async def test_an_operator_resubmits_a_failure_group_after_an_outage(
         await shot(page, "console-overview-after")
         await visit(page, 'nav a[data-view="dead-letters"]', "#letters", "console-dead-letters")
         await visit(page, 'nav a[data-view="alerts"]', "#alerts tbody tr", "console-alerts")
+        assert not FOREIGN[page], FOREIGN[page]
         audit = await topo.audit()
         assert audit["ok"], audit["violations"]
     finally:

@@ -116,13 +116,14 @@ function follow(orderId, first) {
   if (first) show(first);
   const signal = following.signal;
   const run = async () => {
-    // Until the order is final: a stream that ends early (a restart) is opened again.
+    // Until the order stops (final, or Failed: an operator's turn): a stream that ends before
+    // (its time is up, a restart) is opened again.
     for (let tries = 0; tries < 100 && !signal.aborted; tries++) {
       let final = false;
       try {
         await Api.stream("/orders/" + encodeURIComponent(orderId) + "/events", (name, order) => {
           show(order);
-          final = ["Completed", "Compensated", "Cancelled"].includes(order.status);
+          final = ["Completed", "Compensated", "Cancelled", "Failed"].includes(order.status);
         }, signal);
       } catch (error) {
         if (signal.aborted) return;
@@ -141,6 +142,8 @@ async function cancel() {
   document.getElementById("cancel").disabled = true;
   try {
     const { data } = await Api.call("POST", "/orders/" + encodeURIComponent(orderId) + "/cancel");
+    // Followed again: a Failed order's stream had ended, and it moves now.
+    if (data.outcome !== "Cancelled") follow(orderId, data.order);
     notice("order-message", data.outcome === "Cancelled" ? "Cancelled." : "Cancelling: what was done is being undone.");
     show(data.order);
   } catch (error) {
