@@ -57,7 +57,6 @@ class Submission:
         self._binder = StatusBinder(runtime.connection, runtime.names)
         self._backlog = 0
         """The last count of outstanding orders, plus the orders recorded since."""
-        self.paused = False
         metrics.BACKLOG_THRESHOLD.set(self._threshold)
         metrics.SUBMISSION_PAUSED.set(0)
 
@@ -66,6 +65,12 @@ class Submission:
         admission threshold reads)."""
         self._backlog = backlog
         metrics.BACKLOG.set(backlog)
+
+    @property
+    def paused(self) -> bool:
+        """Whether submission takes no orders: its consumer's own state, not a copy of it (a
+        copy set after an await disagreed with it once pauses and resumes interleaved)."""
+        return self._consumer is not None and self._consumer.paused
 
     def status(self) -> dict[str, Any]:
         """This process's part of its heartbeat."""
@@ -174,14 +179,17 @@ class Submission:
         self._counted(await self._rt.store.count_in_states(OUTSTANDING))
 
     async def _pause(self) -> None:
-        """Stop taking orders: at most the messages already in hand (the prefetch) follow."""
-        if self.paused or self._consumer is None:
+        """Stop taking orders: at most the messages already in hand (the prefetch) follow.
+        Pauses and resumes are serialised by the consumer; only the one that stopped the intake
+        says so (several handlings over the threshold may ask at once)."""
+        if self._consumer is None:
             return
-        # Paused once the broker took the cancel: one refused (the connection is down) leaves
-        # the consumer subscribed, and the next count pauses it.
-        await self._consumer.pause()
-        self.paused = True
-        metrics.SUBMISSION_PAUSED.set(1)
+        # A cancel the broker refuses (the connection is down) raises and leaves the consumer
+        # subscribed: the next count pauses it.
+        stopped = await self._consumer.pause()
+        metrics.SUBMISSION_PAUSED.set(int(self.paused))
+        if not stopped:
+            return
         log.warning(
             "backlog over the threshold: submission paused",
             extra={"backlog": self._backlog, "threshold": self._threshold},
@@ -194,24 +202,27 @@ class Submission:
             backlog=self._backlog,
         )
 
-    async def admission(self, consumer: Consumer, stop: asyncio.Event) -> None:
-        """Count the backlog every interval; pause over the threshold, resume under 90% of it.
+    async def admit(self, consumer: Consumer) -> None:
+        """One admission check: count the backlog; pause over the threshold, resume under 90%
+        of it."""
+        self._counted(await self._rt.store.count_in_states(OUTSTANDING))
+        if self._backlog > self._threshold:
+            await self._pause()
+        elif self.paused and self._backlog <= self._threshold * RESUME_AT:
+            resumed = await consumer.resume()
+            metrics.SUBMISSION_PAUSED.set(int(self.paused))
+            if resumed:
+                log.info(
+                    "backlog back under the threshold: submission resumed",
+                    extra={"backlog": self._backlog, "threshold": self._threshold},
+                )
 
-        Between counts, each recorded order adds to the estimate, so a burst pauses at once
-        instead of at the next count."""
+    async def admission(self, consumer: Consumer, stop: asyncio.Event) -> None:
+        """Check admission every interval (`admit`). Between counts, each recorded order adds
+        to the estimate, so a burst pauses at once instead of at the next count."""
         while not stop.is_set():
             try:
-                self._counted(await self._rt.store.count_in_states(OUTSTANDING))
-                if self._backlog > self._threshold:
-                    await self._pause()
-                elif self.paused and self._backlog <= self._threshold * RESUME_AT:
-                    await consumer.resume()
-                    self.paused = False
-                    metrics.SUBMISSION_PAUSED.set(0)
-                    log.info(
-                        "backlog back under the threshold: submission resumed",
-                        extra={"backlog": self._backlog, "threshold": self._threshold},
-                    )
+                await self.admit(consumer)
             except ServiceUnavailable as exc:  # an outage: every check fails alike until it ends
                 log.warning("admission check failed", extra={"error": one_line(exc)})
             except Exception:

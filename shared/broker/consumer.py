@@ -23,10 +23,14 @@ and every exception lands in a row of this table:
 |                                           | back after `retry_delay`; original acked |          |
 | any other exception, no retries left      | dead-lettered (`retries-exhausted`)      | released |
 | delivered over `redelivery_limit` times   | dead-lettered (`redelivery-limit`)       | -        |
+| a first delivery with headers only the    | uncounted: a clean copy to               | -        |
+| broker writes (`x-delivery-count`,        | `<queue>.retry`, back at once; original  |          |
+| `x-death`, ...), its sender's             | acked                                    |          |
 
 Where each row is done:
 - `Consumer._process`: the refusals before any handling (no usable `message_id`, a body no
-  contract accepts, a sender that may not send here) and the `redelivery_limit`;
+  contract accepts, a sender that may not send here), the headers a sender may not set, and
+  the `redelivery_limit`;
 - `Consumer._dedupe`: a duplicate, an id another delivery holds, and a failure of the inbox
   claim itself;
 - `Consumer._handle`: whatever the handler returned or raised;
@@ -230,6 +234,10 @@ class Consumer(Subscription):
             await self._detours.dead_letter(message, envelope, exc.reason, str(exc), sender=sender)
             return
         bind_log_fields(**order_fields(contract))
+        forged = envelope.set_by_sender(self._policy.own_user, bool(message.redelivered))
+        if forged:
+            await self._detours.return_clean(message, envelope, sender, forged)
+            return
         if deliveries > self._policy.redelivery_limit:
             await self._detours.dead_letter(
                 message,
@@ -247,7 +255,7 @@ class Consumer(Subscription):
             headers=envelope.headers,
             deliveries=deliveries,
             user_id=sender,
-            retries=envelope.retries(self._policy.delayed_retries),
+            retries=envelope.retries(self._policy.delayed_retries, self._policy.own_user),
         )
         with self._span(contract, envelope, deliveries):
             if self._inbox is None:

@@ -131,11 +131,19 @@ def delivery_count(message: AbstractIncomingMessage, before: int = 0) -> int:
     """Deliveries so far that count towards the redelivery limit, this one included: quorum
     queues count failed returns in a header (from RabbitMQ 4.3 only `basic.reject` counts, not
     `basic.nack`); `before` is what earlier copies of the message had counted (a message held
-    through an outage goes back to its queue as a copy that carries the count, not adds to it)."""
+    through an outage goes back to its queue as a copy that carries the count, not adds to it).
+
+    On a first delivery (not `redelivered`) the header is whatever the sender wrote: the broker
+    writes it only on a redelivery (RabbitMQ 3.10 on every return, over the sender's; 4.3 on a
+    counted one only), so it counts for nothing then (issue 33: a sender's `x-delivery-count:
+    99` dead-lettered its order at once). The consumer sends such a message round as a clean
+    copy (`Detours.return_clean`), so that no redelivery reads it either."""
+    if not message.redelivered:
+        return before + 1
     returned = (message.headers or {}).get("x-delivery-count")
     if isinstance(returned, int) and not isinstance(returned, bool) and returned >= 0:
         return before + returned + 1
-    return before + (2 if message.redelivered else 1)
+    return before + 2
 
 
 INTAKE_HEALTHY = frozenset({"consuming", "paused"})

@@ -42,6 +42,8 @@ class Stats:
     set_aside: int = 0
     held_returns: int = 0
     """Messages held through an outage past the patience and returned to their queue."""
+    cleaned: int = 0
+    """Messages whose sender set headers only the broker writes, returned as clean copies."""
     reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -115,7 +117,7 @@ class Detours:
         copy = retry_copy(
             message,
             envelope,
-            retries=envelope.retries(self._policy.delayed_retries),
+            retries=envelope.retries(self._policy.delayed_retries, own),
             delay_s=self._policy.retry_delay,
             error=error,
             own_user=own,
@@ -136,6 +138,46 @@ class Detours:
         )
         self._stats.held_returns += 1
         self.count("held_return")
+        await message.ack()
+
+    async def return_clean(
+        self,
+        message: AbstractIncomingMessage,
+        envelope: Envelope,
+        sender: str | None,
+        forged: list[str],
+    ) -> None:
+        """A first delivery that carries headers only the broker writes (`forged`, set by its
+        sender) goes back to its queue as a clean copy of ours, at once and uncounted: through
+        the retry queue without delay, the sender kept, those headers dropped, its delayed
+        retries none; then the original is acked. Returned any other way it could be
+        redelivered still carrying them: from RabbitMQ 4.3 a `basic.nack` or a closed channel
+        returns a message without counting it, and the broker then leaves a sender's
+        `x-delivery-count` in place. While the broker takes no copy (past the patience), the
+        original is rejected instead: a counted return, whose count the broker writes over the
+        sender's on every version."""
+        own = self._policy.own_user
+        names = redact_text(", ".join(forged))  # a header's name is the sender's text too
+        copy = retry_copy(
+            message,
+            envelope,
+            retries=0,
+            delay_s=0,
+            error=f"sent with headers only the broker writes: {names}",
+            own_user=own,
+            sender=sender,
+            deliveries=delivery_count(message, envelope.deliveries_before(own)) - 1,
+        )
+        if not await self._publish(copy, self._names.retry(self._queue), "return a clean copy of"):
+            await self.requeue(message, counted=True)
+            return
+        log.warning(
+            "a first delivery carried headers only the broker writes; returned to its queue "
+            "as a clean copy",
+            extra={"headers": cut(printable(names), 300)},
+        )
+        self._stats.cleaned += 1
+        self.count("cleaned")
         await message.ack()
 
     async def dead_letter(
@@ -160,6 +202,7 @@ class Detours:
             max_body=self._policy.max_message_bytes,
             sender=sender,
             seal_key=self._policy.seal_key,
+            own_user=self._policy.own_user,
         )
         if not await self._publish(copy, self._names.dlq(self._queue), "dead-letter"):
             await self.requeue(message)

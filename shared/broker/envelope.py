@@ -23,7 +23,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from pamqp import encode
 
 from shared.broker.seal import Sealed
-from shared.broker.wire import UNDECODABLE_HEADERS
+from shared.broker.wire import UNDECODABLE_HEADERS, Undecodable
 from shared.domain.redaction import redact_body, redact_headers, redact_text
 from shared.domain.text import cut, is_safe, printable
 from shared.domain.timing import utcnow
@@ -56,6 +56,10 @@ and the sender-selected routing headers, with which the broker would deliver our
 queues they name as well (a dead letter published to the direct dead-letter exchange with
 `CC: <hub>.agent.payment` lands in the payment agent's DLQ too, and a replay of it would
 reach the payment agent)."""
+BROKER_WRITTEN = frozenset({"x-delivery-count", "x-acquired-count", "x-death"})
+"""Headers only the broker writes: a quorum queue's counts of returns (RabbitMQ 4 adds the
+acquired count) and its record of dead-lettering a message; with `x-first-death-…` and
+`x-last-death-…` (`broker_written`)."""
 CARRIED = frozenset({"traceparent", "tracestate"})
 """The sender's headers a copy carries (W3C trace context); no other, so no header a sender
 chose can pass for something this system says, or grow a copy past a frame."""
@@ -84,6 +88,13 @@ def _text(value: object) -> str | None:
     return value
 
 
+def broker_written(name: object) -> bool:
+    """Whether a header is one only the broker writes (`BROKER_WRITTEN`, `x-…-death-…`)."""
+    if not isinstance(name, str):
+        return False
+    return name in BROKER_WRITTEN or (name.startswith("x-") and "-death-" in name)
+
+
 def user_of(message: AbstractIncomingMessage) -> str | None:
     """A message's broker-checked sender (`user_id`) as text, or None."""
     return _text(message.user_id)
@@ -109,7 +120,7 @@ class Envelope:
     def of(cls, message: AbstractIncomingMessage) -> Envelope:
         headers: dict[str, Any] = dict(message.headers or {})
         undecodable = None
-        if UNDECODABLE_HEADERS in headers:
+        if isinstance(headers.get(UNDECODABLE_HEADERS), Undecodable):  # not a sender's
             undecodable = f"a header table of {headers[UNDECODABLE_HEADERS]!r} bytes"
             headers = {}
         return cls(
@@ -141,12 +152,22 @@ class Envelope:
             f"message_id {shown(self.raw_message_id)} is not text without control characters",
         )
 
-    def retries(self, limit: int) -> int:
-        """Delayed retries so far, from our header; a sender's odd value counts as none."""
+    def retries(self, limit: int, own_user: str | None) -> int:
+        """Delayed retries so far, from our header on a copy of ours (0 on anything else: a
+        sender cannot spend its own retries, nor get more)."""
         value = self.headers.get(RETRIES)
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not self.ours(own_user) or isinstance(value, bool) or not isinstance(value, int):
             return 0
         return min(max(value, 0), limit)
+
+    def set_by_sender(self, own_user: str | None, redelivered: bool) -> list[str]:
+        """The headers only the broker writes that this message carries as its sender set
+        them: on its first delivery (`redelivered` False) of anything but a copy of ours, every
+        such header is the sender's (a copy of ours carries none but the broker's: every copy
+        is made without them, and the retry queue adds its `x-death`)."""
+        if redelivered or self.ours(own_user):
+            return []
+        return [name for name in self.headers if broker_written(name)]
 
     def ours(self, own_user: str | None) -> bool:
         """Whether this is a copy this consumer's process made (set aside or held through an
@@ -245,9 +266,11 @@ def dead_letter_copy(
     max_body: int,
     sender: str | None = None,
     seal_key: bytes | None = None,
+    own_user: str | None = None,
 ) -> aio_pika.Message:
     """What goes to the DLQ: the body redacted (and cut to `max_body`), our headers saying why,
-    and who sent it, sealed with `seal_key` (when the message has an id to seal)."""
+    and who sent it, sealed with `seal_key` (when the message has an id to seal); the delayed
+    retries it had when it is a copy of ours (`own_user`'s)."""
     # The sender's headers masked before they are carried (so the budget counts what is sent
     # and a dropped header's name is masked too); the body cut with room for a card number
     # that straddles the cut, masked, then cut to size (no digits of one left in clear).
@@ -267,8 +290,8 @@ def dead_letter_copy(
         DEAD_LETTERED_AT: utcnow().isoformat(),
         DELIVERIES: deliveries,
     }
-    retries = envelope.headers.get(RETRIES)  # ours, if it came back from the retry queue
-    if type(retries) is int:  # anything else a sender wrote is not worth keeping
+    retries = envelope.retries(2**31, own_user)  # a copy of ours: its delayed retries so far
+    if retries:
         headers[RETRIES] = retries
     if redacted or headers_masked:
         headers[REDACTED] = True

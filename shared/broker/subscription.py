@@ -32,6 +32,11 @@ class Subscription:
         self._queue: AbstractQueue | None = None
         self._tag: str | None = None
         self._inflight: set[asyncio.Task[None]] = set()
+        self._switch = asyncio.Lock()
+        """Held by `pause`, `resume` and `stop`, so each sees the consumer tag the one before
+        it left: interleaved, two pauses cancelled one tag twice and the second cleared the tag
+        a resume had made in between, which then delivered for good (issue 33)."""
+        self._stopped = False
         self.last_taken: float | None = None
         """`clock.monotonic()` of the last delivery taken (None: none yet)."""
         self.subscribed_at: float | None = None
@@ -53,7 +58,8 @@ class Subscription:
                     f"exchange {exchange} does not exist: run `orderflow init` (this release "
                     "adds it) and load the RabbitMQ definitions again"
                 ) from None
-        await self._subscribe()
+        async with self._switch:
+            await self._subscribe()
 
     async def _subscribe(self) -> None:
         assert self._queue is not None
@@ -62,7 +68,8 @@ class Subscription:
 
     @property
     def paused(self) -> bool:
-        return self._tag is None
+        """Started, and not taking messages now: paused, or stopped."""
+        return self._queue is not None and self._tag is None
 
     @property
     def in_hand(self) -> int:
@@ -104,22 +111,38 @@ class Subscription:
             "idle_s": round(idle_s, 1),
         }
 
-    async def pause(self) -> None:
-        """Stop taking new messages; the ones in hand finish normally."""
-        if self._queue is not None and self._tag is not None:
-            await self._queue.cancel(self._tag)
-            self._tag = None
+    async def pause(self) -> bool:
+        """Stop taking new messages; the ones in hand finish normally. True when this call
+        stopped the intake, False when it was stopped already (or never started). A cancel the
+        broker refuses (the connection is down) raises and leaves the consumer subscribed."""
+        async with self._switch:
+            return await self._cancel()
 
-    async def resume(self) -> None:
-        if self._queue is not None and self._tag is None:
+    async def resume(self) -> bool:
+        """Take messages again; True when this call subscribed (never after `stop`)."""
+        async with self._switch:
+            if self._queue is None or self._tag is not None or self._stopped:
+                return False
             await self._subscribe()
+            return True
+
+    async def _cancel(self) -> bool:
+        tag = self._tag
+        if self._queue is None or tag is None:
+            return False
+        await self._queue.cancel(tag)
+        if self._tag == tag:  # only the tag cancelled is gone, never one made meanwhile
+            self._tag = None
+        return True
 
     async def stop(self, drain_timeout: float = 10.0) -> None:
-        """Stop taking messages, let the ones in hand finish (bounded), cancel the rest."""
-        if self._queue is not None and self._tag is not None:
-            with contextlib.suppress(Exception):
-                await self._queue.cancel(self._tag)
-            self._tag = None
+        """Stop taking messages (whichever consumer is live once a pause or resume under way
+        has ended), let the ones in hand finish (bounded), cancel the rest."""
+        self._stopped = True  # no resume from here on
+        with contextlib.suppress(Exception):  # a refused or timed-out cancel: drain anyway
+            async with asyncio.timeout(drain_timeout), self._switch:
+                await self._cancel()
+        self._tag = None
         if self._inflight:
             _, pending = await asyncio.wait(self._inflight, timeout=drain_timeout)
             for task in pending:

@@ -28,7 +28,14 @@ from typing import Any
 from pamqp import base, decode
 
 UNDECODABLE_HEADERS = "x-orderflow-undecodable-headers"
-"""The only header of a message whose header table could not be decoded: its size in bytes."""
+"""The only header of a message whose header table could not be decoded: its size in bytes,
+as an `Undecodable`."""
+
+
+class Undecodable(int):
+    """The size of a header table that could not be decoded: a type no decoding yields, so a
+    sender that sets a header of that name itself does not pass for it (issue 33)."""
+
 
 _SKIP: dict[str, Callable[[bytes], int]] = {
     # The encoded length of each type Basic.Properties has.
@@ -41,7 +48,7 @@ _SKIP: dict[str, Callable[[bytes], int]] = {
 
 def _undecodable(data_type: str, raw: bytes) -> Any:
     if data_type == "table":
-        return {UNDECODABLE_HEADERS: len(raw)}
+        return {UNDECODABLE_HEADERS: Undecodable(len(raw))}
     return None  # a timestamp, an octet: as if absent
 
 

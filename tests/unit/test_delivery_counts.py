@@ -34,13 +34,17 @@ def _message(headers: dict[str, Any], *, user_id: str | None, redelivered: bool 
 
 
 def test_a_held_copy_of_ours_carries_its_count_and_no_other_does() -> None:
-    held = _message({RETRIES: 0, DELIVERIES: 3, "x-delivery-count": 1}, user_id=OWN)
+    held = _message(
+        {RETRIES: 0, DELIVERIES: 3, "x-delivery-count": 1}, user_id=OWN, redelivered=True
+    )
     assert delivery_count(held, Envelope.of(held).deliveries_before(OWN)) == 5
     # The same headers from another sender count for nothing: it cannot lower its own count,
-    # nor raise another's.
-    forged = _message({RETRIES: 0, DELIVERIES: -50, "x-delivery-count": 2}, user_id="shop")
+    # nor raise another's; and on its first delivery its `x-delivery-count` is its own too.
+    headers = {RETRIES: 0, DELIVERIES: -50, "x-delivery-count": 2}
+    forged = _message(headers, user_id="shop")
     assert Envelope.of(forged).deliveries_before(OWN) == 0
-    assert delivery_count(forged, 0) == 3
+    assert delivery_count(forged, 0) == 1
+    assert delivery_count(_message(headers, user_id="shop", redelivered=True), 0) == 3
     # Without our retry header it is no copy of ours, whoever sent it.
     assert Envelope.of(_message({DELIVERIES: 3}, user_id=OWN)).deliveries_before(OWN) == 0
 
