@@ -22,6 +22,9 @@ tests compare it with a table of uses, a system test runs every process under it
 |               | alerts.feed (follow),  |                                       |               |
 |               | alerts.feed.dlq (get)  |                                       |               |
 | notifier      | alerts.feed            | alerts.feed.dlq                       | -             |
+| api (its      | every DLQ (get, purge) | each input queue's replay exchange,   | -             |
+| operator      |                        | status                                |               |
+| endpoints)    |                        |                                       |               |
 | application A | its status queues      | submit                                | status queues |
 
 A scheduler binds its reply queue to `replies`. An application does not bind its status queues:
@@ -163,6 +166,17 @@ def grant(names: Names, role: str) -> Grant:
     if role == "notifier":
         # Delivers the alert feed to the webhooks; sets aside what a target refused for good.
         return Grant(write=_one(names.alert_dead_letters), read=_one(names.alert_feed))
+    if role == "api":
+        inputs = names.input_queues()
+        # The HTTP API's operator endpoints: dead letters listed, shown, replayed and purged
+        # (read on the DLQs, write on the replay exchanges); the Cancelled status of an order it
+        # cancels (`status`). Queue depths are passive declares, which need nothing. Not the
+        # alert feed: the notifier's alone to take.
+        return Grant(
+            write=_one(*(names.replay(q) for q in inputs), names.status),
+            read=_one(*(names.dlq(q) for q in inputs)),
+            topics=(TopicGrant(names.status, write=status_keys),),
+        )
     raise ValueError(f"no role {role!r}: one of {', '.join(SERVICE_ROLES)} (or an application)")
 
 

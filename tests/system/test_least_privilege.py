@@ -238,11 +238,11 @@ async def test_the_real_processes_work_end_to_end_each_under_its_own_user(
         assert "ACCESS_REFUSED" in refused_dlq.stderr + refused_dlq.stdout
 
         # The HTTP API as the compose deployment runs it: an application's user of its own,
-        # and the operator's for the dead letters and queue depths.
+        # and a user of its own for the dead letters and queue depths.
         api = await start_api(
             topo,
             ORDERFLOW_RABBITMQ_URL=broker.url(broker.apps[1]),
-            ORDERFLOW_API_OPERATOR_RABBITMQ_URL=broker.url("operator"),
+            ORDERFLOW_API_RABBITMQ_URL=broker.url("api"),
         )
         try:
             shop, otto = token(topo, "shop", "acme"), token(topo, "operator", "otto")

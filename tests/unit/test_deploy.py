@@ -377,6 +377,9 @@ USES: dict[str, tuple[set[str], set[str], set[str]]] = {
     # The notifier reads the alert feed and sets aside, in the feed's own dead-letter
     # exchange, what a webhook refused: nothing else.
     "notifier": (set(), {N.alert_dead_letters}, {N.alert_feed}),
+    # The HTTP API's operator endpoints: the input queues' dead letters (list, show, replay,
+    # purge) and the Cancelled status of an order it cancels; never the alert feed.
+    "api": (set(), {N.replay(q) for q in N.input_queues()} | {N.status}, DLQS),
     # An application reads no exchange: submission binds its status queues.
     "shop": ({OWN_STATUS_Q}, {N.submit}, {OWN_STATUS_Q}),
 }
@@ -391,6 +394,7 @@ TOPIC_USES: dict[tuple[str, str], tuple[set[str], set[str]]] = {
     ("scheduler", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
     ("supervisor", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
     ("operator", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
+    ("api", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
     ("scheduler", N.replies): (set(), {REPLY_Q}),
     **{(f"agent-{a}", N.replies): ({REPLY_Q, f"{H}.reply.#"}, set()) for a in AGENTS},
 }
