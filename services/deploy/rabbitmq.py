@@ -28,7 +28,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shared.broker.access import Grant, app_grant, grant
+from shared.broker.access import Grant, Resources, app_grant, grant
 from shared.broker.private import STATUS_QUEUES_PER_APP
 from shared.broker.senders import role_users
 from shared.broker.topology import Names
@@ -65,6 +65,32 @@ class BrokerLimits:
         for name, value in asdict(self).items():
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
+
+
+DEAD_LETTER_DELIVERY_LIMIT = 2**31 - 1
+"""The delivery limit the definitions give every dead-letter queue: past any listing's reach.
+RabbitMQ 4.x gives a quorum queue without one a limit of 20 and drops a message past it (a DLQ
+has no dead-letter exchange), and on 4.0-4.2 every return of a listed letter counts (on 4.3
+and later a `basic.nack` does not: shared/broker/dead_letters.py). Not -1, 4.x's "unlimited":
+RabbitMQ 3.x refuses a negative delivery limit in a policy, and these definitions load there
+too (3.x sets no limit by default)."""
+
+
+def dead_letter_policy(names: Names, vhost: str) -> dict[str, Any]:
+    """The policy lifting the delivery limit of the hub's dead-letter queues (each input
+    queue's, and the alert feed's). A queue's arguments cannot change once it is declared, and
+    a policy applies to the queues that exist as well: importing the definitions again lifts
+    the limit of an existing deployment's DLQs. Only one policy applies to a queue, the highest
+    `priority`: one of your own that matches a DLQ must carry `delivery-limit` too."""
+    queues = [*(names.dlq(q) for q in names.input_queues()), names.alert_dead_letters]
+    return {
+        "vhost": vhost,
+        "name": f"{names.hub}-dead-letters",
+        "pattern": Resources(exact=tuple(queues)).regex(),
+        "apply-to": "queues",
+        "priority": 10,
+        "definition": {"delivery-limit": DEAD_LETTER_DELIVERY_LIMIT},
+    }
 
 
 def queues_needed(names: Names, apps: tuple[str, ...], limits: BrokerLimits) -> int:
@@ -200,7 +226,7 @@ def definitions(
         "permissions": permissions,
         "topic_permissions": topic_permissions,
         "parameters": [vhost_limits],
-        "policies": [],
+        "policies": [dead_letter_policy(names, vhost)],
         "queues": [],
         "exchanges": [],
         "bindings": [],
