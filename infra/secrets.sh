@@ -76,6 +76,7 @@ random_secret rabbitmq_agent_payment_password  # RabbitMQ user orderflow-agent-p
 random_secret rabbitmq_agent_shipping_password  # RabbitMQ user orderflow-agent-shipping's password
 random_secret rabbitmq_operator_password  # RabbitMQ user orderflow-operator's password
 random_secret rabbitmq_notifier_password  # RabbitMQ user orderflow-notifier's password
+random_secret rabbitmq_api_password  # RabbitMQ user orderflow-api's password
 random_secret rabbitmq_app_shop_password  # RabbitMQ user shop's password (an application)
 random_secret rabbitmq_app_web_password  # RabbitMQ user web's password (an application)
 random_secret mongo_root_password  # MongoDB's root user (profile mongodb; creates the app user once)
@@ -101,6 +102,7 @@ url_secret rabbitmq_agent_payment_url 'amqp://orderflow-agent-payment:' rabbitmq
 url_secret rabbitmq_agent_shipping_url 'amqp://orderflow-agent-shipping:' rabbitmq_agent_shipping_password '@rabbitmq:5672/orderflow'
 url_secret rabbitmq_operator_url 'amqp://orderflow-operator:' rabbitmq_operator_password '@rabbitmq:5672/orderflow'
 url_secret rabbitmq_notifier_url 'amqp://orderflow-notifier:' rabbitmq_notifier_password '@rabbitmq:5672/orderflow'
+url_secret rabbitmq_api_url 'amqp://orderflow-api:' rabbitmq_api_password '@rabbitmq:5672/orderflow'
 url_secret rabbitmq_app_shop_url 'amqp://shop:' rabbitmq_app_shop_password '@rabbitmq:5672/orderflow'
 url_secret rabbitmq_app_web_url 'amqp://web:' rabbitmq_app_web_password '@rabbitmq:5672/orderflow'
 
@@ -126,6 +128,7 @@ chmod 644 \
     "$dir/rabbitmq_agent_shipping_password" \
     "$dir/rabbitmq_operator_password" \
     "$dir/rabbitmq_notifier_password" \
+    "$dir/rabbitmq_api_password" \
     "$dir/rabbitmq_app_shop_password" \
     "$dir/rabbitmq_app_web_password" \
     "$dir/mongo_root_password" \
@@ -149,6 +152,7 @@ chmod 644 \
     "$dir/rabbitmq_agent_shipping_url" \
     "$dir/rabbitmq_operator_url" \
     "$dir/rabbitmq_notifier_url" \
+    "$dir/rabbitmq_api_url" \
     "$dir/rabbitmq_app_shop_url" \
     "$dir/rabbitmq_app_web_url" \
     "$dir/store_api_url" \

@@ -296,11 +296,16 @@ class Settings(BaseSettings):
     api_read_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """A request must arrive within this: its head from its first byte (or from the connection's
     opening: a connection that sends nothing is closed), its body from its head (else 408)."""
+    api_rabbitmq_url: str | None = None
+    """AMQP URL (or list of a cluster's node URLs) of the API's own broker user (`<hub>-api` in
+    the generated definitions), which its operator endpoints act as: it lists, replays and
+    purges dead letters and reads queue depths, and nothing else (the compose deployment gives
+    the API this and an application's user of its own as `ORDERFLOW_RABBITMQ_URL`); unset: the
+    user of `ORDERFLOW_RABBITMQ_URL`."""
     api_operator_rabbitmq_url: str | None = None
-    """AMQP URL (or list of a cluster's node URLs) of the broker user the API's dead-letter
-    endpoints act as: the operator's, whose replays the consumers trust (the compose deployment
-    gives the API the operator's URL here and an application's of its own as
-    `ORDERFLOW_RABBITMQ_URL`); unset: the API's own."""
+    """No longer read: the API refuses to start while it is set. It gave the API the operator's
+    broker user, which may also take the alert feed; set `ORDERFLOW_API_RABBITMQ_URL` to the
+    URL of the API's own user (`<hub>-api`) instead."""
     api_catalogue_path: str | None = None
     """A JSON file of the shop's catalogue (`[{"sku", "name", "unit_price_cents"}, …]`);
     unset: a small built-in catalogue."""
@@ -388,7 +393,7 @@ class Settings(BaseSettings):
         _check_port(value)
         return value
 
-    @field_validator("rabbitmq_url", "api_operator_rabbitmq_url")
+    @field_validator("rabbitmq_url", "api_rabbitmq_url", "api_operator_rabbitmq_url")
     @classmethod
     def _amqp(cls, value: str | None) -> str | None:
         if value is None:

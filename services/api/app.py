@@ -96,6 +96,15 @@ def openapi_document() -> str:
     return json.dumps(create_app(None).openapi(), indent=2, sort_keys=True) + "\n"
 
 
+OPERATOR_URL_REFUSED = (
+    "ORDERFLOW_API_OPERATOR_RABBITMQ_URL is set, and no longer read: the API has a broker user "
+    "of its own, `<hub>-api`, which may not take the alert feed as the operator's may. Load the "
+    "generated RabbitMQ definitions (they add it), set ORDERFLOW_API_RABBITMQ_URL to its URL "
+    "(compose: `sh infra/secrets.sh` writes secrets/rabbitmq_api_url) and remove the old setting"
+)
+"""Why the API refuses to start with the setting that gave it the operator's broker user."""
+
+
 def api_app(settings: Any) -> str:
     """The API's application name: its broker user, which prefixes its status queue."""
     return login_user(settings.rabbitmq_url) or ""
@@ -104,6 +113,8 @@ def api_app(settings: Any) -> str:
 async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
     """Serve the API on `api_host:api_port` until `stop`."""
     settings = runtime.settings
+    if settings.api_operator_rabbitmq_url:
+        raise ConfigurationError(OPERATOR_URL_REFUSED)
     app_name = api_app(settings)
     try:
         status_queue = runtime.names.status_queue(app_name)
@@ -119,9 +130,9 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
     )
     await statuses.start()
     operator = runtime.connection
-    if settings.api_operator_rabbitmq_url:
+    if settings.api_rabbitmq_url:
         operator = await connect(
-            settings.api_operator_rabbitmq_url,
+            settings.api_rabbitmq_url,
             timeout=settings.connect_timeout_s,
             name=f"{runtime.name}-operator",
         )

@@ -117,8 +117,8 @@ class ApiContext:
     bridge: StatusBridge
     catalogue: Catalogue
     operator_connection: AbstractRobustConnection
-    """What the dead-letter endpoints and the queue depths use: a connection as the operator's
-    broker user (`api_operator_rabbitmq_url`), or else `connection`."""
+    """What the operator endpoints use (dead letters, queue depths): a connection as the API's
+    own broker user (`api_rabbitmq_url`, `<hub>-api`), or else `connection`."""
     jobs: dict[str, BulkJob] = field(default_factory=dict)
     _numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     streams: Streams = field(init=False)

@@ -416,8 +416,8 @@ class Replay(Body):
 async def replay_dead_letters(ctx: Context, who: Operator, body: Replay) -> Json:
     """Send dead letters back to their queue, each removed from its DLQ once confirmed."""
     settings = ctx.settings
-    url = settings.api_operator_rabbitmq_url or settings.rabbitmq_url
-    senders = Senders.of(settings.hub, settings.broker_user_prefix, login_user(url), "operator")
+    url = settings.api_rabbitmq_url or settings.rabbitmq_url
+    senders = Senders.of(settings.hub, settings.broker_user_prefix, login_user(url), "api")
     done = await dead_letters.replay(
         ctx.operator_connection,
         ctx.names,

@@ -10,7 +10,12 @@ Python (tests).
 Limits (`BrokerLimits`) bound what a compromised or runaway client can take: the virtual host's
 connections and queues, and each user's connections and channels (RabbitMQ 3.10 and 4.x import
 both from a definitions file: vhost limits as the runtime parameter `vhost-limits`, user limits
-as a user's `limits`).
+as a user's `limits`). RabbitMQ has no per-user queue limit (4.3 validates `max-connections`
+and `max-channels` only: rabbit_auth_backend_internal:user_limit_validation/0), so queues are
+bounded by who may declare them: no application may (shared/broker/access.py), submission
+declares at most `STATUS_QUEUES_PER_APP` status queues for each, and the virtual host's queue
+limit must leave room for those, the hub's own and a reply queue per scheduler connection
+(`queues_needed`), so that no application can starve a scheduler of its reply queue.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shared.broker.access import Grant, app_grant, grant
+from shared.broker.access import Grant, Resources, app_grant, grant
+from shared.broker.private import STATUS_QUEUES_PER_APP
 from shared.broker.senders import role_users
 from shared.broker.topology import Names
 
@@ -44,7 +50,8 @@ class BrokerLimits:
     """Connections to the virtual host, every user together."""
     vhost_max_queues: int = 1024
     """Queues in the virtual host: the hub's durable ones (under 20), one private reply queue
-    per scheduler process and the applications' status queues."""
+    per scheduler process and the applications' status queues (`queues_needed` is the least
+    the generator takes)."""
     service_max_connections: int = 32
     """Connections of one service user (`<hub>-scheduler` serves every scheduler replica)."""
     service_max_channels: int = 256
@@ -58,6 +65,41 @@ class BrokerLimits:
         for name, value in asdict(self).items():
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
+
+
+DEAD_LETTER_DELIVERY_LIMIT = 2**31 - 1
+"""The delivery limit the definitions give every dead-letter queue: past any listing's reach.
+RabbitMQ 4.x gives a quorum queue without one a limit of 20 and drops a message past it (a DLQ
+has no dead-letter exchange), and on 4.0-4.2 every return of a listed letter counts (on 4.3
+and later a `basic.nack` does not: shared/broker/dead_letters.py). Not -1, 4.x's "unlimited":
+RabbitMQ 3.x refuses a negative delivery limit in a policy, and these definitions load there
+too (3.x sets no limit by default)."""
+
+
+def dead_letter_policy(names: Names, vhost: str) -> dict[str, Any]:
+    """The policy lifting the delivery limit of the hub's dead-letter queues (each input
+    queue's, and the alert feed's). A queue's arguments cannot change once it is declared, and
+    a policy applies to the queues that exist as well: importing the definitions again lifts
+    the limit of an existing deployment's DLQs. Only one policy applies to a queue, the highest
+    `priority`: one of your own that matches a DLQ must carry `delivery-limit` too."""
+    queues = [*(names.dlq(q) for q in names.input_queues()), names.alert_dead_letters]
+    return {
+        "vhost": vhost,
+        "name": f"{names.hub}-dead-letters",
+        "pattern": Resources(exact=tuple(queues)).regex(),
+        "apply-to": "queues",
+        "priority": 10,
+        "definition": {"delivery-limit": DEAD_LETTER_DELIVERY_LIMIT},
+    }
+
+
+def queues_needed(names: Names, apps: tuple[str, ...], limits: BrokerLimits) -> int:
+    """The least room for queues the virtual host must have: the hub's durable queues, every
+    application's status queues as submission declares them (one submission process; each
+    further one may declare as many again, until they expire), and a reply queue for each
+    connection the scheduler's user may hold (one per scheduler process)."""
+    status = len(apps) * STATUS_QUEUES_PER_APP
+    return len(names.durable_queues()) + status + limits.service_max_connections
 
 
 def password_variable(role: str, *, app: bool = False) -> str:
@@ -161,6 +203,14 @@ def definitions(
     for app in apps:
         add(app, app, app_grant(names, app), app=True, tags=[])
     _distinct(users)
+    needed = queues_needed(names, apps, limits)
+    if limits.vhost_max_queues < needed:
+        raise ValueError(
+            f"vhost_max_queues {limits.vhost_max_queues} leaves a scheduler no room: the hub's "
+            f"queues, {STATUS_QUEUES_PER_APP} status queues for each of {len(apps)} "
+            f"application(s) and a reply queue per scheduler connection "
+            f"({limits.service_max_connections}) need {needed}"
+        )
     vhost_limits = {
         "vhost": vhost,
         "component": "vhost-limits",
@@ -176,7 +226,7 @@ def definitions(
         "permissions": permissions,
         "topic_permissions": topic_permissions,
         "parameters": [vhost_limits],
-        "policies": [],
+        "policies": [dead_letter_policy(names, vhost)],
         "queues": [],
         "exchanges": [],
         "bindings": [],

@@ -1,5 +1,9 @@
 """Publishing orders as a shop does: to `<hub>.submit` with publisher confirms, and, when asked,
-following their status messages on the application's own status queue until each is final."""
+following their status messages on a status queue of the application's until each is final.
+
+The application declares no queue: it names a new status queue in its orders, submission
+declares it for the first one, and the follower consumes it from then on
+(shared/broker/private.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from services.shop.orders import message_id_of
 from shared.bootstrap import open_broker, open_publisher
 from shared.broker.connection import login_user
 from shared.broker.envelope import user_of
-from shared.broker.private import PrivateQueue
+from shared.broker.private import STATUS_QUEUES_PER_APP, PrivateQueue
 from shared.broker.publisher import Publishing
 from shared.broker.senders import APP, STATUS_SENDERS, Senders
 from shared.broker.topology import APP_NAME, Names
@@ -118,6 +122,11 @@ async def submit_orders(
         follower.pending -= {*outcome["rejected"], *outcome["failed"]}
         if wait:
             outcome["timed_out"] = await follower.wait(timeout)
+            if outcome["timed_out"] and replies is not None and not replies.attached:
+                tell(
+                    f"no status queue {replies.name}: submission did not declare it (it "
+                    f"declares at most {STATUS_QUEUES_PER_APP} of one application; see its log)"
+                )
         outcome["final"] = follower.final()
         return outcome
     finally:

@@ -22,13 +22,18 @@ tests compare it with a table of uses, a system test runs every process under it
 |               | alerts.feed (follow),  |                                       |               |
 |               | alerts.feed.dlq (get)  |                                       |               |
 | notifier      | alerts.feed            | alerts.feed.dlq                       | -             |
-| application A | its status queues      | submit                                | status queues |
+| api (its      | every DLQ (get, purge) | each input queue's replay exchange,   | -             |
+| operator      |                        | status                                |               |
+| endpoints)    |                        |                                       |               |
+| application A | its status queues      | submit                                | -             |
 
-A scheduler binds its reply queue to `replies`. An application does not bind its status queues:
-submission binds the one an order names (once it is sure the queue is the application's, and a
-status queue: it declares it with a status queue's arguments, which needs configure), so an
-application reads no exchange at all, and cannot bind one (`status`, say) into another
-(`submit`) to loop our messages back into the orders queue. The broker's own dead-lettering (its
+A scheduler binds its reply queue to `replies`. An application neither declares nor binds its
+status queues: submission declares and binds the one an order names (once it is sure the queue
+is the application's; at most `STATUS_QUEUES_PER_APP` of one application, shared/broker/private.py),
+so an application can fill the virtual host with no queue of its own (one that declared a
+thousand starved a restarting scheduler of its reply queue), reads no exchange at all, and
+cannot bind one (`status`, say) into another (`submit`) to loop our messages back into the
+orders queue. The broker's own dead-lettering (its
 delivery limit) goes through `dlx`, to which nobody may publish.
 
 Each `<queue>.dlq` and `<queue>.retry` exchange is written only by that queue's consumer, and
@@ -118,8 +123,8 @@ def grant(names: Names, role: str) -> Grant:
         return Grant(configure=everything, write=everything, read=everything)
     if role == "submission":
         orders = names.orders
-        # configure and write on status queues: to check one is a status queue (declaring it
-        # with a status queue's arguments) and bind it (StatusBinder).
+        # configure and write on status queues: to declare one for its application and bind it
+        # (StatusBinder).
         return Grant(
             configure=status_keys,
             write=_one(names.dlq(orders), names.retry(orders), names.alerts, names.status)
@@ -163,12 +168,23 @@ def grant(names: Names, role: str) -> Grant:
     if role == "notifier":
         # Delivers the alert feed to the webhooks; sets aside what a target refused for good.
         return Grant(write=_one(names.alert_dead_letters), read=_one(names.alert_feed))
+    if role == "api":
+        inputs = names.input_queues()
+        # The HTTP API's operator endpoints: dead letters listed, shown, replayed and purged
+        # (read on the DLQs, write on the replay exchanges); the Cancelled status of an order it
+        # cancels (`status`). Queue depths are passive declares, which need nothing. Not the
+        # alert feed: the notifier's alone to take.
+        return Grant(
+            write=_one(*(names.replay(q) for q in inputs), names.status),
+            read=_one(*(names.dlq(q) for q in inputs)),
+            topics=(TopicGrant(names.status, write=status_keys),),
+        )
     raise ValueError(f"no role {role!r}: one of {', '.join(SERVICE_ROLES)} (or an application)")
 
 
 def app_grant(names: Names, app: str) -> Grant:
     """A submitting application: submits orders, and follows them on its own status queues,
-    which no other application may declare or read. It reads no exchange: submission binds its
-    status queues for it (see the module's docstring)."""
+    which no other application may read. It declares no queue and reads no exchange:
+    submission declares and binds its status queues for it (see the module's docstring)."""
     own = Resources(prefixes=(names.status_prefix(app),))
-    return Grant(configure=own, write=_one(names.submit), read=own)
+    return Grant(write=_one(names.submit), read=own)

@@ -90,7 +90,7 @@ from shared.broker.envelope import (
     shown,
 )
 from shared.broker.publisher import Publishing
-from shared.broker.senders import Senders, queue_role, queue_senders
+from shared.broker.senders import REPLAYERS, Senders, queue_role, queue_senders
 from shared.broker.subscription import Subscription
 from shared.broker.topology import Names
 from shared.domain.coordination import InboxOutcome
@@ -301,10 +301,10 @@ class Consumer(Subscription):
         if SEAL in envelope.headers:
             replayer = self._senders.role_of(envelope.user_id)
             publisher = envelope.user_id
-            if replayer != "operator" and publisher != self._policy.own_user:
+            if replayer not in REPLAYERS and publisher != self._policy.own_user:
                 return sender, (
                     f"a sealed dead letter sent by user {publisher!r} ({replayer}): only the "
-                    "operator replays dead letters"
+                    "operator replays dead letters (itself, or through the API)"
                 )
             sealed = envelope.sealed_sender(self._queue_name, message.body, self._policy.seal_key)
             if sealed is None:

@@ -1,8 +1,15 @@
 """The dead-lettered messages of each input queue: list, show, replay, purge.
 
-Reading never loses a message: the messages are fetched unacknowledged and go back to their
-dead-letter queue when the channel that fetched them closes, except those a replay or a purge
-removes. A replay publishes the message, with its original `message_id`, to the queue it came
+Reading never loses a message, nor spends a delivery of it: the messages are fetched
+unacknowledged and each one a replay does not remove goes back to its dead-letter queue with
+`basic.nack` (requeue), which RabbitMQ 4.3 and later count as no delivery. Going back with the
+channel's close, as they did, counts as a failed delivery on every version (as a consumer's
+crash does), and RabbitMQ 4.x drops a quorum queue's message past its delivery limit, 20 unless
+set, with no dead-letter exchange behind a DLQ: the twenty-first listing lost every letter. On
+4.0-4.2 every return counts, `basic.nack` too: there the generated definitions' policy lifts the
+DLQs' limit (`dead_letter_policy` in services/deploy/rabbitmq.py; 3.x has none by default).
+
+A replay publishes the message, with its original `message_id`, to the queue it came
 from (through that queue's replay exchange, the only way the operator's user has into it) and
 removes it from the dead-letter queue only once the broker confirmed the publish; so dedupe
 still holds (a message whose id was handled already is dropped as a duplicate, not handled
@@ -14,6 +21,7 @@ consumer's user.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -114,7 +122,7 @@ def describe(source: str, message: AbstractIncomingMessage, now: datetime) -> di
 
 
 async def _fetch(channel: AbstractChannel, source: str) -> list[AbstractIncomingMessage]:
-    """Every message of the source queue's DLQ, unacknowledged (they return on channel close)."""
+    """Every message of the source queue's DLQ, unacknowledged (`give_back` returns them)."""
     queue = await channel.declare_queue(Names.dlq(source), passive=True)
     got: list[AbstractIncomingMessage] = []
     while (message := await queue.get(no_ack=False, fail=False)) is not None:
@@ -127,15 +135,29 @@ async def _each(
     sources: list[str],
     visit: Callable[[str, AbstractIncomingMessage], Awaitable[None]],
 ) -> None:
-    """`visit` each dead letter of each source queue, one channel per
-    queue; the letters not acknowledged go back when it closes."""
+    """`visit` each dead letter of each source queue, one channel per queue; the letters not
+    acknowledged go back, uncounted where the broker can (see the module's docstring)."""
     for source in sources:
         channel = await connection.channel()
         try:
-            for message in await _fetch(channel, source):
-                await visit(source, message)
+            letters = await _fetch(channel, source)
+            try:
+                for message in letters:
+                    await visit(source, message)
+            finally:
+                await give_back(letters)
         finally:
             await channel.close()
+
+
+async def give_back(letters: list[AbstractIncomingMessage]) -> None:
+    """Return every letter not settled to its queue with `basic.nack`, in the order they were
+    taken, before the channel closes (a closing channel's return counts as a failed delivery).
+    A letter whose nack cannot be sent (the channel is gone) goes back with the channel."""
+    for message in letters:
+        if not message.processed:
+            with contextlib.suppress(Exception):
+                await message.nack(requeue=True)
 
 
 async def dead_letters(

@@ -1,5 +1,15 @@
-"""A process's private queues (a scheduler's replies, an application's statuses), binding an
-application's status queues for it, and matching replies to requests."""
+"""A process's private queues (a scheduler's replies, an application's statuses), declaring and
+binding an application's status queues for it, and matching replies to requests.
+
+An application declares no queue (its broker user may not: one that declared a thousand filled
+the virtual host, and a restarting scheduler could not declare its reply queue). It names a
+status queue of its own in the orders it submits (`Names.status_queue`: a random name per
+follower, so two runs of one application never share one), and submission declares and binds
+it before the first order's `Received` status (`StatusBinder`): at most
+`STATUS_QUEUES_PER_APP` of one application. The application consumes it once it exists
+(`PrivateQueue`), and again after each reconnection; a queue that no one consumes, nor names in
+an order, for `STATUS_QUEUE_EXPIRES_MS` is deleted by the broker.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiormq
 from aio_pika.abc import (
     AbstractChannel,
     AbstractIncomingMessage,
@@ -18,6 +29,7 @@ from aio_pika.abc import (
 )
 from opentelemetry.trace import SpanKind
 
+from shared.backoff import Backoff
 from shared.broker.envelope import shown, user_of
 from shared.broker.senders import Senders
 from shared.broker.topology import Names
@@ -30,24 +42,38 @@ log = logging.getLogger(__name__)
 
 Listener = Callable[[Contract, AbstractIncomingMessage], None]
 
-STATUS_QUEUE_EXPIRES_MS = 15 * 60 * 1000
-"""A status queue nobody has consumed from for this long is deleted by the broker."""
+STATUS_QUEUE_EXPIRES_MS = 5 * 60 * 1000
+"""A status queue nobody has consumed from, nor named in an order, for this long is deleted by
+the broker: its follower finished or died. One that reconnects within it finds its queue, and
+every status sent meanwhile, in place (the queue is not auto-delete, which would drop it, and
+the statuses sent to it, the moment a connection is lost)."""
 STATUS_QUEUE: dict[str, Any] = {
     "durable": True,
-    "auto_delete": True,
+    "auto_delete": False,
     "arguments": {"x-expires": STATUS_QUEUE_EXPIRES_MS},
 }
-"""How an application's status queue is declared, and the only way submission binds one."""
+"""How submission declares an application's status queue (the only kind it binds)."""
+STATUS_QUEUES_PER_APP = 64
+"""Status queues submission declares for one application, at most (those that still exist):
+each follower (a run of `orderflow submit --wait`, an API process) has one, and a finished
+one's goes `STATUS_QUEUE_EXPIRES_MS` after. Past them an order is recorded without statuses.
+The generated definitions count them into the virtual host's queue limit
+(services/deploy/rabbitmq.py)."""
 BIND_TIMEOUT_S = 2.0
+FOLLOW_PAUSE_CAP_S = 2.0
+"""Longest pause between two looks for a status queue that submission has not declared yet."""
 
 
 class PrivateQueue:
     """Replies are not precious: one lost is a deadline that passes, which the supervisor handles.
     So they are consumed without acks, and a bad one is logged and dropped, never requeued.
 
-    The queue is bound, with its own name as the routing key, to the exchange that feeds queues
-    of its kind (`Names.exchange_feeding`: `<hub>.replies` or `<hub>.status`), so that who may
-    send to it is a matter of permissions on that exchange, never of the default exchange."""
+    A scheduler's reply queue is declared here, exclusive, and bound, with its own name as the
+    routing key, to `<hub>.replies` (`Names.exchange_feeding`), so that who may send to it is a
+    matter of permissions on that exchange, never of the default exchange. An application's
+    status queue is declared and bound to `<hub>.status` by submission, for the first order
+    that names it: `start` returns at once, and the queue is consumed once it exists
+    (`attached`), and again after each reconnection."""
 
     def __init__(
         self,
@@ -66,31 +92,83 @@ class PrivateQueue:
         self._channel: AbstractChannel | None = None
         self._queue: AbstractQueue | None = None
         self._tag: str | None = None
+        feeding = Names.exchange_feeding(name)
+        self._status = feeding is not None and feeding.endswith(".status")
+        self._following: asyncio.Task[None] | None = None
+        self._attached = asyncio.Event()
+        self._stopped = False
+
+    @property
+    def attached(self) -> bool:
+        """Whether the queue is being consumed (a status queue: once submission declared it)."""
+        return self._attached.is_set()
 
     async def start(self) -> None:
+        if self._status:
+            self._following = asyncio.get_running_loop().create_task(self._follow())
+            callbacks = getattr(self._connection, "reconnect_callbacks", None)
+            if callbacks is not None:  # the memory broker's connections keep their consumers
+                callbacks.add(self._reconnected)
+            return
         self._channel = await self._connection.channel()
         await self._channel.set_qos(prefetch_count=self._prefetch)
+        self._queue = await self._channel.declare_queue(
+            self.name, exclusive=True, auto_delete=True, durable=False
+        )
         feeding = Names.exchange_feeding(self.name)
-        if feeding is not None and feeding.endswith(".status"):
-            # An application's status queue: submission binds it (StatusBinder), so it may
-            # not be exclusive to this connection; it goes when its last consumer does, or
-            # after STATUS_QUEUE_EXPIRES_MS unused (a client that died).
-            self._queue = await self._channel.declare_queue(self.name, **STATUS_QUEUE)
-        else:
-            self._queue = await self._channel.declare_queue(
-                self.name, exclusive=True, auto_delete=True, durable=False
-            )
-            if feeding is not None:
-                await self._queue.bind(feeding, routing_key=self.name)
+        if feeding is not None:
+            await self._queue.bind(feeding, routing_key=self.name)
         self._tag = await self._queue.consume(self._on_message, no_ack=True)
+        self._attached.set()
+
+    async def _follow(self) -> None:
+        """Consume the status queue once it exists. Declared passively and consumed without
+        aio-pika's robust restore: a restore that fails (the queue expired while the connection
+        was away) would retry the whole connection, its publisher's too, for ever; this looks
+        again instead, until submission declares the queue anew."""
+        pauses = Backoff(first=0.05, cap=FOLLOW_PAUSE_CAP_S)
+        while not self._stopped:
+            channel = None
+            try:
+                channel = await self._connection.channel()
+                await channel.set_qos(prefetch_count=self._prefetch)
+                queue = await channel.declare_queue(self.name, passive=True, robust=False)
+                tag = await queue.consume(self._on_message, no_ack=True, robust=False)
+            except Exception as exc:  # not declared yet, or the connection is away
+                if not isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
+                    log.debug("status queue not followed yet", extra={"error": one_line(exc)})
+                if channel is not None:
+                    with contextlib.suppress(Exception):
+                        await channel.close()
+                await asyncio.sleep(pauses.next())
+                continue
+            self._channel, self._queue, self._tag = channel, queue, tag
+            self._attached.set()
+            return
+
+    def _reconnected(self, *_: Any) -> None:
+        """The connection is back without our consumer (see `_follow`): follow again."""
+        if self._stopped or (self._following is not None and not self._following.done()):
+            return
+        self._attached.clear()
+        previous, self._channel, self._queue, self._tag = self._channel, None, None, None
+        if previous is not None:
+            asyncio.get_running_loop().create_task(_close_quietly(previous))
+        self._following = asyncio.get_running_loop().create_task(self._follow())
 
     async def stop(self) -> None:
+        self._stopped = True
+        callbacks = getattr(self._connection, "reconnect_callbacks", None)
+        if callbacks is not None:
+            callbacks.discard(self._reconnected)
+        if self._following is not None:
+            self._following.cancel()
+            await asyncio.gather(self._following, return_exceptions=True)
         if self._queue is not None and self._tag is not None:
             with contextlib.suppress(Exception):
                 await self._queue.cancel(self._tag)
         if self._channel is not None:
-            with contextlib.suppress(Exception):
-                await self._channel.close()
+            await _close_quietly(self._channel)
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         try:
@@ -102,6 +180,11 @@ class PrivateQueue:
             self._listener(contract, message)
         except Exception:
             log.exception("reply listener failed")
+
+
+async def _close_quietly(channel: AbstractChannel) -> None:
+    with contextlib.suppress(Exception):
+        await channel.close()
 
 
 @dataclass(frozen=True)
@@ -127,12 +210,16 @@ class Expected:
 
 
 class StatusBinder:
-    """Binds an application's status queue to `<hub>.status` on its behalf: an application
-    reads no exchange (shared/broker/access.py). Called by submission for the `reply_to` of each
-    order it takes, once it is sure the queue is the sending application's own; a queue is bound
-    again at most every `every_s` (the broker drops a binding with its queue, and a client may
-    declare its queue anew). Never raises: an order is recorded whether or not its statuses can
-    be delivered."""
+    """Declares an application's status queue and binds it to `<hub>.status`, on its behalf: an
+    application declares no queue and reads no exchange (shared/broker/access.py). Called by
+    submission for the `reply_to` of each order it takes, once it is sure the queue is the
+    sending application's own, before the order's first status.
+
+    At most `per_app` queues of one application (of those this process declared, the ones that
+    still exist): a new one past them is refused, so no application can fill the virtual host.
+    A queue is declared and bound again at most every `every_s` (which also keeps it from
+    expiring while orders name it). Never raises: an order is recorded whether or not its
+    statuses can be delivered."""
 
     def __init__(
         self,
@@ -140,56 +227,96 @@ class StatusBinder:
         names: Names,
         *,
         every_s: float = 60.0,
+        per_app: int = STATUS_QUEUES_PER_APP,
         max_known: int = 10_000,
     ) -> None:
         self._connection = connection
         self._names = names
         self._every_s = every_s
+        self._per_app = per_app
         self._max_known = max_known
-        self._bound: dict[str, float] = {}
+        self._declared: dict[str, dict[str, float]] = {}
+        """Application -> its status queues this process declared -> when, last."""
+        self._counted: dict[str, float] = {}
+        """Application -> when its declared queues were last looked for (`_room`)."""
         self._failed: dict[str, float] = {}
         self._channel: AbstractChannel | None = None
         self._lock = asyncio.Lock()
 
     async def bind(self, queue: str) -> bool:
-        loop = asyncio.get_running_loop()
-        at = self._bound.get(queue)
-        if at is not None and loop.time() - at < self._every_s:
+        now = asyncio.get_running_loop().time()
+        app = self._names.status_app(queue)
+        declared = self._declared.setdefault(app, {})
+        at = declared.get(queue)
+        if at is not None and now - at < self._every_s:
             return True
         failed = self._failed.get(queue)
-        if failed is not None and loop.time() - failed < self._every_s:
-            return False  # tried lately: a client naming queues that are not there costs once
-        async with self._lock:  # a bind that fails closes its channel: one at a time
+        if failed is not None and now - failed < self._every_s:
+            return False  # tried lately: a client naming queues it cannot have costs once
+        async with self._lock:  # a declaration that fails closes its channel: one at a time
+            if queue not in declared and not await self._room(app, declared):
+                log.warning(
+                    "an application has as many status queues as it may: this order's "
+                    "statuses are not sent",
+                    extra={"reply_to": shown(queue), "limit": self._per_app},
+                )
+                return self._failing(queue, now)
             try:
                 async with asyncio.timeout(BIND_TIMEOUT_S):
-                    if self._channel is None or self._channel.is_closed:
-                        self._channel = await self._connection.channel()
-                    underlay = await self._channel.get_underlay_channel()
-                    # It must exist (no queue is made for a name a client merely gives) and
-                    # be what a status queue is: declaring it with a status queue's
-                    # arguments fails unless it has exactly those, so none that dead-letters
-                    # our messages somewhere (into the orders queue, say) is ever bound.
-                    await underlay.queue_declare(queue, passive=True)
+                    underlay = await self._underlay()
+                    # Declared as a status queue is: that fails for a queue of this name with
+                    # other arguments (one that dead-letters our messages into the orders
+                    # queue, say) or another connection's exclusive one, so none is bound.
                     await underlay.queue_declare(queue, **STATUS_QUEUE)
                     await underlay.queue_bind(queue, self._names.status, routing_key=queue)
-            except Exception as exc:  # gone, another's exclusive queue, or the broker away
+            except Exception as exc:  # another's queue, or the broker away
                 log.warning(
-                    "could not bind a status queue; the order's statuses may not arrive",
+                    "could not declare a status queue; the order's statuses may not arrive",
                     extra={"reply_to": shown(queue), "error": one_line(exc, 300)},
                 )
-                if len(self._failed) >= self._max_known:
-                    self._failed.clear()
-                self._failed[queue] = loop.time()
-                return False
-        if len(self._bound) >= self._max_known:
-            self._bound.clear()
-        self._bound[queue] = loop.time()
+                return self._failing(queue, now)
+        declared[queue] = now
         return True
+
+    async def _room(self, app: str, declared: dict[str, float]) -> bool:
+        """Whether `app` may have one more status queue: those of its queues that expired
+        since are forgotten, looked for at most every `every_s` (a client naming new queues
+        past its limit costs one look a minute, not one per order)."""
+        if len(declared) < self._per_app:
+            return True
+        now = asyncio.get_running_loop().time()
+        if now - self._counted.get(app, -self._every_s) < self._every_s:
+            return False
+        self._counted[app] = now
+        for queue in list(declared):
+            if not await self._exists(queue):
+                del declared[queue]
+        return len(declared) < self._per_app
+
+    async def _exists(self, queue: str) -> bool:
+        try:
+            async with asyncio.timeout(BIND_TIMEOUT_S):
+                await (await self._underlay()).queue_declare(queue, passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return False
+        except Exception:  # the broker away: count it, rather than declare one too many
+            return True
+        return True
+
+    async def _underlay(self) -> Any:
+        if self._channel is None or self._channel.is_closed:
+            self._channel = await self._connection.channel()
+        return await self._channel.get_underlay_channel()
+
+    def _failing(self, queue: str, now: float) -> bool:
+        if len(self._failed) >= self._max_known:
+            self._failed.clear()
+        self._failed[queue] = now
+        return False
 
     async def close(self) -> None:
         if self._channel is not None:
-            with contextlib.suppress(Exception):
-                await self._channel.close()
+            await _close_quietly(self._channel)
 
 
 class ReplyRouter:

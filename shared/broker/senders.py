@@ -10,7 +10,7 @@ and every receiver checks it against the roles allowed to send to it:
 | `<hub>.orders` (submission)      | submitting applications (any user that is no service's)   |
 | `<hub>.agent.X` (agent X)        | schedulers                                                |
 | a scheduler's reply queue        | the agent of the step each reply answers                  |
-| an application's status queue    | submission, schedulers, supervisors, operators            |
+| an application's status queue    | submission, schedulers, supervisors, operators, the API   |
 
 A message set aside comes back from its retry queue under the receiver's own user, with the
 original sender in a header (`Envelope.sender`); a replay from a dead-letter queue comes under
@@ -44,12 +44,17 @@ SERVICE_ROLES = (
     *(f"agent-{name}" for name in AGENTS),
     "operator",
     "notifier",
+    "api",
 )
 """Every role but the submitting applications, which are named one by one."""
 
-STATUS_SENDERS = frozenset({"submission", "scheduler", "supervisor", "operator"})
-"""The processes that report an order's status to its application (the operator: an order it
-cancels for its customer, `orderflow orders cancel`)."""
+STATUS_SENDERS = frozenset({"submission", "scheduler", "supervisor", "operator", "api"})
+"""The processes that report an order's status to its application (the operator and the HTTP
+API: an order one of them cancels for its customer, `orderflow orders cancel`)."""
+REPLAYERS = frozenset({"operator", "api"})
+"""Who replays dead letters, each as its own broker user: the operator (`orderflow dlq replay`)
+and the HTTP API (the console's dead letters). A consumer takes a sealed dead letter back from
+them (or from its own user), and from nobody else."""
 
 
 def role_users(hub: str, prefix: str | None = None) -> dict[str, str]:

@@ -128,9 +128,15 @@ class Names:
         return f"{self.hub}.status.{app}."
 
     def status_queue(self, app: str) -> str:
-        """A private status queue of the submitting application `app`: named with the app's
-        prefix, which is all its RabbitMQ user may declare, bind and read."""
+        """A private status queue of the submitting application `app`, a new one each time (so
+        two followers never share one): named with the app's prefix, which is all its RabbitMQ
+        user may read. Submission declares it for the first order that names it
+        (shared/broker/private.py)."""
         return f"{self.status_prefix(app)}{uuid.uuid4().hex[:12]}"
+
+    def status_app(self, queue: str) -> str:
+        """The application a status queue of this hub belongs to (its name's third part)."""
+        return queue.removeprefix(f"{self.hub}.status.").partition(".")[0]
 
     def accepted_status_queue(self, reply_to: str | None, user_id: str | None) -> str | None:
         """`reply_to` if statuses may be sent to it, else None. Statuses travel on

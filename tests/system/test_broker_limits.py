@@ -12,26 +12,28 @@ import contextlib
 import json
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aio_pika
 import aiormq
 import pytest
 
-from services.deploy.rabbitmq import BrokerLimits
+from services.deploy.rabbitmq import BrokerLimits, queues_needed
+from shared.broker.topology import Names
 from tests.support.vhost import Broker, rabbitmqctl, scratch_vhost
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.rabbitmq]
 
-LIMITS = BrokerLimits(
+SMALL = BrokerLimits(
     vhost_max_connections=20,
-    vhost_max_queues=3,
+    vhost_max_queues=1,  # raised below to the least the generator takes for one application
     service_max_connections=4,
     service_max_channels=8,
     app_max_connections=2,
     app_max_channels=3,
 )
+LIMITS = replace(SMALL, vhost_max_queues=queues_needed(Names("h"), ("shop",), SMALL))
 
 
 @dataclass
@@ -73,7 +75,7 @@ def _connections_of(user: str) -> int:
 async def test_the_broker_holds_the_generated_limits(scratch: Scratch) -> None:
     assert _limits("list_vhost_limits", "-p", scratch.hub) == {
         "max-connections": 20,
-        "max-queues": 3,
+        "max-queues": LIMITS.vhost_max_queues,
     }
     assert _limits("list_user_limits", "--user", scratch.app) == {
         "max-connections": 2,
@@ -130,15 +132,16 @@ async def test_a_user_past_its_channel_limit_is_refused(scratch: Scratch) -> Non
 
 
 async def test_the_vhost_past_its_queue_limit_refuses_a_declaration(scratch: Scratch) -> None:
-    connection = await aio_pika.connect(scratch.admin_url(), timeout=5)
+    # As a scheduler, whose reply queues are the one kind of queue a process may make many of.
+    connection = await aio_pika.connect(scratch.broker.url("scheduler"), timeout=5)
+    names = Names(scratch.hub)
     try:
         channel = await connection.channel()
-        names = [f"{scratch.hub}.orders", f"{scratch.hub}.orders.dlq", f"{scratch.hub}.alerts"]
-        for name in names[: LIMITS.vhost_max_queues]:
-            await channel.declare_queue(name, durable=True)
+        for _ in range(LIMITS.vhost_max_queues):
+            await channel.declare_queue(names.reply_queue("s"), exclusive=True)
         channel = await connection.channel()
         with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed) as refused:
-            await channel.declare_queue(f"{scratch.hub}.agent.payment", durable=True)
+            await channel.declare_queue(names.reply_queue("s"), exclusive=True)
         assert "max_queues" in str(refused.value).lower() or "limit" in str(refused.value).lower()
     finally:
         await connection.close()

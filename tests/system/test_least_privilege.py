@@ -101,16 +101,18 @@ async def test_each_user_may_do_what_its_service_does_and_nothing_more(broker: B
         await refused(lambda: publish(app, "", n.orders))
         await refused(lambda: consume(app, n.orders))
         # ... and follows its orders on its own status queues, never another application's:
-        # it declares and reads them, and binds nothing (submission binds them for it).
-        own = await (await app.channel()).declare_queue(
-            n.status_queue(app_a), durable=True, auto_delete=True
-        )
+        # it reads them, and declares and binds nothing (submission does both for it).
+        own_name = n.status_queue(app_a)
+        assert own_name in await refused(lambda: declare(app, own_name))
+        await (await conns["submission"].channel()).declare_queue(own_name, **STATUS_QUEUE)
+        await consume(app, own_name)
+        own = await (await app.channel()).get_queue(own_name, ensure=True)
         await refused(lambda: own.bind(n.status, routing_key=own.name))
-        other = n.status_queue(app_b)
-        await refused(lambda: declare(app, other))
-        b_queue = await (await conns[app_b].channel()).declare_queue(
-            f"{n.status_prefix(app_b)}kept", auto_delete=True
+        await refused(lambda: declare(app, n.status_queue(app_b)))
+        b_queue = await (await conns["submission"].channel()).declare_queue(
+            f"{n.status_prefix(app_b)}kept", **STATUS_QUEUE
         )
+        await consume(conns[app_b], b_queue.name)
         assert b_queue.name in await refused(lambda: consume(app, b_queue.name))
         # No exchange-to-exchange loop (status messages into the orders queue): an application
         # may read no exchange, so it can bind none as a source.
@@ -141,6 +143,19 @@ async def test_each_user_may_do_what_its_service_does_and_nothing_more(broker: B
         assert "direct" in await refused(lambda: publish(conns["operator"], n.exchange, n.orders))
         await refused(lambda: consume(conns["operator"], n.orders))
         await refused(lambda: declare(conns["operator"], f"{n.hub}.mine"))
+
+        # The API's own user reads and replays dead letters like the operator, and nothing of
+        # the alert feed, which the operator may follow; it declares nothing.
+        api = conns["api"]
+        channel = await api.channel()
+        await (await channel.get_queue(n.dlq(n.agent("payment")), ensure=True)).get(fail=False)
+        await publish(api, n.replay(n.orders), "")
+        assert "alerts.feed" in await refused(lambda: consume(api, n.alert_feed))
+        await refused(lambda: consume(api, n.alert_dead_letters))
+        await refused(lambda: publish(api, n.exchange, n.orders))
+        await refused(lambda: publish(api, n.alerts, ""))
+        await refused(lambda: declare(api, f"{n.hub}.mine"))
+        await consume(conns["operator"], n.alert_feed)
 
         # The notifier reads the alert feed and sets aside into the feed's own DLQ, which no
         # one else may write; it raises no alert and reads nothing else.
@@ -238,11 +253,11 @@ async def test_the_real_processes_work_end_to_end_each_under_its_own_user(
         assert "ACCESS_REFUSED" in refused_dlq.stderr + refused_dlq.stdout
 
         # The HTTP API as the compose deployment runs it: an application's user of its own,
-        # and the operator's for the dead letters and queue depths.
+        # and a user of its own for the dead letters and queue depths.
         api = await start_api(
             topo,
             ORDERFLOW_RABBITMQ_URL=broker.url(broker.apps[1]),
-            ORDERFLOW_API_OPERATOR_RABBITMQ_URL=broker.url("operator"),
+            ORDERFLOW_API_RABBITMQ_URL=broker.url("api"),
         )
         try:
             shop, otto = token(topo, "shop", "acme"), token(topo, "operator", "otto")
@@ -444,16 +459,15 @@ async def _tenants_are_apart(attack: Attack) -> None:
     topo, broker, conns, n = attack.topo, attack.broker, attack.conns, attack.names
     app_a, app_b = broker.apps
     submit = attack.submit
-    # B's status queue, for its own orders (submission binds it when B names it).
-    b_statuses = await (await conns[app_b].channel()).declare_queue(
-        n.status_queue(app_b), **STATUS_QUEUE
-    )
+    # B's status queue, for its own orders (submission declares and binds it when B names it).
+    b_name = n.status_queue(app_b)
     # 1. Order ids are each application's own: A takes "o-same" first, and B's
     # "o-same" is B's order, not a conflict. B follows its order; A names B's status
     # queue for its own order, and B hears nothing of it.
-    await submit(app_a, order_data("o-same", customer_id="c-a"), reply_to=b_statuses.name)
-    await submit(app_b, order_data("o-same", customer_id="c-b"), reply_to=b_statuses.name)
+    await submit(app_a, order_data("o-same", customer_id="c-a"), reply_to=b_name)
+    await submit(app_b, order_data("o-same", customer_id="c-b"), reply_to=b_name)
     await topo.wait_settled(2, timeout=90)
+    b_statuses = await (await conns[app_b].channel()).get_queue(b_name, ensure=True)
     for app, customer in ((app_a, "c-a"), (app_b, "c-b")):
         record = await topo.store.get_order(f"{app}/o-same")
         assert record is not None and record.data.customer_id == customer
@@ -619,15 +633,19 @@ async def _what_a_review_found_next_is_closed(attack: Attack) -> None:
         attack.names,
     )
     app_a, app_b = broker.apps
-    # 5. A's status queue dead-letters every message at once into `submit`: submission
-    # checks what the queue is before it binds it, so no status ever reaches it, nor loops.
-    looping = await (await conns[app_a].channel()).declare_queue(
-        n.status_queue(app_a),
-        durable=True,
-        auto_delete=True,
-        arguments={"x-dead-letter-exchange": n.submit, "x-message-ttl": 0},
+    # 5. A status queue of A's that dead-letters every message at once into `submit`: A may
+    # declare no queue, and submission declares the one A names as a status queue is, so no
+    # status loops.
+    looping = n.status_queue(app_a)
+    channel = await conns[app_a].channel()
+    await refused(
+        lambda: channel.declare_queue(
+            looping,
+            durable=True,
+            arguments={"x-dead-letter-exchange": n.submit, "x-message-ttl": 0},
+        )
     )
-    await attack.submit(app_a, order_data("o-loop"), reply_to=looping.name)
+    await attack.submit(app_a, order_data("o-loop"), reply_to=looping)
     # 6. B takes the message id A's next order will have: A's order is not a duplicate.
     mine = order_data("o-mine")
     taken = f"order:{mine.order_id}:{mine.fingerprint()[:16]}"
@@ -683,9 +701,8 @@ async def _what_a_review_found_next_is_closed(attack: Attack) -> None:
     assert "only the operator replays" in str(dead.headers["x-orderflow-error"])
     assert await topo.store.get_order(f"{app_b}/o-as-b") is None
     underlay = await (await conns[app_a].channel()).get_underlay_channel()
-    declared = await underlay.queue_declare(looping.name, passive=True)
-    assert declared.message_count == 0  # never bound: no status went in, none looped out
-    assert "could not bind a status queue" in topo.logs("submission")
+    declared = await underlay.queue_declare(looping, passive=True)
+    assert declared.message_count >= 3  # a status queue: Received .. Completed, kept for A
     assert not [m for m in taken if m.type == "order.status"]  # no status looped in
 
 

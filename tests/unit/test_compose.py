@@ -231,10 +231,10 @@ TOKEN_USERS = {"remote", "operator"}
 
 
 API_SECRETS = {
-    # An application of its own (`web`), the operator's user for the dead letters, and a store
-    # user of its own.
+    # An application of its own (`web`), a broker user of its own for the dead letters (never
+    # the operator's, which may take the alert feed), and a store user of its own.
     "orderflow_rabbitmq_url": broker_url("web", app=True),
-    "orderflow_api_operator_rabbitmq_url": broker_url("operator"),
+    "orderflow_api_rabbitmq_url": broker_url("api"),
     "orderflow_store_url": "store_api_url",
 }
 
@@ -277,7 +277,8 @@ def user_problems(compose: dict[str, Any]) -> list[str]:
 
 def test_each_service_connects_as_its_own_user_with_only_its_own_secrets() -> None:
     assert user_problems(COMPOSE) == []
-    assert set(SERVICE_ROLES) <= {role_of(name) for name in orderflow_services()}
+    # Every service role is some service's user (the API's own is its second URL: API_SECRETS).
+    assert set(SERVICE_ROLES) <= {role_of(name) for name in orderflow_services()} | {"api"}
     # The broker gets exactly the passwords its definitions need, each as a file.
     definitions = (ROOT / "infra" / "rabbitmq" / "definitions.json").read_text()
     broker = COMPOSE["services"]["rabbitmq"]

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,12 @@ from services.deploy.rabbitmq import (
     password_hash,
     password_variable,
     password_variables,
+    queues_needed,
     render,
 )
 from services.deploy.secretfiles import secrets
 from shared.broker.access import SERVICE_ROLES, Resources, grant
+from shared.broker.private import STATUS_QUEUES_PER_APP
 from shared.broker.topology import Names
 from shared.domain.workflow import AGENTS
 
@@ -343,8 +346,8 @@ DLQS = {N.dlq(q) for q in N.input_queues()}
 # system test that runs every process under these permissions): configure, write, read.
 USES: dict[str, tuple[set[str], set[str], set[str]]] = {
     "admin": (TOPOLOGY, TOPOLOGY, TOPOLOGY),
-    # Submission dead-letters into its own DLQ, and binds an application's status queue to
-    # `status` for it (write on the queue, read on the exchange).
+    # Submission dead-letters into its own DLQ, and declares an application's status queue
+    # and binds it to `status` for it (write on the queue, read on the exchange).
     "submission": (
         {OWN_STATUS_Q, OTHER_STATUS_Q},
         {N.dlq(N.orders), N.retry(N.orders), N.alerts, N.status, OWN_STATUS_Q, OTHER_STATUS_Q},
@@ -377,8 +380,12 @@ USES: dict[str, tuple[set[str], set[str], set[str]]] = {
     # The notifier reads the alert feed and sets aside, in the feed's own dead-letter
     # exchange, what a webhook refused: nothing else.
     "notifier": (set(), {N.alert_dead_letters}, {N.alert_feed}),
-    # An application reads no exchange: submission binds its status queues.
-    "shop": ({OWN_STATUS_Q}, {N.submit}, {OWN_STATUS_Q}),
+    # The HTTP API's operator endpoints: the input queues' dead letters (list, show, replay,
+    # purge) and the Cancelled status of an order it cancels; never the alert feed.
+    "api": (set(), {N.replay(q) for q in N.input_queues()} | {N.status}, DLQS),
+    # An application declares no queue and reads no exchange: submission declares and binds
+    # its status queues (one that could declare filled the vhost: issue 33).
+    "shop": (set(), {N.submit}, {OWN_STATUS_Q}),
 }
 KEYS = [REPLY_Q, OWN_STATUS_Q, OTHER_STATUS_Q, N.orders, "#", f"{H}.status.#", f"{H}.reply.#"]
 # (user, exchange) -> routing keys it may publish with, and bind with.
@@ -391,6 +398,7 @@ TOPIC_USES: dict[tuple[str, str], tuple[set[str], set[str]]] = {
     ("scheduler", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
     ("supervisor", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
     ("operator", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
+    ("api", N.status): ({OWN_STATUS_Q, OTHER_STATUS_Q, f"{H}.status.#"}, set()),
     ("scheduler", N.replies): (set(), {REPLY_Q}),
     **{(f"agent-{a}", N.replies): ({REPLY_Q, f"{H}.reply.#"}, set()) for a in AGENTS},
 }
@@ -471,7 +479,7 @@ def test_regexes_are_anchored_and_escaped() -> None:
 def test_the_definitions_set_vhost_and_user_limits() -> None:
     limits = BrokerLimits(
         vhost_max_connections=40,
-        vhost_max_queues=50,
+        vhost_max_queues=100,
         service_max_connections=3,
         service_max_channels=9,
         app_max_connections=2,
@@ -483,7 +491,7 @@ def test_the_definitions_set_vhost_and_user_limits() -> None:
             "vhost": "v",
             "component": "vhost-limits",
             "name": "limits",
-            "value": {"max-connections": 40, "max-queues": 50},
+            "value": {"max-connections": 40, "max-queues": 100},
         }
     ]
     by_name = {u["name"]: u["limits"] for u in document["users"]}
@@ -499,6 +507,24 @@ def test_the_definitions_set_vhost_and_user_limits() -> None:
     assert committed["parameters"][0]["value"]["max-queues"] == defaults.vhost_max_queues
     with pytest.raises(ValueError, match="app_max_channels must be a positive integer"):
         BrokerLimits(app_max_channels=0)
+
+
+def test_the_vhost_queue_limit_leaves_room_for_every_status_queue_and_reply_queue() -> None:
+    """No application declares a queue, submission at most STATUS_QUEUES_PER_APP for each:
+    the vhost's queue limit must hold those, the hub's own and a reply queue per scheduler
+    connection, or a scheduler could be left without its reply queue."""
+    limits = BrokerLimits(service_max_connections=10)
+    apps = ("shop", "web", "pos")
+    needed = len(N.durable_queues()) + 3 * STATUS_QUEUES_PER_APP + 10
+    assert queues_needed(N, apps, limits) == needed
+    definitions(H, "v", apps=apps, limits=replace(limits, vhost_max_queues=needed))
+    with pytest.raises(ValueError, match=f"leaves a scheduler no room.* need {needed}"):
+        definitions(H, "v", apps=apps, limits=replace(limits, vhost_max_queues=needed - 1))
+    # The defaults hold the compose deployment's applications with room to spare.
+    assert queues_needed(N, ("shop", "web"), BrokerLimits()) < BrokerLimits().vhost_max_queues
+    runner = CliRunner()
+    small = runner.invoke(main, ["deploy", "rabbitmq-definitions", "--vhost-max-queues", "20"])
+    assert small.exit_code == 2 and "leaves a scheduler no room" in small.output
 
 
 def test_two_users_never_share_a_name_or_a_password_variable() -> None:

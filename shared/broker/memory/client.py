@@ -115,6 +115,9 @@ class _Wire:
     """One incarnation of a channel on the wire: what an `IncomingMessage` acks through. A
     channel gets a new one when the broker comes back; acks on the old one fail."""
 
+    connection = SimpleNamespace(basic_nack=True)
+    """The server's capabilities, as aio-pika asks them before a nack."""
+
     def __init__(self, channel: MemoryChannel) -> None:
         self.channel = channel
         self.is_closed = False
@@ -134,7 +137,7 @@ class _Wire:
     async def basic_nack(
         self, delivery_tag: int | None = None, multiple: bool = False, requeue: bool = True
     ) -> None:
-        self._check().settle(delivery_tag, "requeue" if requeue else "drop")
+        self._check().settle(delivery_tag, "return" if requeue else "drop")
 
     async def basic_reject(self, delivery_tag: int, *, requeue: bool = True) -> None:
         self._check().settle(delivery_tag, "requeue" if requeue else "drop")

@@ -46,7 +46,11 @@ class Stored:
     exchange: str
     routing_key: str
     returned: int = 0
-    """Times it came back to the queue unsettled (a quorum queue's delivery count)."""
+    """Times it came back to the queue unsettled (RabbitMQ 4's `acquired-count`; 3.x's
+    delivery count)."""
+    failed: int = 0
+    """Those of its returns that counted as a failed delivery (a reject, a closed channel or
+    connection; not a `basic.nack`): RabbitMQ 4's `delivery-count`."""
     redelivered: bool = False
     expires_at: float | None = None
 
@@ -118,6 +122,38 @@ def _words(pattern: list[str], key: list[str]) -> bool:
     if not key:
         return False
     return (head == "*" or fnmatch.fnmatchcase(key[0], head)) and _words(rest, key[1:])
+
+
+@dataclass(frozen=True)
+class QuorumRules:
+    """How a release of RabbitMQ counts a quorum queue's returned deliveries, and where it
+    stops them (RabbitMQ's quorum queue guide, "Poison Message Handling")."""
+
+    default_delivery_limit: int | None = None
+    """The limit of a queue that has none set (`x-delivery-limit` or a policy's
+    `delivery-limit`): none before 4.0, 20 from 4.0 on."""
+    nack_counts: bool = True
+    """Whether a `basic.nack` (requeue) counts towards the limit: before 4.3 every return does
+    (the acquired count); from 4.3 on only a failed delivery does."""
+
+    def limit(self, argument: int | None, policy: int | None) -> int | None:
+        """The limit in force, from the queue's argument and its policy's (rabbit_quorum_queue:
+        the smaller of the two, or the larger where one is negative; negative: none)."""
+        if argument is None and policy is None:
+            return self.default_delivery_limit
+        if argument is None or policy is None:
+            chosen = argument if policy is None else policy
+        elif argument < 0 or policy < 0:
+            chosen = max(argument, policy)
+        else:
+            chosen = min(argument, policy)
+        return None if chosen is None or chosen < 0 else chosen
+
+
+RABBITMQ_3 = QuorumRules()
+RABBITMQ_4_0 = QuorumRules(default_delivery_limit=20)
+"""4.0 to 4.2."""
+RABBITMQ_4_3 = QuorumRules(default_delivery_limit=20, nack_counts=False)
 
 
 class Refused(Exception):

@@ -2,12 +2,14 @@
 
 Exchanges (direct, fanout, topic, and the default exchange), bindings, and queues with the
 arguments `shared/broker/topology.py` declares: quorum queues that count returned deliveries
-(`x-delivery-count`) and dead-letter past `x-delivery-limit`; dead-letter exchanges and routing
-keys; per-message TTL dead-lettered on expiry (the retry queues); `x-max-length` with
-`reject-publish` (the publisher sees a nack) or `drop-head`. Consumers get each delivery as a
-task of its own, at most their prefetch unacknowledged; an ack, a nack or a reject settles a
-delivery, and a closed channel or connection returns what it held (redelivered, counted).
-Exclusive queues die with their connection, auto-delete queues with their last consumer.
+(`x-delivery-count`) and dead-letter past their delivery limit (`x-delivery-limit`, or a
+policy's; counted, and by default limited, as RabbitMQ 3.x or 4.x does: `QuorumRules`);
+dead-letter exchanges and routing keys; per-message TTL dead-lettered on expiry (the retry
+queues); `x-max-length` with `reject-publish` (the publisher sees a nack) or `drop-head`.
+Consumers get each delivery as a task of its own, at most their prefetch unacknowledged; an
+ack, a nack or a reject settles a delivery, and a closed channel or connection returns what it
+held (redelivered, counted). Exclusive queues die with their connection, auto-delete queues
+with their last consumer.
 Every message's `user_id`, when set, must be the publishing connection's user, as RabbitMQ
 checks it.
 
@@ -24,18 +26,21 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from typing import Any
 
 from shared import clock
 from shared.broker.memory.objects import (
     NOT_FOUND,
     PRECONDITION_FAILED,
+    RABBITMQ_3,
     RESOURCE_LOCKED,
     Consumer,
     Exchange,
     Network,
     Properties,
     Queue,
+    QuorumRules,
     Refused,
     Stored,
     again,
@@ -50,10 +55,15 @@ class MemoryBroker:
 
     VERSION = "3.10.0 (orderflow memory broker)"
 
-    def __init__(self, network: Network | None = None) -> None:
+    def __init__(self, network: Network | None = None, *, rules: QuorumRules = RABBITMQ_3) -> None:
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self.network = network
+        self.rules = rules
+        """How quorum queues count returns and where they stop them (3.x by default)."""
+        self.delivery_limit_policies: list[tuple[str, int]] = []
+        """(a policy's pattern, its `delivery-limit`): a queue whose name the first matching
+        pattern finds (a regex search, as RabbitMQ's) takes that policy's limit."""
         self.down = False
         """A broker outage: nothing is taken or delivered until it ends."""
         self._tags = itertools.count(1)
@@ -244,26 +254,41 @@ class MemoryBroker:
         return None
 
     def settle(self, queue: Queue, consumer: Consumer, message: Stored, tag: int, how: str) -> None:
-        """An ack (`ack`), or a return to the queue (`requeue`), or a rejection without one
-        (`drop`), of the delivery `tag`."""
+        """An ack (`ack`), a return to the queue as a failed delivery (`requeue`: a reject) or
+        not (`return`: a nack), or a rejection without one (`drop`), of the delivery `tag`."""
         consumer.in_hand.discard(tag)
-        if how == "requeue":
-            self.give_back(queue, message)
+        if how in ("requeue", "return"):
+            self.give_back(queue, message, failed=how == "requeue")
         elif how == "drop":
             self.dead_letter(queue, message, "rejected")
         self.wake(queue)
 
-    def give_back(self, queue: Queue, message: Stored) -> None:
-        """A delivery returned unsettled: counted, and dead-lettered past the delivery limit."""
+    def give_back(self, queue: Queue, message: Stored, *, failed: bool = True) -> None:
+        """A delivery returned unsettled (`failed`: as a failed delivery, as a reject or a
+        closed channel returns it): counted, and dead-lettered past the delivery limit."""
         if self.queues.get(queue.name) is not queue:
             return
         message.returned += 1
+        message.failed += failed
         message.redelivered = True
-        limit = queue.arguments.get("x-delivery-limit")
-        if queue.quorum and limit is not None and message.returned > limit:
+        limit = self.delivery_limit(queue)
+        counted = message.returned if self.rules.nack_counts else message.failed
+        if queue.quorum and limit is not None and counted > limit:
             self.dead_letter(queue, message, "delivery_limit")
             return
         queue.ready.appendleft(message)
+
+    def delivery_limit(self, queue: Queue) -> int | None:
+        """The delivery limit of a quorum queue, by its argument, its policy and the rules."""
+        policy = next(
+            (
+                limit
+                for pattern, limit in self.delivery_limit_policies
+                if re.search(pattern, queue.name)
+            ),
+            None,
+        )
+        return self.rules.limit(queue.arguments.get("x-delivery-limit"), policy)
 
     # -- connections and outages
     def attach(self, connection: Any) -> None:
@@ -297,6 +322,7 @@ class MemoryBroker:
     def delivered(self, message: Stored) -> Properties:
         """The properties a delivery carries: a quorum queue adds its count of returns."""
         props = decode(message.header)
-        if message.returned:
-            props.headers = {**(props.headers or {}), "x-delivery-count": message.returned}
+        count = message.returned if self.rules.default_delivery_limit is None else message.failed
+        if count:  # RabbitMQ 4 counts failed deliveries only in the header
+            props.headers = {**(props.headers or {}), "x-delivery-count": count}
         return props
