@@ -228,6 +228,9 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Port of this process's Prometheus endpoint (`/metrics`); 0: none. `orderflow up
     --metrics-port N` gives its processes N, N+1, ... instead."""
+    metrics_host: str = "127.0.0.1"
+    """Address the metrics endpoint (and `/healthz`) listens on (`0.0.0.0` in a container,
+    where Prometheus scrapes it over the compose network)."""
     heartbeat_s: float = Field(default=5.0, gt=0, le=3600)
     """How often a process reports its status (heartbeat); a status expires after three missed
     beats, and a clean stop removes it."""

@@ -92,7 +92,7 @@ def listening_ports(
         wanted.append((settings.api_host, settings.api_port, "the API, ORDERFLOW_API_PORT"))
     for label, port in ports.items():
         if port:
-            wanted.append(("0.0.0.0", port, f"{label}'s metrics, --metrics-port"))
+            wanted.append((settings.metrics_host, port, f"{label}'s metrics, --metrics-port"))
     return wanted
 
 

@@ -23,6 +23,7 @@ SET_BY_COMPOSE = {
     "remote_url": "the remote service's address",
     "remote_port": "the remote service listens on the port of its address",
     "metrics_port": "9100 in every container",
+    "metrics_host": "0.0.0.0 in every container: Prometheus scrapes it on the monitoring network",
     "remote_ledger_path": "the remote service's volume",
     "seal_key": "never every container's: the operator and the shop must not hold it (unset, "
     "each kind's key derives from its own broker password)",

@@ -385,7 +385,7 @@ async def serve_remote(settings: Settings, stop: asyncio.Event) -> None:
     )
     try:
         # Only the process's own metrics (the calls are in the ledger and `GET /admin/faults`).
-        metrics = await serve_metrics(settings.metrics_port)
+        metrics = await serve_metrics(settings.metrics_port, settings.metrics_host)
         try:
             await stop.wait()
         finally:
