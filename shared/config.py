@@ -70,6 +70,15 @@ class Settings(BaseSettings):
     """Port the simulated remote service (`orderflow serve remote`, and `orderflow up`'s
     `remote`) listens on; unset: the port of `ORDERFLOW_REMOTE_URL`. `orderflow up` points its
     agents at it."""
+    remote_account_key: SecretStr | None = None
+    """The key the agents call the remote service with: their account's (the hub's), sent as
+    `Authorization: Bearer <key>` with every call; the remote refuses a call without it (401).
+    A secret; `orderflow up` makes one when unset."""
+    remote_fence_key: SecretStr | None = None
+    """The key the schedulers sign every fencing token they send with (HMAC-SHA256), shared
+    with the remote service, which refuses a token whose signature does not check: no one
+    without it (the agents included) can advance an order's fence. A secret; `orderflow up`
+    makes one when unset."""
     broker_user_prefix: str | None = Field(default=None, max_length=60)
     """What each kind of process's RabbitMQ user name starts with (`<prefix>scheduler`,
     `<prefix>agent-payment`); unset: `<hub>-`, as the generated definitions name them. A
