@@ -52,6 +52,30 @@ given_secret() {  # NAME: empty (unset) unless it has a file; the operator fills
     fi
 }
 
+account_secret() {  # NAME ACCOUNT KEY-SECRET FENCE-SECRET: the remote's entry
+    key=$(cat "$dir/$3")
+    fence=$(cat "$dir/$4")
+    for value in "$key" "$fence"; do
+        case $value in
+            '' | *[!A-Za-z0-9._~-]*)
+                echo "secrets: $dir/$3 and $dir/$4 must be URL-safe (A-Za-z0-9._~-)" >&2
+                exit 1
+                ;;
+        esac
+        if [ "${#value}" -lt 16 ]; then
+            echo "secrets: $dir/$3 and $dir/$4 must hold 16 characters or more" >&2
+            exit 1
+        fi
+    done
+    if [ "$key" = "$fence" ]; then
+        echo "secrets: $dir/$3 and $dir/$4 must differ" >&2
+        exit 1
+    fi
+    printf "%s:%s:%s" "$2" "$key" "$fence" > "$dir/$1.new"
+    mv "$dir/$1.new" "$dir/$1"
+    unset key fence value
+}
+
 keyfile_check() {  # NAME: what mongod accepts as a keyfile (it ignores whitespace)
     key=$(tr -d ' \t\n\r\f\v' < "$dir/$1")
     case $key in
@@ -87,12 +111,15 @@ random_secret postgres_app_password  # PostgreSQL role `orderflow`: owns databas
 random_secret mongo_api_password  # MongoDB user `orderflow_api` (the HTTP API): the hub's documents only, no structure
 random_secret postgres_api_password  # PostgreSQL role `orderflow_api` (the HTTP API): rows of database `orderflow` only
 random_secret remote_admin_token  # bearer token of the remote stand-in's /admin and /ledger
+random_secret remote_account_key  # the key the agents call the remote stand-in with (the hub's)
+random_secret remote_fence_key  # the key the schedulers sign fencing tokens with (not the agents)
 given_secret notify_webhook_url  # the notifier's generic JSON webhook URL (write it here; empty: none)
 given_secret notify_slack_url  # the notifier's Slack incoming-webhook URL (write it here; empty: none)
 given_secret notify_pagerduty_routing_key  # the notifier's PagerDuty Events v2 routing key (write it here; empty: none)
 random_secret grafana_admin_password  # Grafana's `admin` (profile observability)
 keyfile_check mongo_keyfile
 
+account_secret remote_accounts orderflow remote_account_key remote_fence_key
 url_secret rabbitmq_admin_url 'amqp://orderflow-admin:' rabbitmq_admin_password '@rabbitmq:5672/orderflow'
 url_secret rabbitmq_submission_url 'amqp://orderflow-submission:' rabbitmq_submission_password '@rabbitmq:5672/orderflow'
 url_secret rabbitmq_scheduler_url 'amqp://orderflow-scheduler:' rabbitmq_scheduler_password '@rabbitmq:5672/orderflow'
@@ -139,6 +166,9 @@ chmod 644 \
     "$dir/mongo_api_password" \
     "$dir/postgres_api_password" \
     "$dir/remote_admin_token" \
+    "$dir/remote_account_key" \
+    "$dir/remote_fence_key" \
+    "$dir/remote_accounts" \
     "$dir/notify_webhook_url" \
     "$dir/notify_slack_url" \
     "$dir/notify_pagerduty_routing_key" \

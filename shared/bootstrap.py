@@ -124,7 +124,7 @@ class Runtime:
             await store.close()
             raise
         try:
-            metrics = await serve_metrics(settings.metrics_port)
+            metrics = await serve_metrics(settings.metrics_port, settings.metrics_host)
             return await cls.on(settings, name, store, connection, metrics=metrics)
         except BaseException:
             with contextlib.suppress(Exception):

@@ -70,6 +70,15 @@ class Settings(BaseSettings):
     """Port the simulated remote service (`orderflow serve remote`, and `orderflow up`'s
     `remote`) listens on; unset: the port of `ORDERFLOW_REMOTE_URL`. `orderflow up` points its
     agents at it."""
+    remote_account_key: SecretStr | None = None
+    """The key the agents call the remote service with: their account's (the hub's), sent as
+    `Authorization: Bearer <key>` with every call; the remote refuses a call without it (401).
+    A secret; `orderflow up` makes one when unset."""
+    remote_fence_key: SecretStr | None = None
+    """The key the schedulers sign every fencing token they send with (HMAC-SHA256), shared
+    with the remote service, which refuses a token whose signature does not check: no one
+    without it (the agents included) can advance an order's fence. A secret; `orderflow up`
+    makes one when unset."""
     broker_user_prefix: str | None = Field(default=None, max_length=60)
     """What each kind of process's RabbitMQ user name starts with (`<prefix>scheduler`,
     `<prefix>agent-payment`); unset: `<hub>-`, as the generated definitions name them. A
@@ -228,6 +237,9 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Port of this process's Prometheus endpoint (`/metrics`); 0: none. `orderflow up
     --metrics-port N` gives its processes N, N+1, ... instead."""
+    metrics_host: str = "127.0.0.1"
+    """Address the metrics endpoint (and `/healthz`) listens on (`0.0.0.0` in a container,
+    where Prometheus scrapes it over the compose network)."""
     heartbeat_s: float = Field(default=5.0, gt=0, le=3600)
     """How often a process reports its status (heartbeat); a status expires after three missed
     beats, and a clean stop removes it."""

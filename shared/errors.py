@@ -150,6 +150,13 @@ class RemoteTransient(TransientError):
     """The remote service did not make the effect this time: 5xx, timeout, no connection."""
 
 
+class RemoteRefused(RemoteTransient):
+    """The remote service refused the caller (401: the account's key) or its fencing token
+    (403: a signature that does not check): a configuration to mend, or a request signed by no
+    scheduler (one from before an upgrade). No effect was made; a later attempt, from a
+    scheduler and an agent configured with the right keys, passes."""
+
+
 class RemoteDeclined(PermanentError):
     """A business failure the remote service will repeat (e.g. a declined card)."""
 

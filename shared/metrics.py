@@ -2,8 +2,10 @@
 
 The metrics live in one process-wide registry (not prometheus-client's default one, so that
 nothing registered by a library leaks in and tests read exactly these). A process serves it at
-`http://<host>:ORDERFLOW_METRICS_PORT/metrics` once its bootstrap calls `serve_metrics`; with the
-port 0 there is no endpoint and the metrics are only counted in memory.
+`http://ORDERFLOW_METRICS_HOST:ORDERFLOW_METRICS_PORT/metrics` (127.0.0.1 unless set: the
+compose deployment sets 0.0.0.0 inside each container, for Prometheus on its network) once its
+bootstrap calls `serve_metrics`; with the port 0 there is no endpoint and the metrics are only
+counted in memory.
 
 The same server answers `GET /healthz`: 200 while the process is up and its checks pass (its
 broker connection is open, its store answers), 503 with the failing checks otherwise. It is what
@@ -165,8 +167,7 @@ def exposition() -> bytes:
 
 
 class MetricsEndpoint:
-    """`GET /metrics` on one port of every interface (a Prometheus server scrapes it from outside
-    the host or container)."""
+    """`GET /metrics` (and `/healthz`) on one port of one address."""
 
     def __init__(self, runner: web.AppRunner, port: int) -> None:
         self._runner = runner
@@ -212,8 +213,10 @@ async def _healthz(request: web.Request) -> web.Response:
     )
 
 
-async def serve_metrics(port: int, host: str = "0.0.0.0") -> MetricsEndpoint | None:
-    """Start the endpoint; None when `port` is 0. A port in use is a configuration error."""
+async def serve_metrics(port: int, host: str = "127.0.0.1") -> MetricsEndpoint | None:
+    """Start the endpoint on `host` (the loopback unless told: metrics and health are the
+    host's business, not the network's); None when `port` is 0. A port in use is a
+    configuration error."""
     if not port:
         return None
     app = web.Application()
@@ -229,5 +232,5 @@ async def serve_metrics(port: int, host: str = "0.0.0.0") -> MetricsEndpoint | N
         raise ConfigurationError(
             f"ORDERFLOW_METRICS_PORT: cannot listen on port {port}: {exc.strerror or exc}"
         ) from None
-    log.info("metrics endpoint listening", extra={"metrics_port": port})
+    log.info("metrics endpoint listening", extra={"metrics_host": host, "metrics_port": port})
     return MetricsEndpoint(runner, port)

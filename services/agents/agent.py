@@ -184,10 +184,17 @@ async def serve_agent(
     `ORDERFLOW_REMOTE_URL`)."""
     settings = runtime.settings
     if client is None:
+        key = settings.remote_account_key
+        if key is None:
+            log.warning(
+                "ORDERFLOW_REMOTE_ACCOUNT_KEY is not set: the remote service refuses calls "
+                "without the account's key"
+            )
         client = RemoteClient.open(
             settings.remote_url,
             pool=max(10, settings.prefetch * 2),
             account=settings.hub,
+            account_key=None if key is None else key.get_secret_value(),
             trace_configs=aiohttp_trace_configs(),
         )
     tickets = InboxTickets(runtime.store, runtime.names.agent(name))

@@ -30,6 +30,7 @@ from shared.errors import (
     DeadlinePassed,
     PermanentError,
     RemoteFenced,
+    RemoteRefused,
     RemoteUndone,
     ServiceUnavailable,
     TransientError,
@@ -48,10 +49,12 @@ CIRCUIT_OPEN = "circuit open, no call made; staying silent (the deadline paces t
 
 
 def retried(exc: BaseException) -> bool:
-    """Failures of a call that another attempt may mend: not the end of the allowance, and
-    not an outage of our own store (the consumer holds the message and runs us again)."""
+    """Failures of a call that another attempt may mend: not the end of the allowance, not
+    an outage of our own store (the consumer holds the message and runs us again), and not a
+    refusal of our key or of the request's signature (trying again at once cannot mend it: the
+    step is given back, and a later attempt, with the keys mended, passes)."""
     return isinstance(exc, TransientError) and not isinstance(
-        exc, AllowanceSpent | ServiceUnavailable
+        exc, AllowanceSpent | ServiceUnavailable | RemoteRefused
     )
 
 
@@ -168,6 +171,7 @@ class StepCalls:
                     order_id=request.order_id,
                     idempotency_key=request.idempotency_key,
                     fencing_token=request.fencing_token,
+                    fencing_signature=request.fencing_signature,
                     payload=request.payload,
                     timeout=min(left, self._http_timeout_s),
                 )

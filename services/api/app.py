@@ -27,6 +27,7 @@ from services.api.models import ErrorBody
 from shared.bootstrap import Runtime
 from shared.broker.connection import connect, login_user
 from shared.broker.private import PrivateQueue
+from shared.broker.publisher import Publisher
 from shared.broker.senders import APP, Senders
 from shared.errors import ConfigurationError, ServiceUnavailable
 
@@ -129,13 +130,16 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
         runtime.connection, status_queue, bridge.on_status, max_bytes=settings.max_message_bytes
     )
     await statuses.start()
-    operator = runtime.connection
+    operator, tells = runtime.connection, runtime.publisher
     if settings.api_rabbitmq_url:
         operator = await connect(
             settings.api_rabbitmq_url,
             timeout=settings.connect_timeout_s,
             name=f"{runtime.name}-operator",
         )
+        # The statuses the API sends itself (a cancellation's) go as its own user, the one
+        # allowed onto the status exchange and trusted by the applications for them.
+        tells = await Publisher.open(operator, timeout=settings.publish_timeout_s)
     ctx = ApiContext(
         settings=settings,
         store=runtime.store,
@@ -147,6 +151,7 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
         bridge=bridge,
         catalogue=load_catalogue(settings),
         operator_connection=operator,
+        status_publisher=tells,
     )
     config = uvicorn.Config(
         create_app(ctx),
@@ -187,4 +192,5 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
             stopping.cancel()
             await statuses.stop()
             if operator is not runtime.connection:
+                await tells.close()
                 await operator.close()

@@ -119,6 +119,9 @@ class ApiContext:
     operator_connection: AbstractRobustConnection
     """What the operator endpoints use (dead letters, queue depths): a connection as the API's
     own broker user (`api_rabbitmq_url`, `<hub>-api`), or else `connection`."""
+    status_publisher: Publishing
+    """What the API's own statuses (a cancellation's `Cancelled`) go out on: a publisher on
+    `operator_connection`, whose user may send statuses, or else `publisher`."""
     jobs: dict[str, BulkJob] = field(default_factory=dict)
     _numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     streams: Streams = field(init=False)

@@ -24,7 +24,7 @@ from services.api.models import ErrorBody
 from services.cli.dlq import body_text
 from services.operator import actions
 from services.operator.actions import COMPENSATE, Outcome, refused
-from services.operator.cancellation import cancel_order
+from services.operator.cancellation import cancel_order, status_teller
 from services.operator.explain import fingerprint, group_failures
 from services.operator.stats import process_stats, queue_depths_on, store_stats
 from services.operator.views import (
@@ -46,6 +46,7 @@ from shared.domain.models import APP_ORDER_ID
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.timing import utcnow
 from shared.errors import BadInput
+from shared.reporting import Reporter
 from shared.store.port import StateQuery
 
 log = logging.getLogger(__name__)
@@ -225,7 +226,9 @@ async def compensate_one(ctx: Context, who: Operator, order_id: SystemOrderId) -
 )
 async def cancel_one(ctx: Context, who: Operator, order_id: SystemOrderId) -> ActionResult:
     """Cancel an order for its customer (`orders cancel`)."""
-    outcome = await cancel_order(ctx.store, order_id, by=who.name)
+    # Its application is told on the order's status queue, through the API's own publisher.
+    tell = status_teller(Reporter(ctx.store, ctx.status_publisher, ctx.names, who.name))
+    outcome = await cancel_order(ctx.store, order_id, by=who.name, tell=tell)
     if outcome.refused is not None:
         raise HTTPException(404 if outcome.before is None else 409, f"refused: {outcome.refused}")
     return ActionResult(order_id=order_id, outcome=str(outcome), refused=False)

@@ -5,6 +5,9 @@ their output prefixed with their names. Nothing is restarted on its own (a proce
 dead, as a test of recovery may want); Ctrl-C or SIGTERM stops them all. With a metrics port N,
 the processes get N, N+1, ... in the order they start (one Prometheus endpoint each).
 
+The agents' account key and the schedulers' fence key for the remote service are the ones set,
+or, when `up` runs the remote stand-in, made up for the run and given to it (`account_env`).
+
 Every port `up` would have its processes listen on (the remote stand-in's, the API's, the
 metrics ports) is checked before anything starts: one in use is a one-line error. The children
 die with `up`: each asks the kernel for SIGTERM when its parent dies (`PR_SET_PDEATHSIG`), so
@@ -18,6 +21,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -92,7 +96,7 @@ def listening_ports(
         wanted.append((settings.api_host, settings.api_port, "the API, ORDERFLOW_API_PORT"))
     for label, port in ports.items():
         if port:
-            wanted.append(("0.0.0.0", port, f"{label}'s metrics, --metrics-port"))
+            wanted.append((settings.metrics_host, port, f"{label}'s metrics, --metrics-port"))
     return wanted
 
 
@@ -128,6 +132,30 @@ def children_env(settings: Settings, remote: bool) -> dict[str, str]:
     }
 
 
+def account_env(settings: Settings, remote: bool) -> dict[str, str]:
+    """The hub's keys at the remote service: the agents' account key and the schedulers' fence
+    key (services/remote/accounts.py) as set, else, when `up` runs the remote stand-in, made
+    up for this run, with the stand-in's table of accounts holding the hub's entry (unless
+    `ORDERFLOW_REMOTE_ACCOUNTS` is set). Against a remote service of its own (`--no-remote`),
+    only what is set: keys made up here would match nothing there."""
+    keys = {
+        "ORDERFLOW_REMOTE_ACCOUNT_KEY": settings.remote_account_key,
+        "ORDERFLOW_REMOTE_FENCE_KEY": settings.remote_fence_key,
+    }
+    env = {name: key.get_secret_value() for name, key in keys.items() if key is not None}
+    if not remote:
+        return env
+    for name in keys:
+        env.setdefault(name, secrets.token_hex(32))
+    if not os.environ.get("ORDERFLOW_REMOTE_ACCOUNTS"):
+        account_key, fence_key = (
+            env["ORDERFLOW_REMOTE_ACCOUNT_KEY"],
+            env["ORDERFLOW_REMOTE_FENCE_KEY"],
+        )
+        env["ORDERFLOW_REMOTE_ACCOUNTS"] = f"{settings.hub}:{account_key}:{fence_key}"
+    return env
+
+
 async def _pump(label: str, stream: asyncio.StreamReader | None, width: int) -> None:
     if stream is None:
         return
@@ -154,7 +182,7 @@ async def run_up(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     remote = any(label == "remote" for label, _ in procs)
-    env = os.environ | children_env(settings, remote)
+    env = os.environ | children_env(settings, remote) | account_env(settings, remote)
     parent = os.getpid()
     width = max(len(label) for label, _ in procs)
     children: dict[str, asyncio.subprocess.Process] = {}

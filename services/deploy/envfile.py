@@ -23,6 +23,9 @@ SET_BY_COMPOSE = {
     "remote_url": "the remote service's address",
     "remote_port": "the remote service listens on the port of its address",
     "metrics_port": "9100 in every container",
+    "metrics_host": "0.0.0.0 in every container: Prometheus scrapes it on the monitoring network",
+    "remote_account_key": "the agents' secret file remote_account_key",
+    "remote_fence_key": "the schedulers' secret file remote_fence_key",
     "remote_ledger_path": "the remote service's volume",
     "seal_key": "never every container's: the operator and the shop must not hold it (unset, "
     "each kind's key derives from its own broker password)",
@@ -32,6 +35,7 @@ SET_BY_COMPOSE = {
 NOT_SETTINGS = {
     "ORDERFLOW_SECRETS_DIR": "where an orderflow container reads its secret files",
     "ORDERFLOW_REMOTE_ADMIN_TOKEN": "the remote stand-in's operator token (services/remote)",
+    "ORDERFLOW_REMOTE_ACCOUNTS": "the remote stand-in's accounts (services/remote/accounts.py)",
     "ORDERFLOW_ENV_FILE": "the `.env` file the CLI reads its settings from (default: ./.env)",
 }
 """`ORDERFLOW_*` variables that are read, but are no field of `Settings`."""

@@ -50,6 +50,9 @@ class Secret:
     given: bool = False
     """A value only the operator can give (a webhook's URL): written empty when it has no file
     (empty: unset), never made up."""
+    account: tuple[str, str, str] | None = None
+    """The remote stand-in's entry of an account, built from two other secrets: (the account,
+    the secret holding its key, the one holding its fence key) (services/remote/accounts.py)."""
 
 
 def broker_password(role: str, *, app: bool = False) -> str:
@@ -120,6 +123,19 @@ NOTIFY_SECRETS = [
 so secrets like the others, which only the operator can fill in."""
 
 
+REMOTE_ACCOUNT_SECRETS = [
+    Secret("remote_account_key", "the key the agents call the remote stand-in with (the hub's)"),
+    Secret("remote_fence_key", "the key the schedulers sign fencing tokens with (not the agents)"),
+    Secret(
+        "remote_accounts",
+        "the remote stand-in's account of the hub: its key and fence key",
+        account=(HUB, "remote_account_key", "remote_fence_key"),
+    ),
+]
+"""The hub's account at the remote stand-in: the agents hold its key, the schedulers its fence
+key, the stand-in both (services/remote/accounts.py)."""
+
+
 def secrets(apps: tuple[str, ...] = DEFAULT_APPS) -> list[Secret]:
     """Every secret of the compose deployment, passwords and tokens before the URLs."""
     users = user_names(HUB)
@@ -135,6 +151,7 @@ def secrets(apps: tuple[str, ...] = DEFAULT_APPS) -> list[Secret]:
     found.append(
         Secret("remote_admin_token", "bearer token of the remote stand-in's /admin and /ledger")
     )
+    found += REMOTE_ACCOUNT_SECRETS
     found += NOTIFY_SECRETS
     found.append(Secret("grafana_admin_password", "Grafana's `admin` (profile observability)"))
     found += [
@@ -215,6 +232,30 @@ def secrets_script(apps: tuple[str, ...] = DEFAULT_APPS) -> str:
         "    fi",
         "}",
         "",
+        "account_secret() {  # NAME ACCOUNT KEY-SECRET FENCE-SECRET: the remote's entry",
+        '    key=$(cat "$dir/$3")',
+        '    fence=$(cat "$dir/$4")',
+        '    for value in "$key" "$fence"; do',
+        "        case $value in",
+        f"            '' | *[!{URL_SAFE}]*)",
+        f'                echo "secrets: $dir/$3 and $dir/$4 must be URL-safe ({URL_SAFE})" >&2',
+        "                exit 1",
+        "                ;;",
+        "        esac",
+        '        if [ "${#value}" -lt 16 ]; then',
+        '            echo "secrets: $dir/$3 and $dir/$4 must hold 16 characters or more" >&2',
+        "            exit 1",
+        "        fi",
+        "    done",
+        '    if [ "$key" = "$fence" ]; then',
+        '        echo "secrets: $dir/$3 and $dir/$4 must differ" >&2',
+        "        exit 1",
+        "    fi",
+        '    printf "%s:%s:%s" "$2" "$key" "$fence" > "$dir/$1.new"',
+        '    mv "$dir/$1.new" "$dir/$1"',
+        "    unset key fence value",
+        "}",
+        "",
         "keyfile_check() {  # NAME: what mongod accepts as a keyfile (it ignores whitespace)",
         "    key=$(tr -d ' \\t\\n\\r\\f\\v' < \"$dir/$1\")",
         "    case $key in",
@@ -235,10 +276,13 @@ def secrets_script(apps: tuple[str, ...] = DEFAULT_APPS) -> str:
     for secret in secrets(apps):
         if secret.given:
             lines.append(f"given_secret {secret.name}  # {secret.what}")
-        elif secret.url is None and secret.name not in PROFILE_URLS:
+        elif secret.url is None and secret.account is None and secret.name not in PROFILE_URLS:
             lines.append(f"random_secret {secret.name}  # {secret.what}")
     # 64 hex digits: in the base64 alphabet, so a valid key; one of your own is checked.
     lines += [f"keyfile_check {KEYFILE}", ""]
+    for secret in secrets(apps):
+        if secret.account is not None:
+            lines.append(f"account_secret {secret.name} {' '.join(secret.account)}")
     for secret in secrets(apps):
         if secret.url is not None:
             before, password, after = secret.url

@@ -138,6 +138,8 @@ class Nemesis:
         self.workdir = workdir
         self.token = secrets.token_hex(16)
         self.hub = hub
+        # The hub's account at the remote service: the agents' key, the schedulers' fence key.
+        account_key, fence_key = secrets.token_hex(16), secrets.token_hex(16)
         self.remote_url = f"http://127.0.0.1:{free_port()}"
         env = (
             environment()
@@ -151,6 +153,9 @@ class Nemesis:
                 "ORDERFLOW_REMOTE_LEDGER_PATH": str(workdir / "ledger.sqlite3"),
                 "ORDERFLOW_REMOTE_SEED": str(seed),
                 "ORDERFLOW_REMOTE_ADMIN_TOKEN": self.token,
+                "ORDERFLOW_REMOTE_ACCOUNT_KEY": account_key,
+                "ORDERFLOW_REMOTE_FENCE_KEY": fence_key,
+                "ORDERFLOW_REMOTE_ACCOUNTS": f"{self.hub}:{account_key}:{fence_key}",
             }
         )
         self.fleet = Fleet(workdir, env, self.hub)

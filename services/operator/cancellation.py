@@ -55,9 +55,11 @@ class CancelOutcome:
 
 
 async def cancel_order(
-    store: StateStore, order_id: str, *, by: str, tell: StatusTeller | None = None
+    store: StateStore, order_id: str, *, by: str, tell: StatusTeller
 ) -> CancelOutcome:
-    """Cancel the order, as it is when the write lands; `by` is who asked (for its history)."""
+    """Cancel the order, as it is when the write lands; `by` is who asked (for its history).
+    `tell` tells its application when it is Cancelled at once: every way to cancel has one
+    (`status_teller`), since an application following the order waits for that status."""
     record = None
     for _ in range(READS):
         record = await store.get_state(order_id)
@@ -80,7 +82,7 @@ async def cancel_order(
         after = await store.update_state(order_id, update.expect, update.changes, history=[event])
         if after is None:
             continue  # changed since it was read: decide again for the order as it is now
-        if after.process_state is ProcessState.CANCELLED and tell is not None:
+        if after.process_state is ProcessState.CANCELLED:
             await tell(after)
         return CancelOutcome(order_id, record.process_state, after.process_state)
     state = record.process_state if record is not None else None
@@ -91,7 +93,8 @@ async def cancel_order(
 
 def status_teller(reporter: Reporter) -> StatusTeller:
     """Tells an order's application it was Cancelled, on its status queue, once (the message id
-    is the same whoever cancels it and however often)."""
+    is the same whoever cancels it and however often), through the reporter's publisher: the
+    operator's broker user for `orderflow orders cancel`, the API's own for its endpoints."""
 
     async def tell(record: StateRecord) -> None:
         await reporter.status(

@@ -1,6 +1,11 @@
 """The simulated remote service: inventory, payment and shipping over HTTP, with fault knobs.
 
-`POST /<service>/<action>` with `{"order_id", "idempotency_key", "fencing_token", "payload"}`:
+`POST /<service>/<action>` with `{"order_id", "idempotency_key", "fencing_token",
+"fencing_signature", "payload"}`, as an account (`X-Orderflow-Account`, with its key as
+`Authorization: Bearer <key>`: services/remote/accounts.py):
+- 401 `{"error"}`: no key, an unknown account, or not the account's key; nothing read or counted
+- 403 `{"outcome": "forged-fencing-token"}`: the token's signature does not check (a token no
+  scheduler of the account signed: services/remote/fencing.py); nothing counted or applied
 - 200 `{"outcome": "applied"|"noop", "result", "seq", "replayed"}`
 - 422 `{"outcome": "declined", ...}`: a permanent business failure (same answer on every repeat)
 - 409 `{"outcome": "stale-fencing-token"}`: the attempt was superseded
@@ -11,7 +16,7 @@
 - 503 `{"error": "transient"|"outage"}`: try again later; no effect was made
 `GET /ledger?account=&order_id=&after=&limit=`, `GET /attempts?account=&order_id=&after=&limit=`,
 `GET|PUT /admin/faults`, `GET /admin/stats` (these need the operator's bearer token:
-services/remote/admin.py), `GET /health`.
+services/remote/admin.py), `GET /health` (open).
 
 What orderflow asks of a real remote service, and this stand-in does (README, "The remote
 service"): one effect per idempotency key, the first outcome returned to every repeat; fencing
@@ -31,7 +36,6 @@ import asyncio
 import hashlib
 import logging
 import random
-import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Annotated, Any
@@ -40,6 +44,14 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from services.remote.accounts import (
+    ACCOUNT,
+    CHALLENGE,
+    UNAUTHENTICATED,
+    Accounts,
+    forged,
+    remote_accounts,
+)
 from services.remote.admin import admin_guard, admin_token
 from services.remote.client import ACCOUNT_HEADER
 from services.remote.ledger import UNANSWERED, Effect, Ledger
@@ -68,14 +80,13 @@ DECLINABLE = frozenset({"payment.charge", "payment.authorize"})
 """Where a card is declined: the charge (workflow v1) or the authorization (v2)."""
 
 
-ACCOUNT = re.compile(r"[a-z][a-z0-9_]{0,39}|")
-
-
 class RemoteCall(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     order_id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=140)]
     fencing_token: Annotated[str, StringConstraints(min_length=1, max_length=100)]
+    fencing_signature: Annotated[str, StringConstraints(max_length=200)] | None = None
+    """The token's signature by the scheduler that holds it (services/remote/fencing.py)."""
     payload: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -138,13 +149,21 @@ def declined(order_id: str, rate: float) -> bool:
 
 class RemoteService:
     def __init__(
-        self, ledger: Ledger, faults: Faults, rng: random.Random, *, admin_token: str | None
+        self,
+        ledger: Ledger,
+        faults: Faults,
+        rng: random.Random,
+        *,
+        admin_token: str | None,
+        accounts: Accounts,
     ) -> None:
         self.ledger = ledger
         self.faults = faults
         self.rng = rng
         self.admin_token = admin_token
         """The bearer token of `/admin/...` and `/ledger`; None: they refuse every request."""
+        self.accounts = accounts
+        """Who may call the operations, and the fence key of each (none: every call refused)."""
         self.calls: Counter[str] = Counter()
         """Calls answered, by status code: what a fault run or a breaker test counts."""
 
@@ -212,10 +231,15 @@ class RemoteService:
     async def call(self, request: web.Request) -> web.Response:
         operation = f"{request.match_info['service']}.{request.match_info['action']}"
         account = request.headers.get(ACCOUNT_HEADER, "")
-        if operation not in OPERATIONS:
-            status, payload = 404, {"error": f"no operation {operation}"}
-        elif not ACCOUNT.fullmatch(account):
+        if not ACCOUNT.fullmatch(account):
             status, payload = 400, {"error": f"{ACCOUNT_HEADER} must be a hub name"}
+        elif not self.accounts.authenticates(account, request.headers.get("Authorization")):
+            # Before the body is read: a caller without the account's key learns nothing.
+            self.calls["401"] += 1
+            log.warning("a call without its account's key refused", extra={"account": account})
+            return web.json_response(UNAUTHENTICATED, status=401, headers=CHALLENGE)
+        elif operation not in OPERATIONS:
+            status, payload = 404, {"error": f"no operation {operation}"}
         else:
             try:
                 body = RemoteCall.model_validate_json(await request.read())
@@ -231,7 +255,16 @@ class RemoteService:
         self, account: str, operation: str, body: RemoteCall
     ) -> tuple[dict[str, Any], int]:
         """The answer to one call of a known operation, as (payload, HTTP status): what the
-        service does, whichever way the call came (HTTP, or in process: services/remote/local)."""
+        service does, whichever way the call came (HTTP, or in process: services/remote/local).
+        A token whose signature does not check is refused before anything else: it is no
+        attempt of the order's, so it is neither counted nor let near the fence."""
+        if not self.accounts.fence_checks(account, body.fencing_token, body.fencing_signature):
+            self.calls["403"] += 1
+            log.warning(
+                "a fencing token whose signature does not check refused",
+                extra={"account": account, "order_id": body.order_id, "operation": operation},
+            )
+            return forged(body.fencing_signature), 403
         # Counted as it arrives, before anything may delay it: an attempt is spent even if
         # this service dies, or the caller gives up, before it is answered.
         seq = self.ledger.attempt_arrived(
@@ -363,6 +396,7 @@ async def serve_remote(settings: Settings, stop: asyncio.Event) -> None:
         Faults.from_settings(settings),
         random.Random(settings.remote_seed),
         admin_token=admin_token(),
+        accounts=remote_accounts(),
     )
     runner = web.AppRunner(service.app(), access_log=None)
     await runner.setup()
@@ -381,11 +415,12 @@ async def serve_remote(settings: Settings, stop: asyncio.Event) -> None:
         extra={
             "url": mask_credentials(f"{url.scheme or 'http'}://{host}:{port}"),
             "operator_endpoints": bool(service.admin_token),
+            "accounts": len(service.accounts),
         },
     )
     try:
         # Only the process's own metrics (the calls are in the ledger and `GET /admin/faults`).
-        metrics = await serve_metrics(settings.metrics_port)
+        metrics = await serve_metrics(settings.metrics_port, settings.metrics_host)
         try:
             await stop.wait()
         finally:

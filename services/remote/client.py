@@ -10,6 +10,7 @@ import aiohttp
 from shared.errors import (
     RemoteDeclined,
     RemoteFenced,
+    RemoteRefused,
     RemoteRejected,
     RemoteTransient,
     RemoteUndone,
@@ -19,7 +20,8 @@ from shared.errors import (
 ACCOUNT_HEADER = "X-Orderflow-Account"
 """Who calls: the calling deployment's task hub. The remote service scopes idempotency keys,
 orders and fencing tokens by it, as a payment provider scopes them by API key, so two hubs that
-share one remote service never share an effect. No header: the unnamed account."""
+share one remote service never share an effect. No header: the unnamed account. A call carries
+the account's key too (`Authorization: Bearer <key>`, services/remote/accounts.py)."""
 
 
 class RemoteCalls(Protocol):
@@ -33,10 +35,12 @@ class RemoteCalls(Protocol):
         order_id: str,
         idempotency_key: str,
         fencing_token: str,
+        fencing_signature: str | None,
         payload: dict[str, Any],
         timeout: float,
     ) -> dict[str, Any]:
-        """The effect's result; a `RemoteError` subclass says why there is none."""
+        """The effect's result; a `RemoteError` subclass says why there is none.
+        `fencing_signature`: the scheduler's signature of the token (services/remote/fencing)."""
 
     async def close(self) -> None: ...
 
@@ -50,12 +54,19 @@ class RemoteClient:
     """One pooled HTTP session; every call carries its own timeout."""
 
     def __init__(
-        self, base_url: str, session: aiohttp.ClientSession, *, admin_token: str | None = None
+        self,
+        base_url: str,
+        session: aiohttp.ClientSession,
+        *,
+        admin_token: str | None = None,
+        account_key: str | None = None,
     ) -> None:
         self._base = base_url.rstrip("/")
         self._session = session
         # Sent only to the operator endpoints (`/admin/...`, `/ledger`), never with a call.
         self._admin = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        # Sent only with a call, never to the operator endpoints.
+        self._key = {"Authorization": f"Bearer {account_key}"} if account_key else {}
 
     @classmethod
     def open(
@@ -64,17 +75,19 @@ class RemoteClient:
         *,
         pool: int = 100,
         account: str = "",
+        account_key: str | None = None,
         admin_token: str | None = None,
         trace_configs: list[Any] | None = None,
     ) -> RemoteClient:
-        """A client calling as `account` (the deployment's task hub; see ACCOUNT_HEADER); with
-        `admin_token`, it may also read the ledger and the fault knobs (services/remote/admin)."""
+        """A client calling as `account` (the deployment's task hub; see ACCOUNT_HEADER) with
+        its key; with `admin_token`, it may also read the ledger and the fault knobs
+        (services/remote/admin)."""
         connector = aiohttp.TCPConnector(limit=pool, keepalive_timeout=30)
         headers = {ACCOUNT_HEADER: account} if account else None
         session = aiohttp.ClientSession(
             connector=connector, headers=headers, trace_configs=trace_configs
         )
-        return cls(base_url, session, admin_token=admin_token)
+        return cls(base_url, session, admin_token=admin_token, account_key=account_key)
 
     async def close(self) -> None:
         await self._session.close()
@@ -86,6 +99,7 @@ class RemoteClient:
         order_id: str,
         idempotency_key: str,
         fencing_token: str,
+        fencing_signature: str | None,
         payload: dict[str, Any],
         timeout: float,
     ) -> dict[str, Any]:
@@ -95,10 +109,13 @@ class RemoteClient:
             "fencing_token": fencing_token,
             "payload": payload,
         }
+        if fencing_signature is not None:
+            body["fencing_signature"] = fencing_signature
         try:
             async with self._session.post(
                 self._base + path_of(operation),
                 json=body,
+                headers=self._key,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as response:
                 status = response.status
@@ -200,6 +217,8 @@ def interpret(operation: str, status: int, data: dict[str, Any]) -> dict[str, An
         raise RemoteFenced(f"{operation}: {data.get('error', 'stale fencing token')}")
     if status == 410:
         raise RemoteUndone(f"{operation}: {data.get('error', 'undone')}")
+    if status in (401, 403):
+        raise RemoteRefused(f"{operation}: HTTP {status} {data.get('error', '')}".strip())
     if status >= 500 or status == 429:
         raise RemoteTransient(f"{operation}: HTTP {status} {data.get('error', '')}".strip())
     raise RemoteRejected(f"{operation}: HTTP {status} {data.get('error', '')}".strip())

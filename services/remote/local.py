@@ -3,7 +3,9 @@
 It answers exactly what `RemoteService.answer` answers over HTTP, read by the HTTP client's own
 `interpret`, and keeps HTTP's timing: a caller that gives up on a slow or hung call leaves the
 call running in the service (as a server keeps running a request whose client went away), so
-its effect may still be made after the caller stopped waiting. It can be down, as a real
+its effect may still be made after the caller stopped waiting. The caller is the account it
+was made for, with no key to show (there is no wire to reach it from), but its fencing tokens
+are checked as over HTTP: they must carry their scheduler's signature. It can be down, as a real
 service can: a crash loses the calls in progress (they stay unanswered in the ledger) and
 refuses new ones until it is back.
 """
@@ -44,6 +46,7 @@ class LocalRemote:
         order_id: str,
         idempotency_key: str,
         fencing_token: str,
+        fencing_signature: str | None,
         payload: dict[str, Any],
         timeout: float,
     ) -> dict[str, Any]:
@@ -56,6 +59,7 @@ class LocalRemote:
                 order_id=order_id,
                 idempotency_key=idempotency_key,
                 fencing_token=fencing_token,
+                fencing_signature=fencing_signature,
                 payload=payload,
             )
         except ValidationError as exc:

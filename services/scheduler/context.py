@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from services.remote.fencing import fence_signature
 from shared.backoff import Backoff
 from shared.batching import GroupCommit
 from shared.broker.delivery import is_outage
@@ -66,10 +67,20 @@ class AttemptContext:
     report: Reporter
     settings: Settings
     _orders: GroupCommit[str, OrderRecord | None] = field(init=False, repr=False)
+    _fence_key: bytes | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         # The attempts of one claimed batch start together: one read for all their orders.
         self._orders = GroupCommit(self.store.get_orders, max_batch=ORDER_READ_BATCH)
+        key = self.settings.remote_fence_key
+        self._fence_key = None if key is None else key.get_secret_value().encode()
+
+    def signature(self, fencing_token: str) -> str | None:
+        """This hub's signature of an attempt's fencing token, which the remote service asks
+        of every call (services/remote/fencing.py); None without a fence key."""
+        if self._fence_key is None:
+            return None
+        return fence_signature(self._fence_key, self.settings.hub, fencing_token)
 
     async def order(self, order_id: str) -> OrderRecord | None:
         """The order record (read together with those of other attempts starting now)."""
@@ -193,8 +204,9 @@ class AttemptContext:
         patience = loop.time() + self.settings.outage_patience_s
         told = False
         pauses = Backoff(first=0.2, cap=2.0)
+        signature = self.signature(str(fields["fencing_token"]))
         while True:
-            request = StepRequest(reply_to=self.reply_queue, **fields)
+            request = StepRequest(reply_to=self.reply_queue, fencing_signature=signature, **fields)
             try:
                 await self.publisher.publish(
                     request,

@@ -308,6 +308,11 @@ async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
 
 
 async def serve_scheduler(runtime: Runtime, stop: asyncio.Event, *, burst: bool = False) -> None:
+    if runtime.settings.remote_fence_key is None:
+        log.warning(
+            "ORDERFLOW_REMOTE_FENCE_KEY is not set: step requests go unsigned, and the remote "
+            "service refuses an unsigned fencing token"
+        )
     scheduler = Scheduler(runtime)
     watch = LeaderWatch(
         runtime.store,

@@ -111,6 +111,8 @@ def _defaults() -> Settings:
         hub=HUB,
         store_url="postgresql://simulated",
         seal_key="simulated-seal-key",
+        remote_account_key="simulated-account-key",
+        remote_fence_key="simulated-fence-key",
         poll_interval_s=POLL_INTERVAL_S,
     )
 
@@ -118,7 +120,9 @@ def _defaults() -> Settings:
 def settings_for(seed: int) -> Settings:
     """The simulation's settings: the defaults (not this environment's: a seed must run the
     same anywhere), in its own hub, with a seal key so dead letters are sealed as in a
-    deployment, and the schedulers' idle poll at `POLL_INTERVAL_S`."""
+    deployment, the keys of the hub's account at the remote service (so fencing tokens are
+    signed and checked as in a deployment), and the schedulers' idle poll at
+    `POLL_INTERVAL_S`."""
     return _defaults().model_copy(update={"fault_seed": seed, "remote_seed": seed})
 
 

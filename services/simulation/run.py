@@ -28,6 +28,7 @@ from typing import Any
 from aiormq.exceptions import AMQPError
 
 from services.operator.cancellation import cancel_order, status_teller
+from services.remote.accounts import hub_account
 from services.remote.app import Faults, RemoteService
 from services.remote.ledger import Ledger
 from services.remote.local import LocalRemote
@@ -108,7 +109,11 @@ async def _simulate(outcome: Outcome, settings: Settings, rng: random.Random) ->
         hang_s=conditions.hang_s,
     )
     service = RemoteService(
-        Ledger(":memory:"), calm, random.Random(rng.getrandbits(64)), admin_token=None
+        Ledger(":memory:"),
+        calm,
+        random.Random(rng.getrandbits(64)),
+        admin_token=None,
+        accounts=hub_account(settings),
     )
     service.faults = Faults(**calm.__dict__)
     remote_context = contextvars.copy_context()

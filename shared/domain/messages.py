@@ -50,6 +50,8 @@ within the years every store and every deadline computation can hold."""
 JsonObject = Annotated[dict[str, Any], AfterValidator(jsonsafe.storable)]
 """Free-form JSON that both stores hold alike (shared/domain/jsonsafe.py)."""
 StepName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
+FenceSignature = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+"""An HMAC-SHA256 in hex: a fencing token's signature."""
 
 
 class MessageType(StrEnum):
@@ -106,6 +108,12 @@ class StepRequest(Contract):
     attempts_allowed: int = Field(ge=1, le=1000)
     payload: JsonObject = Field(default_factory=dict)
     reply_to: QueueName
+    fencing_signature: FenceSignature | None = None
+    """The scheduler's signature of `fencing_token` (services/remote/fencing.py), which the
+    agent passes on to the remote service: only with it does the remote accept the token. None
+    from a scheduler without a fence key, or from before signatures (schema version 1 either
+    way: the field is optional, so a request of an older scheduler still decodes; the remote
+    refuses its call, and the step is given back for an attempt that signs)."""
 
 
 class StepOutcome(StrEnum):

@@ -38,7 +38,7 @@ from shared.broker.memory.objects import RABBITMQ_4_0, RABBITMQ_4_3, QuorumRules
 from shared.broker.private import STATUS_QUEUES_PER_APP
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names, QueuePolicy, declare_topology
-from shared.domain.messages import SubmitOrder
+from shared.domain.messages import OrderStatus, OrderStatusUpdate, SubmitOrder
 from shared.domain.states import ProcessState
 from tests.support.api import ApiClient, start_api, token
 from tests.support.factories import order_data
@@ -225,7 +225,9 @@ async def test_the_apis_user_cannot_take_the_alert_feed_yet_every_operator_endpo
     assert purged.status == 200 and purged.body["purged"][n.dlq(n.orders)] >= 1, purged
     stats = await api.call("GET", "/ops/stats", otto)
     assert stats.status == 200 and all(v is not None for v in stats.body["queues"].values())
-    await world.submit_raw(SubmitOrder(order=order_data("o-cancel")).to_json(), "o-cancel")
+    statuses = n.status_queue(world.shop)
+    order = SubmitOrder(order=order_data("o-cancel"), reply_to=statuses)
+    await world.submit_raw(order.to_json(), "o-cancel")
     order_id = f"{world.shop}/o-cancel"
 
     async def pending() -> bool:
@@ -235,6 +237,9 @@ async def test_the_apis_user_cannot_take_the_alert_feed_yet_every_operator_endpo
     await eventually(pending, timeout=30, what="the order to cancel recorded")
     cancelled = await api.call("POST", "/ops/order/cancel", otto, order_id=order_id)
     assert cancelled.status == 200, cancelled
+    # Its application is told, by the API's own user (the one allowed onto the status exchange).
+    told = await _statuses(world, statuses)
+    assert (OrderStatus.CANCELLED, world.broker.user("api")) in told, told
     for path, params in [
         ("/ops/orders", {}),
         ("/ops/order", {"order_id": order_id}),
@@ -246,6 +251,31 @@ async def test_the_apis_user_cannot_take_the_alert_feed_yet_every_operator_endpo
         answer = await api.call("GET", path, otto, **params)
         assert answer.status == 200, (path, answer)
     assert "ACCESS_REFUSED" not in world.topo.logs("api")
+
+
+async def _statuses(world: World, queue: str) -> list[tuple[OrderStatus, str | None]]:
+    """The statuses on an application's status queue, as its application reads them, once one
+    says Cancelled: (status, the broker-checked sender)."""
+    app = await world.as_user(world.shop)
+    seen: list[tuple[OrderStatus, str | None]] = []
+    try:
+
+        async def cancelled() -> bool:
+            channel = await app.channel()  # closed by the broker if the queue is not there
+            try:
+                declared = await channel.get_queue(queue, ensure=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                return False
+            while (message := await declared.get(no_ack=True, fail=False)) is not None:
+                update = OrderStatusUpdate.model_validate_json(message.body)
+                seen.append((update.status, message.user_id))
+            await channel.close()
+            return any(status is OrderStatus.CANCELLED for status, _ in seen)
+
+        await eventually(cancelled, timeout=30, what="the Cancelled status told")
+    finally:
+        await app.close()
+    return seen
 
 
 async def test_the_api_refuses_to_start_with_the_operators_url(world: World) -> None:

@@ -33,7 +33,7 @@ from shared.domain.states import ErrorKind
 from shared.domain.timing import utcnow
 from shared.errors import RemoteTransient, StoreUnavailable
 from tests.support.broker_harness import Broker
-from tests.support.remote_service import InProcessRemote
+from tests.support.remote_service import InProcessRemote, signature
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
@@ -48,7 +48,7 @@ class Rig:
         self.queue = broker.names.agent("payment")
         self.settings = load_settings(hub=hub, breaker_fail_max=100)
         self.replies: list[StepReply] = []
-        self.client = remote.client(account=hub)
+        self.client = remote.agent_client(account=hub)
 
     async def start(self) -> None:
         self.reply_queue = PrivateQueue(
@@ -83,6 +83,7 @@ class Rig:
             action=StepAction.DO,
             operation="payment.charge",
             fencing_token=f"{order_id}:1",
+            fencing_signature=signature(self.settings.hub, f"{order_id}:1"),
             idempotency_key=f"{order_id}:charge",
             complete_by=utcnow() + timedelta(seconds=30),
             attempts_allowed=ALLOWED,
@@ -112,7 +113,7 @@ class Rig:
 
 @pytest.fixture
 async def rig(broker: Broker, tmp_path: Path, hub: str) -> AsyncIterator[Rig]:
-    remote = InProcessRemote(tmp_path / "ledger.sqlite3")
+    remote = InProcessRemote(tmp_path / "ledger.sqlite3", accounts=(hub,))
     await remote.start(transient_error_rate=1.0)
     r = Rig(broker, remote, hub)
     await r.start()
@@ -227,6 +228,7 @@ async def test_every_run_of_a_handling_shares_one_allowance_when_runs_overlap(ri
         action=StepAction.DO,
         operation="payment.charge",
         fencing_token="o-twice:1",
+        fencing_signature=signature(rig.settings.hub, "o-twice:1"),
         idempotency_key="o-twice:charge",
         complete_by=utcnow() + timedelta(seconds=30),
         attempts_allowed=ALLOWED,

@@ -1,6 +1,7 @@
 """The remote stand-in's operator endpoints (`/admin/...`, `/ledger`) answer only the bearer token
-configured for them, and refuse everything when none is; the calls the agents make and `/health`
-stay open. In-process, over real HTTP."""
+configured for them, and refuse everything when none is; the calls the agents make need their
+account's key instead (tests/attacks/test_remote.py), and `/health` stays open. In-process, over
+real HTTP."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from services.remote.app import Faults, RemoteService
 from services.remote.client import RemoteClient
 from services.remote.ledger import Ledger
 from shared.errors import RemoteRejected
+from tests.support.remote_service import SigningClient, accounts_of
 from tests.support.topology import free_port
 
 TOKEN = "s3cret-token-for-this-test"
@@ -26,7 +28,11 @@ GUARDED += [("GET", "/admin/stats"), ("GET", "/attempts")]
 
 async def _serve(tmp_path: Path, token: str | None) -> AsyncIterator[str]:
     service = RemoteService(
-        Ledger(str(tmp_path / "ledger.sqlite3")), Faults(), random.Random(1), admin_token=token
+        Ledger(str(tmp_path / "ledger.sqlite3")),
+        Faults(),
+        random.Random(1),
+        admin_token=token,
+        accounts=accounts_of("hub_a"),
     )
     runner = web.AppRunner(service.app())
     await runner.setup()
@@ -93,8 +99,10 @@ async def test_without_a_configured_token_the_operator_endpoints_are_off(
     assert await _status(unconfigured, method, path, {"Authorization": "Bearer "}) == 403
 
 
-async def test_the_agents_operations_and_health_need_no_token(guarded: str) -> None:
-    client = RemoteClient.open(guarded, account="hub_a")
+async def test_the_agents_operations_need_their_accounts_key_not_the_token(
+    guarded: str,
+) -> None:
+    client = SigningClient.of(guarded, "hub_a", admin_token=None)
     try:
         result = await client.call(
             "inventory.reserve",
@@ -107,6 +115,9 @@ async def test_the_agents_operations_and_health_need_no_token(guarded: str) -> N
         assert result["outcome"] == "applied"
     finally:
         await client.close()
+    # The operator's token is no account's key.
+    refused = {"Authorization": f"Bearer {TOKEN}", "X-Orderflow-Account": "hub_a"}
+    assert await _status(guarded, "POST", "/inventory/reserve", refused) == 401
     assert await _status(guarded, "GET", "/health", {}) == 200
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
@@ -12,11 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from services.agents.agent import Agent
 from services.agents.attempts import MemoryTickets
-from services.remote.app import Faults, RemoteService
 from services.remote.client import RemoteClient
 from services.remote.ledger import Ledger
 from shared.broker.connection import connect
@@ -37,32 +34,10 @@ from shared.errors import (
     StaleFencingToken,
 )
 from tests.conftest import RABBITMQ_URL, service_missing
-from tests.support.topology import free_port
+from tests.support.remote_service import InProcessRemote, signature
 from tests.support.waiting import eventually
 
-ADMIN_TOKEN = "contract-test-admin-token"
-
-
-class Remote:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.service: RemoteService
-        self._runner: web.AppRunner | None = None
-
-    async def start(self, **faults: object) -> None:
-        self.service = RemoteService(
-            Ledger(str(self.path)), Faults(**faults), random.Random(3), admin_token=ADMIN_TOKEN
-        )
-        self._runner = web.AppRunner(self.service.app())
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    async def stop(self) -> None:
-        assert self._runner is not None
-        await self._runner.cleanup()
-        self.service.ledger.close()
+Remote = InProcessRemote
 
 
 @pytest.fixture
@@ -75,7 +50,7 @@ async def remote(tmp_path: Path) -> AsyncIterator[Remote]:
 
 @pytest.fixture
 async def client(remote: Remote) -> AsyncIterator[RemoteClient]:
-    c = RemoteClient.open(remote.url, admin_token=ADMIN_TOKEN)
+    c = remote.client()
     yield c
     await c.close()
 
@@ -107,8 +82,8 @@ async def test_a_repeated_key_returns_the_first_outcome_even_after_a_restart(
 
 async def test_accounts_never_share_keys_fences_or_undos(remote: Remote) -> None:
     # Two deployments (hubs) calling one remote service, with the same order id and key.
-    a = RemoteClient.open(remote.url, account="hub_a", admin_token=ADMIN_TOKEN)
-    b = RemoteClient.open(remote.url, account="hub_b", admin_token=ADMIN_TOKEN)
+    a = remote.client(account="hub_a")
+    b = remote.client(account="hub_b")
     try:
         first = await call(a, "payment.charge", "o-9", "o-9:3")
         other = await call(b, "payment.charge", "o-9", "o-9:1")  # A's attempt 3 fences not B
@@ -233,19 +208,22 @@ class AgentRig:
             max_bytes=65536,
         )
         await self.queue.start()
-        self.client = RemoteClient.open(self.remote.url)
+        self.client = self.remote.agent_client()
         self.publisher = Refusing(await Publisher.open(self.connection, timeout=5))
         self.agent = Agent(
             "payment", self.client, self.publisher, self.settings, tickets=MemoryTickets()
         )
 
-    async def ask(self, order_id: str, *, allowed: int = 3, seconds: float = 5) -> None:
+    async def ask(
+        self, order_id: str, *, allowed: int = 3, seconds: float = 5, signed: bool = True
+    ) -> None:
         request = StepRequest(
             order_id=order_id,
             step="charge",
             action=StepAction.DO,
             operation="payment.charge",
             fencing_token=f"{order_id}:1",
+            fencing_signature=signature("", f"{order_id}:1") if signed else None,
             idempotency_key=f"{order_id}:charge",
             complete_by=utcnow() + timedelta(seconds=seconds),
             attempts_allowed=allowed,
@@ -364,6 +342,20 @@ async def test_agent_retries_transient_failures_within_its_allowance_then_says_s
     [reply] = await eventually(lambda: asyncio.sleep(0, rig.replies), what="a reply")
     assert (reply.outcome, reply.error_kind) == (StepOutcome.ERROR, ErrorKind.TRANSIENT)
     assert reply.attempts_used == 2 and "503" in (reply.error_message or "")
+
+
+async def test_an_unsigned_request_is_refused_and_given_back_at_once(rig: AgentRig) -> None:
+    """A request from a scheduler without a fence key, or from one before signatures (the field
+    is optional, so it still decodes): the remote refuses its token (403: no effect, no attempt
+    counted), the agent does not try again, and answers transient, so the attempt gives the
+    order back at once for one that signs."""
+    await rig.ask("o-unsigned", allowed=3, signed=False)
+    [reply] = await eventually(lambda: asyncio.sleep(0, rig.replies), what="a reply")
+    assert (reply.outcome, reply.error_kind) == (StepOutcome.ERROR, ErrorKind.TRANSIENT)
+    assert reply.attempts_used == 1 and "HTTP 403" in (reply.error_message or "")
+    assert "not signed" in (reply.error_message or "")
+    assert rig.remote.service.ledger.effects_of(None, "o-unsigned") == []
+    assert rig.remote.service.ledger.attempts_of(None, "o-unsigned") == []
 
 
 async def test_agent_reports_a_decline_as_a_non_transient_error(rig: AgentRig) -> None:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from services.agents.agent import serve_agent
+from services.remote.accounts import hub_account
 from services.remote.app import Faults, RemoteService
 from services.remote.ledger import Ledger
 from services.remote.local import LocalRemote
@@ -118,12 +119,17 @@ def run(scenario: Any, **faults: Any) -> None:
         loop = asyncio.get_running_loop()
         clock.CLOCK.set(ProcessClock(loop))
         random.seed(0)
+        settings = settings_for(0)
         service = RemoteService(
-            Ledger(":memory:"), Faults(**faults), random.Random(0), admin_token=None
+            Ledger(":memory:"),
+            Faults(**faults),
+            random.Random(0),
+            admin_token=None,
+            accounts=hub_account(settings),
         )
         remote = LocalRemote(service, account=HUB)
         link = StoreLink(random.Random(0), slow_rate=0.0, max_latency_s=0.0)
-        world = World(settings_for(0), remote, MemoryBroker(), link)
+        world = World(settings, remote, MemoryBroker(), link)
         await initialise(world)
         shop = Shop(world.broker, Names(HUB), random.Random(0))
         await shop.open()

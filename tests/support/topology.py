@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from services.remote.client import RemoteClient
+from services.remote.fencing import fence_signature
 from shared.broker.connection import connect
 from shared.broker.topology import Names, delete_topology
 from shared.domain.journal import HistoryEvent, HistoryEventType
@@ -67,6 +68,10 @@ class Topology:
         self.store_url = store_url
         self.rabbitmq_url = rabbitmq_url
         self.remote_url = f"http://127.0.0.1:{free_port()}"
+        # The hub's account at its remote service: the agents' key, and the schedulers' fence
+        # key (services/remote/accounts.py); the remote holds both.
+        self.account_key = secrets.token_hex(16)
+        self.fence_key = secrets.token_hex(16)
         self.env = (
             os.environ
             | FAST
@@ -78,12 +83,25 @@ class Topology:
                 "ORDERFLOW_REMOTE_LEDGER_PATH": str(workdir / "ledger.sqlite3"),
                 "ORDERFLOW_REMOTE_SEED": "7",
                 "ORDERFLOW_REMOTE_ADMIN_TOKEN": REMOTE_ADMIN_TOKEN,
+                "ORDERFLOW_REMOTE_ACCOUNT_KEY": self.account_key,
+                "ORDERFLOW_REMOTE_FENCE_KEY": self.fence_key,
+                "ORDERFLOW_REMOTE_ACCOUNTS": self.account_entry,
             }
             | env
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.store: PostgresStore
         self.remote: RemoteClient
+
+    @property
+    def account_entry(self) -> str:
+        """The hub's entry in a remote service's `ORDERFLOW_REMOTE_ACCOUNTS`."""
+        return f"{self.hub}:{self.account_key}:{self.fence_key}"
+
+    def sign(self, fencing_token: str) -> str:
+        """The signature the hub's schedulers give `fencing_token` (for a test that calls the
+        remote service as one of the hub's attempts would)."""
+        return fence_signature(self.fence_key.encode(), self.hub, fencing_token)
 
     # -- processes
     def start(self, label: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
@@ -226,7 +244,10 @@ async def running_topology(
     await topo.connect_store()
     # Forged calls and replays in tests act as the hub, as its agents do.
     topo.remote = RemoteClient.open(
-        topo.remote_url, account=hub, admin_token=topo.env["ORDERFLOW_REMOTE_ADMIN_TOKEN"]
+        topo.remote_url,
+        account=hub,
+        account_key=topo.account_key,
+        admin_token=topo.env["ORDERFLOW_REMOTE_ADMIN_TOKEN"],
     )
     try:
         yield topo

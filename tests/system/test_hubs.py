@@ -334,8 +334,11 @@ async def test_two_hubs_sharing_one_remote_service_each_make_their_own_effects(
         b = await stack.enter_async_context(
             running_topology(f"{hub}_b", tmp_path / "b", ORDERFLOW_REMOTE_URL=a.remote_url)
         )
-        # No supervisors: nothing here times out, and fewer processes start faster.
-        a.serve("remote", "remote")
+        # No supervisors: nothing here times out, and fewer processes start faster. A's remote
+        # service knows both hubs' accounts, each with its own keys.
+        a.serve(
+            "remote", "remote", ORDERFLOW_REMOTE_ACCOUNTS=f"{a.account_entry},{b.account_entry}"
+        )
         serve_workers(a)
         await a.wait_remote()
         serve_workers(b)  # B's agents call A's remote service

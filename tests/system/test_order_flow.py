@@ -185,6 +185,7 @@ async def _late_reply_to_first_attempt(topo: Topology, first) -> dict:
         order_id=first.order_id,
         idempotency_key=f"{first.order_id}:reserve",
         fencing_token=f"{first.order_id}:1",
+        fencing_signature=topo.sign(f"{first.order_id}:1"),
         payload={},
         timeout=10,
     )
@@ -446,6 +447,7 @@ async def test_audit_finds_lost_orders_and_duplicate_effects(topo: Topology) -> 
         order_id=victim,
         idempotency_key="rogue-key",
         fencing_token=f"{victim}:9",
+        fencing_signature=topo.sign(f"{victim}:9"),
         payload={},
         timeout=5,
     )

@@ -253,6 +253,14 @@ def wanted_secrets(name: str) -> dict[str, str]:
         wanted["orderflow_store_url"] = "store_url"
     if name in TOKEN_USERS:
         wanted["orderflow_remote_admin_token"] = "remote_admin_token"
+    # The hub's account at the remote: its key for the agents, its fence key for the
+    # schedulers (who sign fencing tokens), both for the remote.
+    if name == "remote":
+        wanted["orderflow_remote_accounts"] = "remote_accounts"
+    if name.startswith("agent-"):
+        wanted["orderflow_remote_account_key"] = "remote_account_key"
+    if name == "scheduler":
+        wanted["orderflow_remote_fence_key"] = "remote_fence_key"
     if name == "notifier":
         # Its targets: URLs (and a key) that may carry a credential.
         wanted |= {f"orderflow_{s.name}": s.name for s in NOTIFY_SECRETS}

@@ -118,7 +118,10 @@ def test_the_secrets_script_writes_every_secret_once_and_the_urls_from_them(
     random = [
         s.name
         for s in secrets()
-        if s.url is None and s.name not in ("store_url", "store_api_url") and not s.given
+        if s.url is None
+        and s.account is None
+        and s.name not in ("store_url", "store_api_url")
+        and not s.given
     ]
     assert all(re.fullmatch(r"[0-9a-f]{64}", values[n]) for n in random)
     assert len({values[n] for n in random}) == len(random)  # each its own
@@ -135,6 +138,10 @@ def test_the_secrets_script_writes_every_secret_once_and_the_urls_from_them(
     assert values["store_api_url"] == (
         f"mongodb://orderflow_api:{values['mongo_api_password']}@mongodb:27017/orderflow"
         "?authSource=orderflow&replicaSet=rs0"
+    )
+    # The remote stand-in's account of the hub: the agents' key and the schedulers' fence key.
+    assert values["remote_accounts"] == (
+        f"orderflow:{values['remote_account_key']}:{values['remote_fence_key']}"
     )
     web = values["rabbitmq_app_web_password"]
     assert values["rabbitmq_app_web_url"] == f"amqp://web:{web}@rabbitmq:5672/orderflow"

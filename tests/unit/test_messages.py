@@ -43,6 +43,7 @@ def samples():
             attempts_allowed=3,
             payload={"amount_cents": 2500},
             reply_to="h.reply.s1.abc",
+            fencing_signature="ab" * 32,
         ),
         OrderStatusUpdate(
             order_id="o-1",
@@ -58,6 +59,20 @@ def test_every_contract_round_trips_through_json(message) -> None:
     body = message.to_json()
     assert json.loads(body)["schema_version"] == 1
     assert decode(message.message_type.value, body, max_bytes=65536) == message
+
+
+def test_a_step_request_from_before_signatures_still_decodes_unsigned() -> None:
+    """An older scheduler's request (in flight during an upgrade) has no `fencing_signature`:
+    it decodes, as version 1, unsigned; its call is refused by the remote, and the step is
+    given back for an attempt that signs (tests/contract/test_remote_and_agent.py)."""
+    [request] = [m for m in samples() if isinstance(m, StepRequest)]
+    body = json.loads(request.to_json())
+    del body["fencing_signature"]
+    older = decode("step.request", json.dumps(body).encode(), max_bytes=65536)
+    assert isinstance(older, StepRequest) and older.fencing_signature is None
+    body["fencing_signature"] = "not-hex"
+    with pytest.raises(InvalidMessage, match="fencing_signature"):
+        decode("step.request", json.dumps(body).encode(), max_bytes=65536)
 
 
 def test_every_message_type_has_a_contract() -> None:

@@ -10,6 +10,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.remote.accounts import Accounts
 from services.remote.app import UNDO_OF, Faults, RemoteCall, RemoteService
 from services.remote.ledger import Ledger
 from shared.errors import StaleFencingToken, Undone
@@ -30,7 +31,9 @@ call = st.tuples(
 def test_no_effect_follows_its_undo_and_an_undo_undoes_what_was_made(
     calls: list[tuple[str, bool, int]],
 ) -> None:
-    service = RemoteService(Ledger(":memory:"), Faults(), random.Random(0), admin_token=None)
+    service = RemoteService(
+        Ledger(":memory:"), Faults(), random.Random(0), admin_token=None, accounts=Accounts()
+    )
     try:
         for step, undo, attempt in calls:
             forward, undo_op = STEPS[step]
