@@ -158,6 +158,11 @@ async def test_killing_the_leading_node_loses_no_order_and_repeats_no_effect(
         last_reconnect = (
             f"the last {max(reconnected.values()):.1f} s after the kill" if reconnected else "none"
         )
+        # A publisher takes a new channel after a refusal (RabbitMQ 3.10: see the second test).
+        renewed = sum(
+            topo.logs(label).count('"RabbitMQ refused a publish: publishing on a new channel"')
+            for label in topo.procs
+        )
         led_after = Counter(
             str(q["leader"])
             for q in await asyncio.to_thread(cluster.queues)
@@ -168,7 +173,8 @@ async def test_killing_the_leading_node_loses_no_order_and_repeats_no_effect(
             f"RabbitMQ cluster failover: {ORDERS} orders, leader of {led[victim.node]}/"
             f"{len(mine)} queues killed with {before} Processed; first order Processed "
             f"{first_processed_s:.1f} s after the kill; processes failed over: {len(reconnected)} "
-            f"({last_reconnect}); node back {restarted_s:.1f} s, backlog "
+            f"({last_reconnect}); publisher channels renewed after a refusal: {renewed}; "
+            f"node back {restarted_s:.1f} s, backlog "
             f"drained {drained_s:.1f} s; lost {lost}, duplicate effects {duplicates}; "
             f"{dict(outcome)}; leaders after: {dict(led_after)}"
         )
