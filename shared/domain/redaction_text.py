@@ -2,7 +2,10 @@
 
 - a **card number** is 12 to 19 digits that pass the Luhn check, written plain or in groups
   split by single spaces or dashes, with no digit right before or after it (`redact_text`; and
-  `card_number` for a number: an integer, or the integer part of a float or a Decimal);
+  `card_number` for a number: an integer, or the integer part of a float or a Decimal). A
+  dead letter's body shows `CARD_MARK` in its place; every other text that leaves a process
+  the *stable* mark (`stable_mark`): the same card always masked alike and two cards (almost
+  always) apart, so an id that held one still names one thing;
 - a **sensitive name** is a key or header name that says card data or a secret (`cvv_code`,
   `cardNumber`, `X-Card-PAN`, `exp_month`, …; `sensitive_name` has the rules);
 - a `"name": value` pair in text (a body that is not JSON, or JSON inside a string) is found by
@@ -13,9 +16,11 @@ Bodies, header tables and other values are walked by shared/domain/redaction.py,
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from bisect import bisect_left
+from collections.abc import Callable
 from decimal import Decimal
 from functools import lru_cache
 from itertools import accumulate, pairwise
@@ -23,6 +28,20 @@ from typing import Any
 
 MARK = "[redacted]"
 CARD_MARK = "[redacted card number]"
+_STABLE = "[redacted card number #{}]"
+_DIGEST_BYTES = 2
+"""The stable mark's digest: 16 bits, few on purpose. Enough to keep the card numbers of two
+alert ids apart (1 pair in 65,536 collides, and then two alerts are one), too few to recover
+one: of the 10^9 numbers of a 16-digit card whose issuer is known, some 15,000 share each
+digest. (Unkeyed: every process, and every release, masks a card alike.)"""
+
+
+def stable_mark(digits: str) -> str:
+    """The mark of one card number (its digits, without separators) in text that leaves a
+    process: `[redacted card number #3f0c]`."""
+    digest = hashlib.blake2b(digits.encode(), digest_size=_DIGEST_BYTES, person=b"orderflow-card")
+    return _STABLE.format(digest.hexdigest())
+
 
 # -- card numbers
 
@@ -82,12 +101,16 @@ def _card_windows(groups: list[str]) -> list[tuple[int, int]]:
     return spans
 
 
-def _mask_digits(run: str) -> str:
-    """A run of digit groups with the card numbers in it masked."""
+def _plain_mark(_: str) -> str:
+    return CARD_MARK
+
+
+def _mask_digits(run: str, mark: Callable[[str], str] = _plain_mark) -> str:
+    """A run of digit groups with the card numbers in it masked (`mark` of each one's digits)."""
     parts = _SEPARATED.split(run)  # digit groups at even indexes, separators between
     groups = parts[::2]
-    if is_card("".join(groups)):
-        return CARD_MARK
+    if is_card(whole := "".join(groups)):
+        return mark(whole)
     if len(groups) == 1:
         return run
     spans = _card_windows(groups)
@@ -95,7 +118,7 @@ def _mask_digits(run: str) -> str:
         return run
     out, kept_from = [], 0
     for first, last in spans:
-        out += [*parts[kept_from : 2 * first], CARD_MARK]
+        out += [*parts[kept_from : 2 * first], mark("".join(groups[first : last + 1]))]
         kept_from = 2 * last + 1
     out += parts[kept_from:]
     return "".join(out)
@@ -117,26 +140,74 @@ def _escaped_digits(text: str, start: int) -> int:
 _HEX = re.compile(r"[0-9a-fA-F]{4}")
 
 
-def _mask_run(match: re.Match[str]) -> str:
-    run = match.group()
-    escaped = _escaped_digits(match.string, match.start()) if match.start() >= 2 else 0
-    if not escaped:
-        return _mask_digits(run)
-    rest = run[escaped:]
-    lead = 1 if rest[:1] in (" ", "-") else 0
-    return run[: escaped + lead] + _mask_digits(rest[lead:])
+def _masker(mark: Callable[[str], str], *, escapes: bool) -> Callable[[re.Match[str]], str]:
+    def mask(match: re.Match[str]) -> str:
+        run = match.group()
+        at = match.start()
+        escaped = _escaped_digits(match.string, at) if escapes and at >= 2 else 0
+        if not escaped:
+            return _mask_digits(run, mark)
+        rest = run[escaped:]
+        lead = 1 if rest[:1] in (" ", "-") else 0
+        return run[: escaped + lead] + _mask_digits(rest[lead:], mark)
+
+    return mask
 
 
-def redact_text(text: str, *, escapes: bool = True) -> str:
-    """`text` with every card number in it masked. `escapes`: the text may be JSON as written
-    (a body cut short, an error line), where `\\u00b0` before digits is one character; a
-    string parsed from JSON has no escapes left, so there `\\u0000` is a backslash, a `u` and
-    digits (a hypothesis finding: the key `\\u000000000000` kept its card number)."""
-    return _RUN.sub(_mask_run if escapes else _mask_plain, text)
+_MASKERS = {
+    (escapes, stable): _masker(stable_mark if stable else _plain_mark, escapes=escapes)
+    for escapes in (True, False)
+    for stable in (True, False)
+}
 
 
-def _mask_plain(match: re.Match[str]) -> str:
-    return _mask_digits(match.group())
+def redact_text(text: str, *, escapes: bool = True, stable: bool = False) -> str:
+    """`text` with every card number in it masked: `CARD_MARK`, or with `stable` its
+    `stable_mark`. `escapes`: the text may be JSON as written (a body cut short, an error
+    line), where `\\u00b0` before digits is one character; a string parsed from JSON has no
+    escapes left, so there `\\u0000` is a backslash, a `u` and digits (a hypothesis finding:
+    the key `\\u000000000000` kept its card number). Text with no run of 12 digits (most) costs
+    one scan of `re`'s, in C."""
+    return _RUN.sub(_MASKERS[escapes, stable], text)
+
+
+_ASCII_DIGITS = bytes(ord("1") if ch in b"0123456789" else ord("0") for ch in range(256))
+_TWELVE = b"1" * _SHORTEST
+
+
+def may_hold_card(text: str) -> bool:
+    """False when `text` surely holds no card number: ASCII text with no 12 digits in a row
+    once every space and dash is dropped (what every run of 12 digits with single separators
+    leaves). Eight times quicker than `re`'s search over a log line (1.5 µs against 12.7 for
+    480 characters: three passes in C, none of them `re`'s per-character matching). Text with
+    other than ASCII (digits of other scripts are digits too) is searched in full."""
+    if not text.isascii():
+        return _RUN.search(text) is not None
+    return _TWELVE in text.encode("ascii").translate(_ASCII_DIGITS, b" -")
+
+
+def shown_text(text: str) -> str:
+    """Text that leaves a process (a log line's value, an alert, an answer, a command's output)
+    with every card number masked by its stable mark, read both ways: as JSON as written and
+    as plain text (such text may quote either), so neither reading shows one."""
+    if not may_hold_card(text):
+        return text
+    return _RUN.sub(_MASKERS[False, True], _RUN.sub(_MASKERS[True, True], text))
+
+
+def holds_card_number(text: str) -> bool:
+    """Whether `text` holds a card number anywhere (read both ways, as `shown_text` reads it):
+    what a free-text field refuses."""
+    return shown_text(text) != text
+
+
+def is_card_number(text: str) -> bool:
+    """Whether `text` is one card number and nothing else (plain, or in groups split by single
+    spaces or dashes): what an identifier refuses. (Not one that holds a card number among
+    other characters: a random id, `ord-<hex>`, holds 12 decimal digits in a row one time in
+    a few hundred, and a Luhn-valid run one time in a few thousand.)"""
+    run = _RUN.fullmatch(text)
+    return run is not None and is_card(_SEPARATED.sub("", run.group()))
 
 
 def card_number(value: Any) -> bool:
