@@ -10,10 +10,17 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.domain.models import APP_ORDER_ID, OrderData, OrderRecord, StateRecord
+from shared.domain.models import (
+    APP_ORDER_ID,
+    NOT_A_CARD_NUMBER,
+    OrderData,
+    OrderRecord,
+    StateRecord,
+)
 from shared.domain.states import ProcessState, StepStatus
 from shared.domain.workflow import get_workflow
 
@@ -53,7 +60,7 @@ class NewOrder(OrderData):
             ]
         },
     )
-    order_id: str = Field(pattern=SHOP_ORDER_ID, max_length=40)
+    order_id: Annotated[str, NOT_A_CARD_NUMBER] = Field(pattern=SHOP_ORDER_ID, max_length=40)
     """The shop's id of the order: 1-40 letters, digits, '.', '_' or '-', starting with a letter
     or digit; the same id with the same data is the same order."""
 
