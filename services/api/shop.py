@@ -34,6 +34,7 @@ from services.api.models import (
     NewOrder,
     PlacedOrder,
     ShopOrderView,
+    ShownJSON,
     shop_view,
 )
 from services.operator.cancellation import cancel_order
@@ -42,7 +43,7 @@ from shared.domain.messages import SubmitOrder
 from shared.domain.models import OrderData, OrderRecord, StateRecord
 from shared.errors import PublishError, PublishRejected
 
-router = APIRouter(tags=["shop"])
+router = APIRouter(tags=["shop"], default_response_class=ShownJSON)
 
 Context = Annotated[ApiContext, Depends(context)]
 ShopOrderId = Annotated[
