@@ -161,16 +161,6 @@ _MASKERS = {
 }
 
 
-def redact_text(text: str, *, escapes: bool = True, stable: bool = False) -> str:
-    """`text` with every card number in it masked: `CARD_MARK`, or with `stable` its
-    `stable_mark`. `escapes`: the text may be JSON as written (a body cut short, an error
-    line), where `\\u00b0` before digits is one character; a string parsed from JSON has no
-    escapes left, so there `\\u0000` is a backslash, a `u` and digits (a hypothesis finding:
-    the key `\\u000000000000` kept its card number). Text with no run of 12 digits (most) costs
-    one scan of `re`'s, in C."""
-    return _RUN.sub(_MASKERS[escapes, stable], text)
-
-
 _ASCII_DIGITS = bytes(ord("1") if ch in b"0123456789" else ord("0") for ch in range(256))
 _TWELVE = b"1" * _SHORTEST
 
@@ -184,6 +174,18 @@ def may_hold_card(text: str) -> bool:
     if not text.isascii():
         return _RUN.search(text) is not None
     return _TWELVE in text.encode("ascii").translate(_ASCII_DIGITS, b" -")
+
+
+def redact_text(text: str, *, escapes: bool = True, stable: bool = False) -> str:
+    """`text` with every card number in it masked: `CARD_MARK`, or with `stable` its
+    `stable_mark`. `escapes`: the text may be JSON as written (a body cut short, an error
+    line), where `\\u00b0` before digits is one character; a string parsed from JSON has no
+    escapes left, so there `\\u0000` is a backslash, a `u` and digits (a hypothesis finding:
+    the key `\\u000000000000` kept its card number). Text with no 12 digits in a row (most)
+    is rejected by `may_hold_card`, without `re`."""
+    if not may_hold_card(text):
+        return text
+    return _RUN.sub(_MASKERS[escapes, stable], text)
 
 
 def shown_text(text: str) -> str:
@@ -324,4 +326,4 @@ def redact_pairs(text: str) -> str:
 
 def has_digit_run(text: str) -> bool:
     """Whether `text` has a run of digits long enough to hold a card number."""
-    return _RUN.search(text) is not None
+    return may_hold_card(text) and _RUN.search(text) is not None
