@@ -34,10 +34,11 @@ def _escaped(value: Any) -> Any:
 
 
 def _clean_data(value: Any, info: ValidationInfo) -> Any:
-    """Strings in free-form journal data escaped (shared/domain/text.py) and card numbers in
-    it masked (shared/domain/redaction.py): they often quote errors and received values, and
-    must neither make a write fail nor reach a screen raw."""
-    return value if is_stored(info) else _escaped(redact_shown(value))
+    """Strings in free-form journal data escaped (shared/domain/text.py): they often quote
+    errors and received values, and must neither make a write fail nor reach a screen raw.
+    Not masked: they are the system's own values too (fingerprints, references), read back;
+    what shows them masks the card numbers they quote (shared/domain/redaction.py)."""
+    return value if is_stored(info) else _escaped(value)
 
 
 JournalData = Annotated[dict[str, Any], BeforeValidator(_clean_data)]

@@ -17,7 +17,7 @@ from pydantic import (
     ValidationInfo,
 )
 
-from shared.domain.redaction_text import holds_card_number, is_card_number
+from shared.domain.redaction_text import holds_card_number, shows_card_number
 from shared.domain.states import ErrorKind, ProcessState, StepStatus
 from shared.domain.text import STORED as STORED_KEY
 from shared.domain.text import clean_cut, is_stored, refuse_unsafe
@@ -65,10 +65,11 @@ def _free_text(value: str, info: ValidationInfo) -> str:
 
 
 def _not_a_card_number(value: str, info: ValidationInfo) -> str:
-    """An identifier that is a card number (the application's order id, a payment token's
-    part after `tok_`) is refused; one that only holds one among other characters is masked
-    wherever it is shown (shared/domain/redaction.py), as random ids hold such runs by chance."""
-    if not is_stored(info) and is_card_number(unscoped(value).removeprefix("tok_")):
+    """An identifier (an order id, a payment token) refuses a card number that stands apart in
+    it (`o-4111111111111111`, `tok_4111…`): what every view would mask, so an accepted order's
+    ids are shown as they are. Not one beside a letter: random hex ids hold such runs by
+    chance (shared/domain/redaction_text.py `shown_text`)."""
+    if not is_stored(info) and shows_card_number(value):
         raise ValueError(NO_CARD_NUMBERS)
     return value
 

@@ -4,8 +4,9 @@
   split by single spaces or dashes, with no digit right before or after it (`redact_text`; and
   `card_number` for a number: an integer, or the integer part of a float or a Decimal). A
   dead letter's body shows `CARD_MARK` in its place; every other text that leaves a process
-  the *stable* mark (`stable_mark`): the same card always masked alike and two cards (almost
-  always) apart, so an id that held one still names one thing;
+  (`shown_text`) the *stable* mark (`stable_mark`) of each one that stands apart (no letter
+  beside it): the same card always masked alike and two cards (almost always) apart, so an id
+  that held one still names one thing;
 - a **sensitive name** is a key or header name that says card data or a secret (`cvv_code`,
   `cardNumber`, `X-Card-PAN`, `exp_month`, …; `sensitive_name` has the rules);
 - a `"name": value` pair in text (a body that is not JSON, or JSON inside a string) is found by
@@ -140,11 +141,19 @@ def _escaped_digits(text: str, start: int) -> int:
 _HEX = re.compile(r"[0-9a-fA-F]{4}")
 
 
-def _masker(mark: Callable[[str], str], *, escapes: bool) -> Callable[[re.Match[str]], str]:
+def _masker(*, escapes: bool, shown: bool) -> Callable[[re.Match[str]], str]:
+    """What replaces a run of digits: its card numbers masked (`shown`: by their stable marks,
+    and only in a run standing apart, with no letter right before or after it)."""
+    mark = stable_mark if shown else _plain_mark
+
     def mask(match: re.Match[str]) -> str:
-        run = match.group()
+        run, text = match.group(), match.string
         at = match.start()
-        escaped = _escaped_digits(match.string, at) if escapes and at >= 2 else 0
+        escaped = _escaped_digits(text, at) if escapes and at >= 2 else 0
+        if shown:
+            before = chr(int(text[at + escaped - 4 : at + escaped], 16)) if escaped else text[:at]
+            if before[-1:].isalpha() or text[match.end() : match.end() + 1].isalpha():
+                return run
         if not escaped:
             return _mask_digits(run, mark)
         rest = run[escaped:]
@@ -155,9 +164,9 @@ def _masker(mark: Callable[[str], str], *, escapes: bool) -> Callable[[re.Match[
 
 
 _MASKERS = {
-    (escapes, stable): _masker(stable_mark if stable else _plain_mark, escapes=escapes)
+    (escapes, shown): _masker(escapes=escapes, shown=shown)
     for escapes in (True, False)
-    for stable in (True, False)
+    for shown in (True, False)
 }
 
 
@@ -176,40 +185,44 @@ def may_hold_card(text: str) -> bool:
     return _TWELVE in text.encode("ascii").translate(_ASCII_DIGITS, b" -")
 
 
-def redact_text(text: str, *, escapes: bool = True, stable: bool = False) -> str:
-    """`text` with every card number in it masked: `CARD_MARK`, or with `stable` its
-    `stable_mark`. `escapes`: the text may be JSON as written (a body cut short, an error
+def redact_text(text: str, *, escapes: bool = True) -> str:
+    """`text` with every card number in it masked (`CARD_MARK`). `escapes`: the text may be
+    JSON as written (a body cut short, an error
     line), where `\\u00b0` before digits is one character; a string parsed from JSON has no
     escapes left, so there `\\u0000` is a backslash, a `u` and digits (a hypothesis finding:
     the key `\\u000000000000` kept its card number). Text with no 12 digits in a row (most)
     is rejected by `may_hold_card`, without `re`."""
     if not may_hold_card(text):
         return text
-    return _RUN.sub(_MASKERS[escapes, stable], text)
+    return _RUN.sub(_MASKERS[escapes, False], text)
 
 
 def shown_text(text: str) -> str:
     """Text that leaves a process (a log line's value, an alert, an answer, a command's output)
-    with every card number masked by its stable mark, read both ways: as JSON as written and
-    as plain text (such text may quote either), so neither reading shows one."""
+    with every card number that stands apart (no letter right before or after it) masked by
+    its stable mark, read both ways: as JSON as written and as plain text (such text may quote
+    either), so neither reading shows one.
+
+    Apart, so that ids are shown as they are: a hex id (a trace id, a fingerprint, `ord-<hex>`)
+    holds 12 decimal digits in a row one time in a few hundred, and a Luhn-valid run one time
+    in a few thousand, but always beside a letter. A card number is written apart (`card
+    4111 1111 1111 1111`, `"4111111111111111"`, an id that is one), and one that is not is
+    refused in an order's free text all the same (`holds_card_number`)."""
     if not may_hold_card(text):
         return text
     return _RUN.sub(_MASKERS[False, True], _RUN.sub(_MASKERS[True, True], text))
 
 
 def holds_card_number(text: str) -> bool:
-    """Whether `text` holds a card number anywhere (read both ways, as `shown_text` reads it):
-    what a free-text field refuses."""
+    """Whether `text` holds a card number anywhere, by the rule of dead letters (beside a
+    letter too) read both ways: what a free-text field refuses."""
+    return redact_text(text) != text or redact_text(text, escapes=False) != text
+
+
+def shows_card_number(text: str) -> bool:
+    """Whether `text` would be shown masked (`shown_text`): what an identifier refuses, so that
+    an accepted order's ids are shown as they are."""
     return shown_text(text) != text
-
-
-def is_card_number(text: str) -> bool:
-    """Whether `text` is one card number and nothing else (plain, or in groups split by single
-    spaces or dashes): what an identifier refuses. (Not one that holds a card number among
-    other characters: a random id, `ord-<hex>`, holds 12 decimal digits in a row one time in
-    a few hundred, and a Luhn-valid run one time in a few thousand.)"""
-    run = _RUN.fullmatch(text)
-    return run is not None and is_card(_SEPARATED.sub("", run.group()))
 
 
 def card_number(value: Any) -> bool:

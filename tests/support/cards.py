@@ -45,6 +45,9 @@ _DIGIT_AT_START = re.compile(r"\A\d")
 # Beside a digit, a card number's digits are part of a longer number (which is not one).
 prefixes = st.text(max_size=12).filter(lambda s: not _DIGIT_AT_END.search(s))
 suffixes = st.text(max_size=12).filter(lambda s: not _DIGIT_AT_START.search(s))
+# What is shown masks a card number that stands apart: no letter beside it either.
+apart_prefixes = prefixes.filter(lambda s: not s[-1:].isalpha())
+apart_suffixes = suffixes.filter(lambda s: not s[:1].isalpha())
 
 
 def in_clear(digits: str, text: str) -> int:
