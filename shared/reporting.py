@@ -83,10 +83,10 @@ class Reporter:
         order_id: str | None = None,
         **data: Any,
     ) -> None:
-        """Store the alert (idempotent by id) and publish it on `<hub>.alerts`. What it says
-        (its id, message, order id and data) is masked as it is made (shared/domain/journal.py
-        `Alert`): a message id or an error may quote a card number, and an alert is shown, sent
-        and logged; its id is masked alike every time (a stable mark), so it stays the key."""
+        """Store the alert (idempotent by id) and publish it on `<hub>.alerts`. Its id and
+        message are masked as it is made (shared/domain/journal.py `Alert`): a message id or
+        an error may quote a card number; the id alike every time (a stable mark), so it stays
+        the key. (Its data, the system's own values, is masked where it is shown.)"""
         alert = Alert(
             alert_id=alert_id,
             kind=kind,
