@@ -83,20 +83,24 @@ class Reporter:
         order_id: str | None = None,
         **data: Any,
     ) -> None:
-        """Store the alert (idempotent by id) and publish it on `<hub>.alerts`."""
+        """Store the alert (idempotent by id) and publish it on `<hub>.alerts`. Its id and
+        message are masked as it is made (shared/domain/journal.py `Alert`): a message id or
+        an error may quote a card number; the id alike every time (a stable mark), so it stays
+        the key. (Its data, the system's own values, is masked where it is shown.)"""
         alert = Alert(
             alert_id=alert_id,
             kind=kind,
             severity=severity,
-            message=message[:2000],
+            message=message,  # cut by `Alert` once masked (a cut first could halve a card)
             at=utcnow(),
             order_id=order_id,
             source=self._source,
             data=data,
         )
-        fields = {"alert": kind.value, "detail": message[:200]}
+        fields = {"alert": kind.value, "detail": alert.message[:200]}
         log.warning(
-            "alert raised", extra=fields if order_id is None else fields | {"order_id": order_id}
+            "alert raised",
+            extra=fields if alert.order_id is None else fields | {"order_id": alert.order_id},
         )
         if not await self._store.raise_alert(alert):
             return
@@ -143,7 +147,7 @@ class Reporter:
             status=status,
             process_state=state,
             at=utcnow(),
-            detail=detail[:2000] if detail else None,
+            detail=detail or None,  # cut by the contract once masked
         )
         try:
             await self._publisher.publish(

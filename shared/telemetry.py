@@ -1,4 +1,6 @@
-"""Structured logs: one JSON object per line, with the pattern's identifiers when known."""
+"""Structured logs: one JSON object per line, with the pattern's identifiers when known, and no
+card number in clear: every line passes through `redact_shown` (shared/domain/redaction.py),
+whoever wrote it and whatever it quotes (a message id, an error, a received value)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
+from shared.domain.redaction import may_hold_card, redact_shown
 from shared.tracing import current_ids, order_trace_id
 
 # Attributes every LogRecord has; anything else passed through `extra=` is an event field.
@@ -51,25 +54,38 @@ class JsonFormatter(logging.Formatter):
         self._static = {"process": process, "hub": hub}
 
     def format(self, record: logging.LogRecord) -> str:
-        event: dict[str, Any] = {
+        ours = {
             "at": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "event": record.getMessage(),
-            **self._static,
-            **_FIELDS.get(),
         }
-        event |= {k: v for k, v in vars(record).items() if k not in _STANDARD}
-        order_id = event.get("order_id")
-        if isinstance(order_id, str) and "trace_id" not in event:
+        told: dict[str, Any] = {"event": record.getMessage(), **self._static, **_FIELDS.get()}
+        told |= {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        order_id = told.get("order_id")
+        if isinstance(order_id, str) and "trace_id" not in told:
             # The order's trace (shared/tracing.py), whether or not its spans are exported.
-            event["trace_id"] = order_trace_id(self._static["hub"], order_id)
+            ours["trace_id"] = order_trace_id(self._static["hub"], order_id)
             span = current_ids()
-            if span is not None and span[0] == event["trace_id"]:
-                event["span_id"] = span[1]
+            if span is not None and span[0] == ours["trace_id"]:
+                ours["span_id"] = span[1]
         if record.exc_info:
-            event["exception"] = self.formatException(record.exc_info)
-        return json.dumps(event, default=str)
+            told["exception"] = self.formatException(record.exc_info)
+        line = json.dumps(ours | told, default=str)  # an `extra=` field wins
+        if not _may_hold_card(line):
+            return line  # most lines: no 12 digits in a row, nor text beyond ASCII (escaped)
+        said = json.dumps(told, default=str)
+        if not _may_hold_card(said):
+            return line  # the digits were the time's or a trace id's, computed here
+        # What the line tells (not the time or the trace ids computed here, which a run of
+        # digits in a hex id would mask by chance), as JSON reads it, masked.
+        ours = {k: v for k, v in ours.items() if k not in told}
+        return json.dumps(ours | redact_shown(json.loads(said)))
+
+
+def _may_hold_card(line: str) -> bool:
+    """Whether a line of JSON may hold a card number: digits, or text beyond ASCII, which
+    JSON escapes (`\\u0664` is a digit too)."""
+    return "\\u" in line or may_hold_card(line)
 
 
 def configure_logging(*, level: str, process: str, hub: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -23,7 +24,7 @@ from services.api import operations, pages, shop
 from services.api.auth import body_allowance
 from services.api.context import ApiContext, StatusBridge, load_catalogue
 from services.api.limits import BodyLimit, h11_with_read_timeout
-from services.api.models import ErrorBody
+from services.api.models import ErrorBody, ShownJSON, refused_input
 from shared.bootstrap import Runtime
 from shared.broker.connection import connect, login_user
 from shared.broker.private import PrivateQueue
@@ -75,7 +76,7 @@ def create_app(ctx: ApiContext | None) -> FastAPI:
     @app.exception_handler(ServiceUnavailable)
     async def unavailable(request: Request, exc: ServiceUnavailable) -> JSONResponse:
         log.warning("a server is unavailable", extra={"error": str(exc)[:300]})
-        return JSONResponse(
+        return ShownJSON(
             {"detail": f"a server orderflow needs is unavailable: {exc}"[:500]},
             status_code=503,
             headers={"Retry-After": "5"},
@@ -83,10 +84,11 @@ def create_app(ctx: ApiContext | None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def refused(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
+        return ShownJSON(
             {"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers
         )
 
+    app.add_exception_handler(RequestValidationError, refused_input)
     return app
 
 

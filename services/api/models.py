@@ -4,20 +4,54 @@ A shop's order is the object `order.submit` carries in `order` (shared/domain/me
 the shop's own id. What the API answers a shop is the customer's view of its order: a status
 in the words a shop shows (`Received`, `Processing`, `Completed`, …), its steps and what happens
 next; never the payment token, nor anything of another shop.
+
+Every answer is JSON with no card number in clear (`ShownJSON`, shared/domain/redaction.py): the
+routers answer with it, and so do the application's refusals (`refused_input` for a request that
+does not validate, which would otherwise echo what was sent).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Annotated, Any
 
+from fastapi import Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.domain.models import APP_ORDER_ID, OrderData, OrderRecord, StateRecord
+from shared.domain.models import (
+    APP_ORDER_ID,
+    NOT_A_CARD_NUMBER,
+    OrderData,
+    OrderRecord,
+    StateRecord,
+)
+from shared.domain.redaction import may_hold_card, redact_shown
 from shared.domain.states import ProcessState, StepStatus
 from shared.domain.workflow import get_workflow
 
 SHOP_ORDER_ID = rf"^{APP_ORDER_ID}$"
+
+
+class ShownJSON(JSONResponse):
+    """A JSON answer with every card number in it masked. Rendered as it is when its text
+    holds no run of 12 digits (most answers: one quick look), else rendered again masked."""
+
+    def render(self, content: Any) -> bytes:
+        body = super().render(content)
+        if may_hold_card(body.decode("utf-8", "replace")):
+            body = super().render(redact_shown(content))
+        return body
+
+
+async def refused_input(request: Request, exc: Exception) -> JSONResponse:
+    """A request that does not validate: 422 with what was wrong where (FastAPI's own answer,
+    which quotes each value refused), masked."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    return ShownJSON({"detail": jsonable_encoder(errors)}, status_code=422)
 
 
 class ErrorBody(BaseModel):
@@ -53,7 +87,7 @@ class NewOrder(OrderData):
             ]
         },
     )
-    order_id: str = Field(pattern=SHOP_ORDER_ID, max_length=40)
+    order_id: Annotated[str, NOT_A_CARD_NUMBER] = Field(pattern=SHOP_ORDER_ID, max_length=40)
     """The shop's id of the order: 1-40 letters, digits, '.', '_' or '-', starting with a letter
     or digit; the same id with the same data is the same order."""
 

@@ -20,7 +20,7 @@ from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Fiel
 
 from services.api.auth import Operator, Viewer, context
 from services.api.context import ApiContext, BulkJob
-from services.api.models import ErrorBody
+from services.api.models import ErrorBody, ShownJSON
 from services.cli.dlq import body_text
 from services.operator import actions
 from services.operator.actions import COMPENSATE, Outcome, refused
@@ -51,7 +51,7 @@ from shared.store.port import StateQuery
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/ops", tags=["operator"])
+router = APIRouter(prefix="/ops", tags=["operator"], default_response_class=ShownJSON)
 Context = Annotated[ApiContext, Depends(context)]
 SYSTEM_ORDER_ID = rf"^([a-z][a-z0-9_-]{{0,39}}/)?{APP_ORDER_ID}$"
 """An order's id as the store holds it: the application's id, prefixed with its shop's name when

@@ -36,6 +36,7 @@ from services.api.models import (
     NewOrder,
     PlacedOrder,
     ShopOrderView,
+    ShownJSON,
     shop_view,
 )
 from services.operator.cancellation import cancel_order, status_teller
@@ -45,7 +46,7 @@ from shared.domain.models import OrderData, OrderRecord, StateRecord
 from shared.errors import PublishError, PublishRejected
 from shared.reporting import Reporter
 
-router = APIRouter(tags=["shop"])
+router = APIRouter(tags=["shop"], default_response_class=ShownJSON)
 
 Context = Annotated[ApiContext, Depends(context)]
 ShopOrderId = Annotated[

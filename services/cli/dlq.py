@@ -13,7 +13,7 @@ import json
 import click
 from rich.table import Table
 
-from services.cli.render import add_columns, plain, plain_console, shorten_tokens, shown
+from services.cli.render import add_columns, echo_json, plain, plain_console, shown
 from services.cli.settings import pass_settings
 from services.operator.dead_letters import (
     dead_letter_queues,
@@ -24,7 +24,7 @@ from services.operator.dead_letters import (
 )
 from shared.broker.dead_letters import Replayed
 from shared.config import Settings
-from shared.domain.redaction import redact_body
+from shared.domain.redaction import redact_body, shorten_tokens
 from shared.errors import BadInput
 
 BODY_SHOWN = 4000
@@ -45,7 +45,7 @@ def list_cmd(settings: Settings, queue: str | None, as_json: bool) -> None:
     """Dead-lettered messages with their reasons (the messages stay where they are)."""
     rows = asyncio.run(list_dead_letters(settings, queue))
     if as_json:
-        click.echo(json.dumps({"messages": rows}))
+        echo_json({"messages": rows})
         return
     table = Table(title=f"{len(rows)} dead-lettered message(s) in hub {settings.hub}")
     add_columns(table, "queue", "message id", "type", "reason", "error", "dead-lettered")
@@ -73,7 +73,7 @@ def show_cmd(settings: Settings, message_id: str, queue: str | None, as_json: bo
         raise BadInput(f"no dead-lettered message {message_id!r} in hub {settings.hub}")
     found = [letter.row | {"body": body_text(letter.body)} for letter in letters]
     if as_json:
-        click.echo(json.dumps({"messages": found}))
+        echo_json({"messages": found})
         return
     for row in found:
         click.echo(
@@ -125,7 +125,7 @@ def replay_cmd(
 def _report_replay(outcome: Replayed, *, as_json: bool) -> None:
     done, unsealed, missing = outcome.replayed, outcome.unsealed, outcome.not_found
     if as_json:
-        click.echo(json.dumps({"replayed": done, "not_found": missing, "unsealed": unsealed}))
+        echo_json({"replayed": done, "not_found": missing, "unsealed": unsealed})
         return
     for d in done:
         click.echo(plain(f"{d['message_id']}: replayed to {d['queue']}"))
@@ -157,7 +157,7 @@ def purge_cmd(settings: Settings, queue: str | None, yes: bool, as_json: bool) -
         click.confirm(f"Delete every message in {', '.join(dlqs)} for good?", abort=True, err=True)
     purged = asyncio.run(purge_dead_letters(settings, queue))
     if as_json:
-        click.echo(json.dumps({"purged": purged}))
+        echo_json({"purged": purged})
         return
     for name, n in purged.items():
         click.echo(f"{name}: {n} message(s) deleted")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import getpass
-import json
 import signal
 import sys
 from typing import Any
@@ -17,7 +16,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from services.cli.render import add_columns, plain, plain_console, shown
+from services.cli.render import add_columns, echo_json, plain, plain_console, shown
 from services.cli.settings import pass_settings
 from services.operator.alerts import (
     Feed,
@@ -106,7 +105,7 @@ def stats(settings: Settings, as_json: bool) -> None:
     `stuck_pending_capped` / `overdue_capped`)."""
     result = asyncio.run(gather_stats(settings))
     if as_json:
-        click.echo(json.dumps(result))
+        echo_json(result)
         return
     plain_console().print(render_stats(result))
 
@@ -133,7 +132,7 @@ def watch(settings: Settings, interval: float, count: int | None, as_json: bool)
 
     async def json_lines() -> None:
         async for result in stats_every(settings, interval, count):
-            click.echo(json.dumps(result))
+            echo_json(result)
             sys.stdout.flush()  # a reader of a pipe sees each refresh as it comes
 
     with contextlib.suppress(KeyboardInterrupt):
@@ -160,7 +159,7 @@ def alerts_list(settings: Settings, since: str | None, limit: int, as_json: bool
     found = asyncio.run(recent_alerts(settings, after, limit))
     if as_json:
         rows = [a.model_dump(mode="json") | _state_fields(s) for a, s in found]
-        click.echo(json.dumps({"alerts": rows}))
+        echo_json({"alerts": rows})
         return
     now = utcnow()
     table = Table(title=f"{len(found)} alert(s), newest first")
@@ -240,7 +239,7 @@ def alerts_undelivered(settings: Settings, as_json: bool) -> None:
     for good or that failed until the notifier gave up, oldest first, with why."""
     rows = asyncio.run(undelivered_alerts(settings))
     if as_json:
-        click.echo(json.dumps({"undelivered": rows}))
+        echo_json({"undelivered": rows})
         return
     table = Table(title=f"{len(rows)} notice(s) not delivered, oldest first")
     add_columns(table, "age", "target", "reason", "notice", "error")
@@ -266,7 +265,7 @@ def alerts_follow(settings: Settings, burst: bool, as_json: bool) -> None:
 
     def show(alert: Alert) -> None:
         if as_json:
-            click.echo(json.dumps(alert.model_dump(mode="json")))
+            echo_json(alert.model_dump(mode="json"))
         else:
             click.echo(
                 plain(
@@ -310,7 +309,7 @@ def audit(settings: Settings, grace: float, as_json: bool) -> None:
     suite to show.)"""
     result = asyncio.run(audit_hub(settings, grace)).to_json()
     if as_json:
-        click.echo(json.dumps(result))
+        echo_json(result)
     else:
         click.echo(
             plain(

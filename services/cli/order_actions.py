@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import getpass
-import json
 import re
 import sys
 from collections import defaultdict
@@ -18,7 +17,7 @@ from typing import Any
 import click
 
 from services.cli.orders import check_ids, duration_of, kind_choice, kind_of, orders
-from services.cli.render import plain, progress_bar
+from services.cli.render import echo_json, plain, progress_bar
 from services.cli.settings import pass_settings
 from services.operator import actions, cancellation
 from services.operator.actions import COMPENSATE, Action, Chooser, Outcome, refused
@@ -57,14 +56,12 @@ def report(outcomes: list[Outcome], *, as_json: bool, dry_run: bool) -> None:
     done = [(o, r) for o, r in outcomes if not refused(r)]
     refusals = [(o, r) for o, r in outcomes if refused(r)]
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "dry_run": dry_run,
-                    "done": [{"order_id": o, "outcome": r} for o, r in done],
-                    "refused": [{"order_id": o, "reason": r} for o, r in refusals],
-                }
-            )
+        echo_json(
+            {
+                "dry_run": dry_run,
+                "done": [{"order_id": o, "outcome": r} for o, r in done],
+                "refused": [{"order_id": o, "reason": r} for o, r in refusals],
+            }
         )
     else:
         for order_id, outcome in outcomes if len(outcomes) <= 50 else refusals[:50]:
@@ -205,7 +202,7 @@ def compensate_cmd(
     )
     if as_json:
         done = [{"order_id": o, "outcome": r, "plan": undo[o]} for o, r in outcomes]
-        click.echo(json.dumps({"dry_run": dry_run, "orders": done}))
+        echo_json({"dry_run": dry_run, "orders": done})
         if any(refused(r) for _, r in outcomes):
             sys.exit(1)
         return

@@ -6,7 +6,6 @@ with `--json` for scripts; the views themselves are `services/operator/views.py`
 from __future__ import annotations
 
 import asyncio
-import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,7 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 from rich.table import Table
 from rich.text import Text
 
-from services.cli.render import add_columns, plain_console, short_token, shown
+from services.cli.render import add_columns, echo_json, plain_console, shown
 from services.cli.settings import pass_settings
 from services.operator.explain import FailureGroup, current_step
 from services.operator.views import (
@@ -117,7 +116,7 @@ def list_cmd(
     page = asyncio.run(list_orders(settings, query, step, cursor, limit))
     if as_json:
         listed = [order_summary(r, now) for r in page.records]
-        click.echo(json.dumps({"orders": listed, "next": page.next}))
+        echo_json({"orders": listed, "next": page.next})
         return
     table = Table(title=f"{len(page.records)} order(s), most recently changed first")
     add_columns(table, "order", "state", "step", "attempt", "failures", "error", "changed")
@@ -140,7 +139,7 @@ def list_cmd(
 
 def _print_groups(groups: list[FailureGroup], now: datetime, *, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps({"groups": [g.to_json() for g in groups]}))
+        echo_json({"groups": [g.to_json() for g in groups]})
         return
     table = Table(title=f"{sum(g.count for g in groups)} failed order(s) in {len(groups)} group(s)")
     add_columns(table, "count", "kind", "fingerprint", "states", "newest", "examples")
@@ -167,17 +166,10 @@ def show_cmd(settings: Settings, order_id: str, as_json: bool) -> None:
     """An order: its data, state, steps, retry budget, lease, and what happens next."""
     check_ids((order_id,))
     result = asyncio.run(order_view(settings, order_id))
-    if result["order"] is not None:
-        result["order"] = _order_shown(result["order"])
     if as_json:
-        click.echo(json.dumps(result))
+        echo_json(result)
         return
     _print_show(result)
-
-
-def _order_shown(data: dict[str, Any]) -> dict[str, Any]:
-    data["payment_token"] = short_token(str(data.get("payment_token", "")))  # never in full
-    return data
 
 
 def _print_show(result: dict[str, Any]) -> None:
@@ -258,7 +250,7 @@ def history_cmd(settings: Settings, order_id: str, as_json: bool) -> None:
     check_ids((order_id,))
     rows = asyncio.run(order_timeline(settings, order_id))
     if as_json:
-        click.echo(json.dumps({"order_id": order_id, "events": rows}))
+        echo_json({"order_id": order_id, "events": rows})
         return
     table = Table(title=f"history of {order_id}")
     add_columns(table, "at", "+", "event", "attempt", "step", "details")

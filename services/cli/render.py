@@ -15,15 +15,20 @@ visible escape such as `\\x1b` or `\\u202e`. A line break is escaped too (`\\x0a
 cannot fake a row or a line of its own, unless `keep_lines` asks to keep line feeds in a text
 shown as several lines (a message body). JSON output needs neither: `json.dumps` escapes every
 non-ASCII character and control (its default `ensure_ascii=True`).
+
+And both, as `echo_json` for JSON output, mask every card number (`redact_shown`,
+shared/domain/redaction.py): a message id, an error or an order's text may hold one.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import click
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -36,13 +41,14 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from shared.domain.redaction import redact_shown
 from shared.domain.text import printable
 
 
 def plain(value: object, *, keep_lines: bool = False) -> str:
-    """`value` as text that a terminal shows as it is, unsafe characters escaped; with
-    `keep_lines`, line feeds are kept and every line is escaped."""
-    text = value if isinstance(value, str) else str(value)
+    """`value` as text that a terminal shows as it is, card numbers masked and unsafe
+    characters escaped; with `keep_lines`, line feeds are kept and every line is escaped."""
+    text = redact_shown(value if isinstance(value, str) else str(value))
     if keep_lines:
         return "\n".join(printable(line) for line in text.split("\n"))
     return printable(text)
@@ -51,6 +57,11 @@ def plain(value: object, *, keep_lines: bool = False) -> str:
 def shown(value: object, *, keep_lines: bool = False) -> Text:
     """`value` for rich: `plain` text, as a `Text` that rich never parses."""
     return Text(plain(value, keep_lines=keep_lines))
+
+
+def echo_json(value: Any) -> None:
+    """A command's `--json` output: `value` as one line of JSON, card numbers masked."""
+    click.echo(json.dumps(redact_shown(value)))
 
 
 def plain_console(*, stderr: bool = False) -> Console:
@@ -109,24 +120,3 @@ class PlainFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return plain(super().format(record), keep_lines=True)
-
-
-TOKEN_SHOWN = 8
-"""Characters of a payment token shown: enough to tell two apart, never the whole."""
-
-
-def short_token(token: str) -> str:
-    """A payment token as every command shows it: its start only."""
-    return token[:TOKEN_SHOWN] + "…" if len(token) > TOKEN_SHOWN else token
-
-
-def shorten_tokens(value: Any) -> Any:
-    """A copy of parsed JSON with every `payment_token` string shortened, at any depth."""
-    if isinstance(value, dict):
-        return {
-            k: short_token(v) if k == "payment_token" and isinstance(v, str) else shorten_tokens(v)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [shorten_tokens(v) for v in value]
-    return value

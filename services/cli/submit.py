@@ -7,7 +7,6 @@ the shop's (`services/shop/`).
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from services.cli.render import plain
+from services.cli.render import echo_json, plain
 from services.cli.settings import pass_settings
 from services.shop.orders import generated_order, orders_from_file
 from services.shop.publish import submit_orders
@@ -207,7 +206,7 @@ def submit(
 
 def _print_summary(result: dict[str, Any], *, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(result))
+        echo_json(result)
         return
     click.echo(f"published {result['published']} order(s)")
     if result["rejected"]:

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import asdict
 
 import click
 from rich.table import Table
 
-from services.cli.render import add_columns, plain_console, shown
+from services.cli.render import add_columns, echo_json, plain_console, shown
 from services.cli.settings import pass_settings
 from services.operator.workflows import VersionReport, workflow_reports
 from shared.config import Settings
@@ -26,7 +25,7 @@ def workflows(settings: Settings, as_json: bool) -> None:
     reports = asyncio.run(workflow_reports(settings))
     if as_json:
         rows = [asdict(r) | {"retirable": r.retirable, "verdict": r.verdict} for r in reports]
-        click.echo(json.dumps({"versions": rows}))
+        echo_json({"versions": rows})
     else:
         _print(reports)
     if any(not r.registered for r in reports):

@@ -7,6 +7,9 @@ resolved. Each kind of target has its own body:
 - `slack`: an incoming webhook's `text` (the fallback shown in notifications) and `blocks`;
 - `pagerduty`: an Events API v2 event; a trigger carries the alert as its `payload`, an
   acknowledge or resolve only the `dedup_key` of the incident it changes.
+
+Every body holds no card number in clear (`redact_shown`, shared/domain/redaction.py): an alert
+is masked when it is made, but one stored before that was not, and a body leaves the system.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from enum import StrEnum
 from typing import Any
 
 from shared.domain.journal import Alert, AlertAction, AlertState
+from shared.domain.redaction import redact_shown
 
 PAGERDUTY_SUMMARY_LIMIT = 1024
 """PagerDuty refuses a longer `payload.summary`."""
@@ -93,7 +97,7 @@ def body(kind: TargetKind, notice: Notice, *, routing_key: str | None = None) ->
 
 
 def webhook_body(notice: Notice) -> dict[str, Any]:
-    return {
+    body = {
         "event": notice.event.value,
         "hub": notice.hub,
         "alert": notice.alert.model_dump(mode="json"),
@@ -101,6 +105,8 @@ def webhook_body(notice: Notice) -> dict[str, Any]:
         "by": notice.by,
         "at": notice.at.isoformat() if notice.at is not None else None,
     }
+    masked: dict[str, Any] = redact_shown(body)
+    return masked
 
 
 def _slack_escaped(text: str) -> str:
@@ -109,7 +115,11 @@ def _slack_escaped(text: str) -> str:
 
 
 def slack_text(notice: Notice) -> str:
-    """The one-line text of a notice (Slack's fallback, shown in notifications)."""
+    """The one-line text of a notice (Slack's fallback, shown in notifications), masked."""
+    return redact_shown(_slack_line(notice))
+
+
+def _slack_line(notice: Notice) -> str:
     alert = notice.alert
     about = f" order {alert.order_id}" if alert.order_id else ""
     if notice.event is Event.TRIGGER:
@@ -128,6 +138,8 @@ def slack_body(notice: Notice) -> dict[str, Any]:
         f"raised {alert.at.isoformat()}",
         *([f"by {alert.source}"] if alert.source else []),
     ]
+    # Masked before the cut, which could leave the first digits of a card it halves.
+    context_text = _slack_escaped(redact_shown(" · ".join(context)))
     return {
         "text": text,
         "blocks": [
@@ -137,7 +149,7 @@ def slack_body(notice: Notice) -> dict[str, Any]:
                 "elements": [
                     {
                         "type": "mrkdwn",
-                        "text": _slack_escaped(" · ".join(context))[:SLACK_TEXT_LIMIT],
+                        "text": context_text[:SLACK_TEXT_LIMIT],
                     }
                 ],
             },
@@ -146,8 +158,13 @@ def slack_body(notice: Notice) -> dict[str, Any]:
 
 
 def pagerduty_body(notice: Notice, routing_key: str) -> dict[str, Any]:
+    """The event, masked but for its routing key (a secret of 32 characters, which may hold
+    a run of digits that the masking would take for a card number)."""
+    return {"routing_key": routing_key, **redact_shown(_pagerduty_event(notice))}
+
+
+def _pagerduty_event(notice: Notice) -> dict[str, Any]:
     event: dict[str, Any] = {
-        "routing_key": routing_key,
         "event_action": notice.event.value,
         "dedup_key": notice.dedup_key,
     }
@@ -155,6 +172,7 @@ def pagerduty_body(notice: Notice, routing_key: str) -> dict[str, Any]:
         return event
     alert = notice.alert
     summary = f"{alert.kind.value}: {alert.message}" if alert.message else alert.kind.value
+    summary = redact_shown(summary)  # before the cut, which could halve a card number
     details = {
         "alert_id": alert.alert_id,
         "hub": notice.hub,

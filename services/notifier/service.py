@@ -41,6 +41,8 @@ from shared.broker.senders import Senders
 from shared.broker.topology import existing_queue
 from shared.config import Settings
 from shared.domain.journal import Alert, AlertState
+from shared.domain.redaction import redact_shown
+from shared.domain.text import cut
 from shared.domain.timing import utcnow
 from shared.errors import ConfigurationError, one_line
 from shared.telemetry import log_fields
@@ -219,7 +221,7 @@ class Notifier:
     async def _dead_letter(self, target: Target, notice: Notice, reason: str, error: str) -> None:
         log.error(
             "notice dead-lettered",
-            extra={"target": target.name, "reason": reason, "error": error[:300]},
+            extra={"target": target.name, "reason": reason, "error": cut(redact_shown(error), 300)},
         )
         # The generic body, whatever the target's kind: it carries no secret (a PagerDuty
         # event would carry the routing key).

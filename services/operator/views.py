@@ -21,7 +21,8 @@ from services.operator.explain import (
     undo_plan,
 )
 from shared.config import Settings
-from shared.domain.models import StateRecord
+from shared.domain.models import OrderData, StateRecord
+from shared.domain.redaction import short_token
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.timing import utcnow
 from shared.errors import BadInput
@@ -155,8 +156,8 @@ def order_summary(r: StateRecord, now: datetime) -> dict[str, Any]:
 
 
 async def order_view(settings: Settings, order_id: str) -> dict[str, Any]:
-    """An order: its data (the payment token in full: a command shows its start only), state,
-    steps, retry budget, lease, undo log and what happens next."""
+    """An order: its data (the payment token by its start only), state, steps, retry budget,
+    lease, undo log and what happens next."""
     store = await open_store(settings)
     try:
         return await order_view_in(store, settings, order_id)
@@ -174,7 +175,7 @@ async def order_view_in(store: StateStore, settings: Settings, order_id: str) ->
     now = utcnow()
     return {
         "order_id": order_id,
-        "order": None if order is None else order.data.model_dump(mode="json"),
+        "order": None if order is None else order_data_view(order.data),
         "received_at": None if order is None else order.received_at.isoformat(),
         "state": None if record is None else state_view(record, settings, now),
         "compensation": [
@@ -187,6 +188,12 @@ async def order_view_in(store: StateStore, settings: Settings, order_id: str) ->
             for u in undo_plan(log)
         ],
     }
+
+
+def order_data_view(data: OrderData) -> dict[str, Any]:
+    """An order's data as every view shows it: its payment token by its start only (the CLI's,
+    the API's and so the console's; the shop's own views show none)."""
+    return data.model_dump(mode="json") | {"payment_token": short_token(data.payment_token)}
 
 
 def state_view(r: StateRecord, settings: Settings, now: datetime) -> dict[str, Any]:

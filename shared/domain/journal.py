@@ -16,6 +16,7 @@ from pydantic import (
     ValidationInfo,
 )
 
+from shared.domain.redaction import redact_shown
 from shared.domain.text import clean_cut, is_stored, printable
 
 JOURNAL_SCHEMA_VERSION = 1
@@ -34,7 +35,9 @@ def _escaped(value: Any) -> Any:
 
 def _clean_data(value: Any, info: ValidationInfo) -> Any:
     """Strings in free-form journal data escaped (shared/domain/text.py): they often quote
-    errors and received values, and must neither make a write fail nor reach a screen raw."""
+    errors and received values, and must neither make a write fail nor reach a screen raw.
+    Not masked: they are the system's own values too (fingerprints, references), read back;
+    what shows them masks the card numbers they quote (shared/domain/redaction.py)."""
     return value if is_stored(info) else _escaped(value)
 
 
@@ -44,15 +47,17 @@ ALERT_ID_LIMIT = 128
 
 
 def _bounded_id(value: Any, info: ValidationInfo) -> Any:
-    """An alert id escaped, and over the limit keeps its start and ends in a digest of the
-    whole, so it still names one condition (ids are built from message ids, which senders
-    choose)."""
+    """An alert id with its card numbers masked by their stable marks and escaped, and over
+    the limit keeps its start and ends in a digest of the whole (as masked: a digest of a card
+    number could be searched for), so it still names one condition (ids are built from
+    message ids, which senders choose)."""
     if is_stored(info) or not isinstance(value, str):
         return value
-    shown = printable(value)
+    masked = redact_shown(value)
+    shown = printable(masked)
     if len(shown) <= ALERT_ID_LIMIT:
         return shown
-    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    digest = hashlib.sha256(masked.encode("utf-8", "surrogatepass")).hexdigest()[:24]
     return f"{shown[: ALERT_ID_LIMIT - 25]}~{digest}"
 
 

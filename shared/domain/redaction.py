@@ -18,13 +18,19 @@ shared/domain/redaction_text.py; this module walks bodies, header tables and oth
 them. Redacting is total (any input gives an output, never an
 exception), linear in the input's size, and idempotent: what it gives back has nothing more
 to mask.
+
+Everything else that leaves a process (log lines, alerts, webhooks, API answers, command
+output) passes through `redact_shown`: card numbers only, each masked by its stable mark, so
+an id that held one still names one thing (an alert's id stays its idempotency key). And a
+payment token, which is no card number but still a means of payment, is shown by its start
+only (`short_token`), in every view.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, overload
 
 from shared.domain import jsonsafe
 from shared.domain.redaction_text import (
@@ -34,19 +40,26 @@ from shared.domain.redaction_text import (
     has_digit_run,
     is_card,
     luhn_valid,
+    may_hold_card,
     redact_pairs,
     redact_text,
     sensitive_name,
+    shown_text,
+    stable_mark,
 )
 
 __all__ = [
     "CARD_MARK",
     "MARK",
     "luhn_valid",
+    "may_hold_card",
     "redact_body",
     "redact_headers",
+    "redact_shown",
     "redact_text",
     "redact_value",
+    "short_token",
+    "shorten_tokens",
 ]
 
 
@@ -62,11 +75,12 @@ _MAX_DEPTH = 64
 
 class _Redactor:
     """One walk over a value. `cards` and `pairs` say whether strings may hold card numbers or
-    `"name": value` pairs at all (a body's text tells, and most bodies hold neither). Tables
-    and lists met twice (a caller's own structures may share or loop) are walked once."""
+    `"name": value` pairs at all (a body's text tells, and most bodies hold neither); `shown`
+    masks card numbers only, by their stable marks, in text read both ways (`redact_shown`).
+    Tables and lists met twice (a caller's own structures may share or loop) are walked once."""
 
-    def __init__(self, *, cards: bool = True, pairs: bool = True) -> None:
-        self.cards, self.pairs = cards, pairs
+    def __init__(self, *, cards: bool = True, pairs: bool = True, shown: bool = False) -> None:
+        self.cards, self.pairs, self.shown = cards, pairs and not shown, shown
         self.done: dict[int, Any] = {}
 
     def value(self, value: Any, depth: int) -> Any:
@@ -88,9 +102,16 @@ class _Redactor:
             text = bytes(value).decode("utf-8", "surrogateescape")
             masked = self.text(text)
             return value if masked is text else _like(value, masked)
-        return CARD_MARK if self.cards and card_number(value) else value
+        return self.card(value) if self.cards and card_number(value) else value
+
+    def card(self, number: Any) -> str:
+        """The mark of a number that is a card number."""
+        return stable_mark(str(abs(int(number)))) if self.shown else CARD_MARK
 
     def text(self, text: str) -> str:
+        if self.shown:
+            shown = shown_text(text)
+            return text if shown == text else shown
         masked = redact_text(text, escapes=False) if self.cards else text
         masked = redact_pairs(masked) if self.pairs and '"' in masked else masked
         return text if masked == text else masked
@@ -104,10 +125,11 @@ class _Redactor:
         changed = False
         for key, value in table.items():
             name = self.name(key)
-            if name is not key or (isinstance(key, str) and sensitive_name(key)):
-                out = _masked(value)  # a card number's name says the value is its data
-            else:
-                out = self.value(value, depth)
+            # A card number's name says the value is its data (a sensitive name too, but for
+            # what is shown: card numbers only, found alike in every value).
+            sensitive = not self.shown and isinstance(key, str) and sensitive_name(key)
+            masked = name is not key or sensitive
+            out = _masked(value) if masked else self.value(value, depth)
             entries.append((name, out, name is not key))
             changed = changed or name is not key or out is not value
         if not changed:
@@ -128,9 +150,11 @@ class _Redactor:
 
     def name(self, key: Any) -> Any:
         if isinstance(key, str):
+            if self.shown:
+                return self.text(key)
             masked = redact_text(key, escapes=False) if self.cards else key
             return key if masked == key else masked
-        return CARD_MARK if self.cards and card_number(key) else key
+        return self.card(key) if self.cards and card_number(key) else key
 
 
 def _like(value: bytes | bytearray, text: str) -> bytes | bytearray:
@@ -149,6 +173,42 @@ def redact_value(value: Any) -> Any:
     """`value` with payment details masked; the very same object when nothing was (so that
     a NaN, which equals nothing, does not pass for a change)."""
     return _Redactor().value(value, 0)
+
+
+@overload
+def redact_shown(value: str) -> str: ...
+@overload
+def redact_shown(value: Any) -> Any: ...
+def redact_shown(value: Any) -> Any:
+    """`value` (text, or JSON-like data: tables, lists, numbers) as it may leave a process:
+    every card number in it, in a text, a key or a number, masked by its stable mark. The very
+    same object when nothing was masked; total, linear, and a text with no run of 12 digits
+    (most) costs one scan in C."""
+    if isinstance(value, str):
+        return shown_text(value)
+    return _Redactor(shown=True).value(value, 0)
+
+
+TOKEN_SHOWN = 8
+"""Characters of a payment token shown: enough to tell two apart, never the whole."""
+
+
+def short_token(token: str) -> str:
+    """A payment token as every view shows it (the API's, the console's, the commands'): its
+    start only."""
+    return token[:TOKEN_SHOWN] + "…" if len(token) > TOKEN_SHOWN else token
+
+
+def shorten_tokens(value: Any) -> Any:
+    """A copy of parsed JSON with every `payment_token` string shortened, at any depth."""
+    if isinstance(value, dict):
+        return {
+            k: short_token(v) if k == "payment_token" and isinstance(v, str) else shorten_tokens(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [shorten_tokens(v) for v in value]
+    return value
 
 
 def redact_headers(headers: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:

@@ -15,7 +15,9 @@ Free-text fields *refuse* them at validation (`refuse_unsafe`), so no accepted o
 one. Everything shown to a person *escapes* them (`printable`), so data written before the
 rule, or coming from elsewhere (a dead letter's body, a remote service's error), is shown
 harmlessly. Error texts are *cleaned* and cut at construction (`clean_cut`): they are made from
-exceptions, which may quote anything, and must never make a write fail.
+exceptions, which may quote anything, and must never make a write fail; cleaning masks the card
+numbers they quote too (shared/domain/redaction.py), before the cut, which would otherwise
+leave the first digits of one that straddles it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import unicodedata
 from typing import Any
 
 from pydantic import ValidationInfo
+
+from shared.domain.redaction_text import shown_text
 
 _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 _UNSAFE = re.compile(f"[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029{_BIDI}]")
@@ -93,12 +97,13 @@ def is_stored(info: ValidationInfo) -> bool:
 
 
 def clean_cut(limit: int) -> Any:
-    """A pydantic before-validator for error texts: unsafe characters escaped, then cut to
-    `limit` characters, so a text of any length and content is stored instead of refused."""
+    """A pydantic before-validator for error texts: card numbers masked and unsafe characters
+    escaped, then cut to `limit` characters, so a text of any length and content is stored
+    instead of refused, and never holds a card number in clear."""
 
     def clean(value: Any, info: ValidationInfo) -> Any:
         if is_stored(info) or not isinstance(value, str):
             return value
-        return cut(printable(value), limit)
+        return cut(printable(shown_text(value)), limit)
 
     return clean

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from itertools import pairwise
 from typing import Any
 
 from hypothesis import HealthCheck, example, given, settings
@@ -18,42 +17,7 @@ from hypothesis import strategies as st
 
 from shared.domain.redaction import redact_body, redact_text
 from tests.support.bodies import hostile_messages, json_values
-
-_DOUBLED = [0, 2, 4, 6, 8, 1, 3, 5, 7, 9]
-
-
-def with_check_digit(payload: str) -> str:
-    """`payload` followed by the digit that makes it Luhn-valid (computed here, not by the
-    code under test)."""
-    total = sum(
-        _DOUBLED[int(ch)] if i % 2 == 0 else int(ch) for i, ch in enumerate(reversed(payload))
-    )
-    return payload + str((10 - total % 10) % 10)
-
-
-card_digits = (
-    st.integers(min_value=11, max_value=18)
-    .flatmap(lambda n: st.text("0123456789", min_size=n, max_size=n))
-    .map(with_check_digit)
-)
-
-
-@st.composite
-def written(draw: st.DrawFn, digits: str) -> str:
-    """`digits` as a sender might write them: plain, or in groups split by spaces or dashes."""
-    sep = draw(st.sampled_from(["", " ", "-"]))
-    if not sep:
-        return digits
-    cuts = sorted(draw(st.sets(st.integers(1, len(digits) - 1), max_size=len(digits) - 1)))
-    bounds = [0, *cuts, len(digits)]
-    return sep.join(digits[a:b] for a, b in pairwise(bounds))
-
-
-_DIGIT_AT_END = re.compile(r"\d\Z")
-_DIGIT_AT_START = re.compile(r"\A\d")
-# Beside a digit, a card number's digits are part of a longer number (which is not one).
-prefixes = st.text(max_size=12).filter(lambda s: not _DIGIT_AT_END.search(s))
-suffixes = st.text(max_size=12).filter(lambda s: not _DIGIT_AT_START.search(s))
+from tests.support.cards import card_digits, prefixes, suffixes, with_check_digit, written
 
 
 @st.composite
