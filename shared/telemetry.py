@@ -71,15 +71,19 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             told["exception"] = self.formatException(record.exc_info)
         line = json.dumps(ours | told, default=str)  # an `extra=` field wins
-        if not _may_hold_card(line):
+        # What the line tells, not the trace ids computed here (whose hex digits hold a run of
+        # 12 one time in twenty, and are no card number, nor masked: shared/tracing.py).
+        if not _may_hold_card(_without(line, ours.get("trace_id"), ours.get("span_id"))):
             return line  # most lines: no 12 digits in a row, nor text beyond ASCII (escaped)
-        said = json.dumps(told, default=str)
-        if not _may_hold_card(said):
-            return line  # the digits were the time's or a trace id's, computed here
-        # What the line tells (not the time or the trace ids computed here, which a run of
-        # digits in a hex id would mask by chance), as JSON reads it, masked.
+        # As JSON reads it, masked.
         ours = {k: v for k, v in ours.items() if k not in told}
-        return json.dumps(ours | redact_shown(json.loads(said)))
+        return json.dumps(ours | redact_shown(json.loads(json.dumps(told, default=str))))
+
+
+def _without(line: str, *ids: str | None) -> str:
+    for found in ids:
+        line = line.replace(found, "") if found else line
+    return line
 
 
 def _may_hold_card(line: str) -> bool:
