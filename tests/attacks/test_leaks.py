@@ -151,7 +151,7 @@ async def _run(workdir: Path) -> Run:
                     start_api(
                         topo,
                         ORDERFLOW_RABBITMQ_URL=broker.url(broker.apps[1]),
-                        ORDERFLOW_API_OPERATOR_RABBITMQ_URL=broker.url("operator"),
+                        ORDERFLOW_API_RABBITMQ_URL=broker.url("api"),
                     )
                 )
                 tokens = asyncio.gather(
