@@ -30,6 +30,7 @@ from shared.broker.connection import connect, login_user
 from shared.broker.private import PrivateQueue
 from shared.broker.publisher import Publisher
 from shared.broker.senders import APP, Senders
+from shared.domain.text import shown_cut
 from shared.errors import ConfigurationError, ServiceUnavailable
 
 log = logging.getLogger(__name__)
@@ -75,9 +76,9 @@ def create_app(ctx: ApiContext | None) -> FastAPI:
 
     @app.exception_handler(ServiceUnavailable)
     async def unavailable(request: Request, exc: ServiceUnavailable) -> JSONResponse:
-        log.warning("a server is unavailable", extra={"error": str(exc)[:300]})
+        log.warning("a server is unavailable", extra={"error": shown_cut(str(exc), 300)})
         return ShownJSON(
-            {"detail": f"a server orderflow needs is unavailable: {exc}"[:500]},
+            {"detail": shown_cut(f"a server orderflow needs is unavailable: {exc}", 500)},
             status_code=503,
             headers={"Retry-After": "5"},
         )

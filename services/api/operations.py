@@ -44,6 +44,7 @@ from shared.domain.durations import parse_duration
 from shared.domain.journal import ALERT_ID_LIMIT, Alert, AlertAction, AlertState
 from shared.domain.models import APP_ORDER_ID
 from shared.domain.states import ErrorKind, ProcessState
+from shared.domain.text import shown_cut
 from shared.domain.timing import utcnow
 from shared.errors import BadInput
 from shared.reporting import Reporter
@@ -352,7 +353,7 @@ async def bulk_resubmit(ctx: Context, who: Operator, body: BulkResubmit) -> JobV
             )  # fmt: skip
         except Exception as exc:  # the job reports it; the API goes on
             log.exception("bulk resubmission failed", extra={"job": job.job_id})
-            job.error = str(exc)[:500]
+            job.error = shown_cut(str(exc), 500)
         finally:
             job.finished = True
 

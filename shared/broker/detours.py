@@ -24,7 +24,7 @@ from shared.broker.envelope import Envelope, dead_letter_copy, retry_copy, shown
 from shared.broker.publisher import Publishing
 from shared.broker.topology import Names
 from shared.domain.redaction import redact_text
-from shared.domain.text import cut, printable
+from shared.domain.text import cut, printable, shown_cut
 from shared.errors import PublishError, one_line
 from shared.metrics import DEAD_LETTERS, MESSAGES
 
@@ -134,7 +134,7 @@ class Detours:
         log.warning(
             f"still waiting for {waiting_for}; message returned to its queue, its deliveries "
             "not counted",
-            extra={"delay_s": self._policy.retry_delay, "error": cut(printable(error), 300)},
+            extra={"delay_s": self._policy.retry_delay, "error": shown_cut(error, 300)},
         )
         self._stats.held_returns += 1
         self.count("held_return")
@@ -259,7 +259,7 @@ class Detours:
             extra={
                 "retry": delivery.retries + 1,
                 "delay_s": self._policy.retry_delay,
-                "error": cut(printable(error), 300),
+                "error": shown_cut(error, 300),
             },
         )
         self._stats.set_aside += 1

@@ -96,6 +96,13 @@ def is_stored(info: ValidationInfo) -> bool:
     return info.context is not None and bool(info.context.get(STORED))
 
 
+def shown_cut(text: str, limit: int) -> str:
+    """An error text as a log line or an answer shows it: card numbers masked and unsafe
+    characters escaped, then cut to `limit` (masked first: a cut would leave the first digits
+    of a card number that straddles it)."""
+    return cut(printable(shown_text(text)), limit)
+
+
 def clean_cut(limit: int) -> Any:
     """A pydantic before-validator for error texts: card numbers masked and unsafe characters
     escaped, then cut to `limit` characters, so a text of any length and content is stored
@@ -104,6 +111,6 @@ def clean_cut(limit: int) -> Any:
     def clean(value: Any, info: ValidationInfo) -> Any:
         if is_stored(info) or not isinstance(value, str):
             return value
-        return cut(printable(shown_text(value)), limit)
+        return shown_cut(value, limit)
 
     return clean

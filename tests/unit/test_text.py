@@ -16,6 +16,7 @@ from shared.domain.text import (
     cut,
     printable,
     refuse_unsafe,
+    shown_cut,
     unsafe_characters,
 )
 
@@ -89,3 +90,11 @@ def test_a_stored_text_is_read_as_it_is() -> None:
     raw = "\x1b]0;old\x07"
     assert CLEANED.validate_python(raw, context={STORED: True}) == raw
     assert CLEANED.validate_python(raw) == "\\x1b]0;old\\x07"
+
+
+def test_a_shown_cut_masks_before_it_cuts() -> None:
+    # A card number across the cut: cutting first would leave its first digits in clear.
+    text = "x" * 290 + " 4111 1111 1111 1111 and more"
+    shown = shown_cut(text, 300)
+    assert len(shown) <= 300 and "4111" not in shown
+    assert "4111" in cut(text, 300)  # what the plain cut shows
