@@ -36,6 +36,7 @@ from shared.broker.publisher import Publisher
 from shared.broker.senders import Senders
 from shared.broker.topology import Names
 from shared.domain.durations import human_age
+from shared.domain.redaction import redact_shown
 from shared.domain.text import printable
 from shared.domain.timing import utcnow
 from shared.errors import BadInput
@@ -182,15 +183,28 @@ class Found:
     body: bytes
 
 
+def as_asked(message_id: object, wanted: Collection[str]) -> str | None:
+    """Which of the ids an operator asked for names this letter: its message id, or its id as
+    every listing shows it (a card number in it masked by its stable mark), so that a letter
+    listed under a masked id can be shown and replayed by it. None: not one of them."""
+    if not isinstance(message_id, str):
+        return None
+    if message_id in wanted:
+        return message_id
+    shown = redact_shown(message_id)
+    return shown if shown != message_id and shown in wanted else None
+
+
 async def find(
     connection: AbstractRobustConnection, sources: list[str], message_id: str
 ) -> list[Found]:
-    """The dead letters with this message id (a message may be in several DLQs)."""
+    """The dead letters with this message id, or shown by it (a message may be in several
+    DLQs)."""
     now = utcnow()
     found: list[Found] = []
 
     async def match(source: str, message: AbstractIncomingMessage) -> None:
-        if message.message_id == message_id:
+        if as_asked(message.message_id, (message_id,)) is not None:
             headers = {k: header_value(v) for k, v in (message.headers or {}).items()}
             found.append(Found(describe(source, message, now) | {"headers": headers}, message.body))
 
@@ -223,10 +237,14 @@ async def replay(
     operator publishes as (only a consumer's own user may replay a letter without its seal)."""
     outcome = Replayed()
     publisher = await Publisher.open(connection, timeout=publish_timeout_s)
+    asked_for: set[str] = set()
 
     async def one(source: str, message: AbstractIncomingMessage) -> None:
-        if wanted is not None and message.message_id not in wanted:
-            return
+        if wanted is not None:
+            asked = as_asked(message.message_id, wanted)
+            if asked is None:
+                return
+            asked_for.add(asked)
         ours = SEAL in (message.headers or {}) and broker_made(message) is None
         if senders.strict and not ours:
             # Under the operator's own user, a consumer takes only sealed dead letters (the
@@ -245,8 +263,7 @@ async def replay(
         await _each(connection, sources, one)
     finally:
         await publisher.close()
-    handled = {str(r["message_id"]) for r in outcome.replayed + outcome.unsealed}
-    outcome.not_found = sorted(set(wanted or ()) - handled)
+    outcome.not_found = sorted(set(wanted or ()) - asked_for)
     return outcome
 
 

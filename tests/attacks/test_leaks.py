@@ -112,6 +112,8 @@ class Run:
     recorded_by_queue: bool = False
     """Whether the order with a card number in its customer id was recorded."""
     order_as_viewed: dict[str, Any] = field(default_factory=dict)
+    found_by_mark: bool = False
+    """Whether `dlq show` found the letter whose id is a card number by the id it is listed by."""
 
 
 async def _publish_attacks(url: str, names: Names) -> None:
@@ -230,6 +232,11 @@ async def _look(topo: Topology, run: Run, operator: dict[str, str]) -> None:
         assert result.returncode == 0, result.stderr
         run.shown[" ".join(args) + " (operator)"] = result.stdout + result.stderr
     run.letters = json.loads(done[0].stdout)["messages"]
+    # The letter whose id is a card number is listed by its mark, and found by it.
+    [marked] = [r["message_id"] for r in run.letters if "redacted card number" in r["message_id"]]
+    shown = await asyncio.to_thread(partial(topo.cli, "dlq", "show", marked, "--json", **operator))
+    run.shown["dlq show <mark> (operator)"] = shown.stdout + shown.stderr
+    run.found_by_mark = shown.returncode == 0 and bool(json.loads(shown.stdout)["messages"])
 
 
 @pytest.fixture(scope="module")
@@ -263,6 +270,7 @@ def test_no_process_logs_a_card_number(run: Run) -> None:
 
 def test_the_dead_letter_list_shows_no_card_number(run: Run) -> None:
     assert len(run.letters) >= 2
+    assert run.found_by_mark, run.shown["dlq show <mark> (operator)"]
     leaked = {name: found for name, text in run.shown.items() if (found := cards_in(text))}
     assert not leaked, leaked
 
