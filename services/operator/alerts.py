@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from shared.bootstrap import open_broker
 from shared.broker.connection import login_user
-from shared.broker.dead_letters import describe, header_value
+from shared.broker.dead_letters import describe, give_back, header_value
 from shared.broker.envelope import TARGET, user_of
 from shared.broker.senders import Senders, agent_role
 from shared.broker.topology import Names, existing_queue
@@ -125,21 +125,31 @@ async def follow_alerts(
 
 async def undelivered_alerts(settings: Settings) -> list[dict[str, Any]]:
     """The notifier's dead letters (`<hub>.alerts.feed.dlq`), oldest first, each described with
-    the target it was for; they stay where they are (fetched unacknowledged, they go back when
-    the channel closes)."""
-    names = Names(settings.hub)
+    the target it was for; they stay where they are."""
     connection = await open_broker(settings, name="orderflow-alerts")
     try:
-        channel = await connection.channel()
-        queue = await existing_queue(channel, names.alert_dead_letters)
-        now = utcnow()
-        rows = []
-        while (message := await queue.get(no_ack=False, fail=False)) is not None:
-            target = (message.headers or {}).get(TARGET)
-            rows.append(describe(names.alert_feed, message, now) | {"target": header_value(target)})
-        return rows
+        return await alert_letters(connection, Names(settings.hub))
     finally:
         await connection.close()
+
+
+async def alert_letters(connection: AbstractRobustConnection, names: Names) -> list[dict[str, Any]]:
+    """`undelivered_alerts` on a connection: fetched unacknowledged and given back uncounted
+    where the broker can, as every dead-letter listing (shared/broker/dead_letters.py)."""
+    channel = await connection.channel()
+    queue = await existing_queue(channel, names.alert_dead_letters)
+    now = utcnow()
+    taken = []
+    try:
+        while (message := await queue.get(no_ack=False, fail=False)) is not None:
+            taken.append(message)
+    finally:
+        await give_back(taken)
+        await channel.close()
+    return [
+        describe(names.alert_feed, m, now) | {"target": header_value((m.headers or {}).get(TARGET))}
+        for m in taken
+    ]
 
 
 def read_notification(

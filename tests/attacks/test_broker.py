@@ -31,6 +31,7 @@ import pytest_asyncio
 from aio_pika.abc import AbstractRobustConnection
 
 from services.deploy.rabbitmq import BrokerLimits, definitions
+from services.operator.alerts import alert_letters
 from shared.broker import dead_letters
 from shared.broker.consumer import REASON
 from shared.broker.memory import MemoryBroker, connect
@@ -370,8 +371,13 @@ async def _left_after_listings(rules: QuorumRules, *, with_policy: bool) -> int:
         channel, names, QueuePolicy(quorum=True, delivery_limit=5, orders_max_length=100)
     )
     dlq = await channel.get_exchange(names.dlq(names.orders))
+    undelivered = await channel.get_exchange(names.alert_dead_letters)
     for i in range(3):
         await dlq.publish(aio_pika.Message(b"{}", message_id=f"m-{i}"), "")
+        await undelivered.publish(aio_pika.Message(b"{}", message_id=f"a-{i}"), "")
     for _ in range(LISTINGS):
         await dead_letters.dead_letters(connection, [names.orders])
-    return len(await dead_letters.dead_letters(connection, [names.orders]))
+        await alert_letters(connection, names)  # `orderflow alerts undelivered`
+    left = len(await dead_letters.dead_letters(connection, [names.orders]))
+    assert len(await alert_letters(connection, names)) == left
+    return left
