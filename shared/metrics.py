@@ -137,7 +137,8 @@ CIRCUIT_STATE = Gauge(
 # -- every consumer of an input queue
 MESSAGES = Counter(
     "orderflow_messages",
-    "Messages consumed, by outcome: handled, duplicate, dead_lettered, requeued.",
+    "Messages consumed, by outcome: handled, duplicate, dead_lettered, requeued, set_aside, "
+    "held_return, cleaned.",
     ["queue", "outcome"],
     registry=REGISTRY,
 )

@@ -1,10 +1,11 @@
 """The seal a consumer puts on its dead letters, so that a replay is accepted as what it was.
 
-A dead letter is replayed by the operator, so it comes back under the operator's broker user,
-not its original sender's. The seal says who that sender was: an HMAC-SHA256, under a key only
+A dead letter is replayed by the operator (the `orderflow dlq` commands, or the API's endpoints
+as the API's own user), so it comes back under a replayer's broker user, not its original
+sender's (`REPLAYERS`, shared/broker/senders.py). The seal says who that sender was: an HMAC-SHA256, under a key only
 the processes of the receiving kind hold, over the queue, the sender and every part of the
 message a replay sends again (message id, type, correlation id, reply-to, body). A replay whose
-seal checks is handled as a message of its original sender; anything else the operator's user
+seal checks is handled as a message of its original sender; anything else a replayer's user
 publishes is refused (`unauthorised`): the operator may replay, not command.
 
 The key is derived from `ORDERFLOW_SEAL_KEY`, or else from the password in the process's broker
@@ -12,7 +13,7 @@ URL (each kind of process has its own user and password, so its own key, and the
 none of them), and from the process's broker user. A dead letter sealed before a password change
 no longer checks, unless the key is set explicitly. The key must never be given to the operator
 or an application: with it, they could seal what they like (compose does not pass it on). And a
-seal is taken only from the operator's user (a replay) or the consumer's own, never from one
+seal is taken only from a replayer's user (a replay) or the consumer's own, never from one
 that could only have copied it (consumer.py).
 """
 
