@@ -2,11 +2,12 @@
 
 A dead letter is replayed by the operator (the `orderflow dlq` commands, or the API's endpoints
 as the API's own user), so it comes back under a replayer's broker user, not its original
-sender's (`REPLAYERS`, shared/broker/senders.py). The seal says who that sender was: an HMAC-SHA256, under a key only
-the processes of the receiving kind hold, over the queue, the sender and every part of the
-message a replay sends again (message id, type, correlation id, reply-to, body). A replay whose
-seal checks is handled as a message of its original sender; anything else a replayer's user
-publishes is refused (`unauthorised`): the operator may replay, not command.
+sender's (`REPLAYERS`, shared/broker/senders.py). The seal says who that sender was: an
+HMAC-SHA256, under a key only the processes of the receiving kind hold, over the queue, the
+sender and every part of the message a replay sends again (message id, type, correlation id,
+reply-to, body). A replay whose seal checks is handled as a message of its original sender;
+anything else a replayer's user publishes is refused (`unauthorised`): the operator may replay,
+not command.
 
 The key is derived from `ORDERFLOW_SEAL_KEY`, or else from the password in the process's broker
 URL (each kind of process has its own user and password, so its own key, and the operator knows
