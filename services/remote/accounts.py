@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.remote.fencing import signature_checks
 from shared.config import Settings
+from shared.domain.identity import parse_instance_id
 from shared.errors import ConfigurationError
 
 ACCOUNTS_VARIABLE = "ORDERFLOW_REMOTE_ACCOUNTS"
@@ -99,12 +100,26 @@ class Accounts:
         given = authorization[len(SCHEME) :].encode("utf-8", "surrogateescape")
         return hmac.compare_digest(given, known.key)
 
-    def fence_checks(self, account: str, fencing_token: str, signature: object) -> bool:
-        """Whether `signature` is the one the account's schedulers give `fencing_token`."""
+    def fence_checks(
+        self, account: str, order_id: str, fencing_token: str, signature: object
+    ) -> bool:
+        """Whether `fencing_token` is an attempt of `order_id` (`<order_id>:<attempt>`) and
+        `signature` is the one the account's schedulers give it. The token names its order: a
+        real signed token of another order, sent with this one's id, would move this order's
+        fence to that attempt."""
         known = self._accounts.get(account)
-        return known is not None and signature_checks(
-            known.fence_key, account, fencing_token, signature
+        return (
+            known is not None
+            and _order_of(fencing_token) == order_id
+            and signature_checks(known.fence_key, account, fencing_token, signature)
         )
+
+
+def _order_of(fencing_token: str) -> str | None:
+    try:
+        return parse_instance_id(fencing_token)[0]
+    except ValueError:
+        return None
 
 
 def _entry(entry: str, number: int) -> tuple[str, str, str]:

@@ -258,7 +258,9 @@ class RemoteService:
         service does, whichever way the call came (HTTP, or in process: services/remote/local).
         A token whose signature does not check is refused before anything else: it is no
         attempt of the order's, so it is neither counted nor let near the fence."""
-        if not self.accounts.fence_checks(account, body.fencing_token, body.fencing_signature):
+        if not self.accounts.fence_checks(
+            account, body.order_id, body.fencing_token, body.fencing_signature
+        ):
             self.calls["403"] += 1
             log.warning(
                 "a fencing token whose signature does not check refused",

@@ -127,14 +127,19 @@ async def test_a_forged_fencing_token_cannot_fence_out_the_real_order(topo: Topo
         ("payment.charge", fence_signature(OTHER_FENCE_KEY.encode(), topo.hub, forged)),
         ("payment.charge", fence_signature(OTHER_FENCE_KEY.encode(), OTHER, forged)),
     ]
-    for operation, signature in attempts:
+    # And a real token the hub's scheduler signed, of another order's attempt 999999 (every
+    # agent sees such tokens), sent with this order's id (found by review).
+    elsewhere = f"o-elsewhere-{uuid.uuid4().hex[:8]}:999999"
+    attempts.append(("inventory.reserve", topo.sign(elsewhere)))
+    tokens = [forged] * (len(attempts) - 1) + [elsewhere]
+    for (operation, signature), token in zip(attempts, tokens, strict=True):
         status, answer = await call(
             topo,
             operation,
             order_id,
             account=topo.hub,
             key=topo.account_key,
-            token=forged,
+            token=token,
             signature=signature,
         )
         assert status == 403, (operation, signature, status, answer)

@@ -19,6 +19,7 @@ from services.remote.app import Faults, RemoteCall, RemoteService
 from services.remote.fencing import fence_signature, signature_checks
 from services.remote.ledger import Ledger
 from shared.config import Settings
+from shared.domain.identity import parse_instance_id
 from shared.errors import ConfigurationError
 
 HUB = "shop_hub"
@@ -38,10 +39,16 @@ def service() -> RemoteService:
     )
 
 
-def ask(remote: RemoteService, operation: str, token: str, signature: str | None) -> int:
+def ask(
+    remote: RemoteService,
+    operation: str,
+    token: str,
+    signature: str | None,
+    order_id: str = "o-1",
+) -> int:
     body = RemoteCall(
-        order_id="o-1",
-        idempotency_key=f"o-1:{operation}:{token}",
+        order_id=order_id,
+        idempotency_key=f"{order_id}:{operation}:{token}",
         fencing_token=token,
         fencing_signature=signature,
     )
@@ -99,9 +106,36 @@ def test_a_token_whose_signature_does_not_check_is_never_accepted(
 @given(tokens)
 def test_the_schedulers_own_signature_checks(token: str) -> None:
     assert signature_checks(FENCE_KEY.encode(), HUB, token, signed(token))
-    assert ACCOUNTS.fence_checks(HUB, token, signed(token))
-    assert not ACCOUNTS.fence_checks("other", token, signed(token))
-    assert not ACCOUNTS.fence_checks("nobody", token, signed(token))
+    try:
+        order_id = parse_instance_id(token)[0]
+    except ValueError:  # no attempt of any order: refused, signed or not
+        assert not ACCOUNTS.fence_checks(HUB, token, token, signed(token))
+        return
+    assert ACCOUNTS.fence_checks(HUB, order_id, token, signed(token))
+    assert not ACCOUNTS.fence_checks("other", order_id, token, signed(token))
+    assert not ACCOUNTS.fence_checks("nobody", order_id, token, signed(token))
+
+
+order_ids = st.from_regex(r"[a-z0-9][a-z0-9./:-]{0,20}", fullmatch=True)
+
+
+@given(order_ids, order_ids, st.integers(min_value=2, max_value=10**9), OPERATIONS)
+def test_another_orders_signed_token_moves_no_fence(
+    holder: str, victim: str, attempt: int, operation: str
+) -> None:
+    """A real token, signed by the scheduler for one order's attempt (which every agent sees),
+    sent with another order's id: refused, and the other order's own attempt 1 still passes
+    (found by review: the remote read the attempt off the token and fenced the body's order)."""
+    if holder == victim:
+        return
+    token = f"{holder}:{attempt}"
+    remote = service()
+    try:
+        assert ask(remote, operation, token, signed(token), order_id=victim) == 403
+        assert remote.ledger.attempts_of(None, victim) == []
+        assert ask(remote, "payment.charge", f"{victim}:1", signed(f"{victim}:1"), victim) == 200
+    finally:
+        remote.ledger.close()
 
 
 def test_a_forged_answer_says_what_was_refused() -> None:
