@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased, TraceIdRatioBased
@@ -53,6 +53,9 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from shared.domain.redaction import redact_shown
+from shared.domain.text import shown_cut
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +137,58 @@ class FileSpanExporter(SpanExporter):
         return None
 
 
+class MaskedSpanExporter(SpanExporter):
+    """Another exporter's spans with every card number masked (`redact_shown`, as in every
+    other text that leaves a process: shared/domain/redaction.py): in attributes (a message id
+    is the sender's), events (a recorded exception's message and stack) and the status'
+    description. Spans with nothing to mask go as they are."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self._inner = inner
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self._inner.export([masked_span(s) for s in spans])
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+def masked_span(span: ReadableSpan) -> ReadableSpan:
+    """`span` with every card number in its attributes, events and status masked (the very
+    same span when there is none)."""
+    attributes = dict(span.attributes or {})
+    shown = redact_shown(attributes)
+    changed = shown is not attributes
+    events = []
+    for event in span.events:
+        told = dict(event.attributes or {})
+        masked = redact_shown(told)
+        changed = changed or masked is not told
+        events.append(event if masked is told else Event(event.name, masked, event.timestamp))
+    status = span.status
+    if status.description and redact_shown(status.description) != status.description:
+        status, changed = Status(status.status_code, redact_shown(status.description)), True
+    if not changed:
+        return span
+    return ReadableSpan(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=shown,
+        events=events,
+        links=span.links,
+        kind=span.kind,
+        status=status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
+
+
 def otlp_traces_url(endpoint: str) -> str:
     """The collector's traces URL: `http://host:4318` gains the standard `/v1/traces`; a URL
     with a path of its own is taken as it is."""
@@ -177,12 +232,13 @@ def configure_tracing(
             OTLPSpanExporter,
         )
 
-        provider.add_span_processor(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_traces_url(otlp_endpoint)))
-        )
+        otlp = OTLPSpanExporter(endpoint=otlp_traces_url(otlp_endpoint))
+        provider.add_span_processor(BatchSpanProcessor(MaskedSpanExporter(otlp)))
     if trace_file:
         provider.add_span_processor(
-            BatchSpanProcessor(FileSpanExporter(trace_file), schedule_delay_millis=500)
+            BatchSpanProcessor(
+                MaskedSpanExporter(FileSpanExporter(trace_file)), schedule_delay_millis=500
+            )
         )
     trace.set_tracer_provider(provider)
     _STATE.provider = provider
@@ -296,9 +352,11 @@ def failed(error: BaseException | str) -> None:
         return
     if isinstance(error, BaseException):
         span.record_exception(error)
-        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:500]))
+        span.set_status(
+            Status(StatusCode.ERROR, shown_cut(f"{type(error).__name__}: {error}", 500))
+        )
     else:
-        span.set_status(Status(StatusCode.ERROR, error[:500]))
+        span.set_status(Status(StatusCode.ERROR, shown_cut(error, 500)))
 
 
 def current_ids() -> tuple[str, str] | None:

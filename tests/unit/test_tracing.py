@@ -19,6 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from shared.tracing import (
     configure_tracing,
     enabled,
+    failed,
     order_ids,
     order_span,
     order_trace_id,
@@ -110,6 +111,27 @@ def test_an_exception_leaving_the_span_marks_it_failed(spans_file: Path) -> None
     (span,) = exported(spans_file)
     assert span["status"]["status_code"] == "ERROR"
     assert "remote down" in span["status"]["description"]
+
+
+def test_no_exported_span_holds_a_card_number(spans_file: Path) -> None:
+    """A span leaves the process like a log line, and is masked like one (issue 33, found by
+    review): a message id is the sender's, an exception's message and stack may quote one."""
+    card = "4111 1111 1111 1111"
+    attributes = {"messaging.message.id": card, "orderflow.deliveries": 1}
+    with pytest.raises(RuntimeError), order_span("handle", "o-4", attributes=attributes):
+        failed(ValueError(f"unsupported schema_version {card!r}"))
+        raise RuntimeError("remote said: card 4111111111111111 declined")
+    with order_span("quiet", "o-5", attributes={"messaging.message.id": "m-1"}):
+        pass
+    spans = exported(spans_file)
+    text = json.dumps(spans)
+    assert "4111" not in text, text
+    masked = next(s for s in spans if s["name"] == "handle")
+    assert masked["attributes"]["messaging.message.id"].startswith("[redacted card number #")
+    assert "[redacted card number #" in masked["status"]["description"]
+    assert masked["events"] and "declined" in json.dumps(masked["events"])
+    quiet = next(s for s in spans if s["name"] == "quiet")
+    assert quiet["attributes"]["messaging.message.id"] == "m-1"
 
 
 def test_sampling_keeps_or_drops_whole_orders_alike_in_every_process(tmp_path: Path) -> None:
