@@ -151,11 +151,11 @@ class Detours:
         sender) goes back to its queue as a clean copy of ours, at once and uncounted: through
         the retry queue without delay, the sender kept, those headers dropped, its delayed
         retries none; then the original is acked. Returned any other way it could be
-        redelivered still carrying them: from RabbitMQ 4.3 a `basic.nack` or a closed channel
-        returns a message without counting it, and the broker then leaves a sender's
-        `x-delivery-count` in place. While the broker takes no copy (past the patience), the
-        original is rejected instead: a counted return, whose count the broker writes over the
-        sender's on every version."""
+        redelivered still carrying them: from RabbitMQ 4.3 a `basic.nack` returns a message
+        without counting it (a closed channel counts, like a crash), and the broker then leaves
+        a sender's `x-delivery-count` in place. While the broker takes no copy (past the
+        patience), the original is rejected instead: a counted return, whose count the broker
+        writes over the sender's on every version."""
         own = self._policy.own_user
         names = redact_text(", ".join(forged))  # a header's name is the sender's text too
         copy = retry_copy(
