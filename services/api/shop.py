@@ -42,6 +42,7 @@ from services.api.models import (
 from services.operator.cancellation import cancel_order, status_teller
 from services.shop.orders import message_id_of
 from shared.domain.messages import SubmitOrder
+from shared.domain.redaction import redact_shown
 from shared.domain.models import OrderData, OrderRecord, StateRecord
 from shared.errors import PublishError, PublishRejected
 from shared.reporting import Reporter
@@ -251,7 +252,9 @@ async def _events(
         quiet = 0.0
         while True:
             if view != last:
-                yield f"event: order\ndata: {json.dumps(view.model_dump(mode='json'))}\n\n"
+                # Masked as every answer of the API is (`ShownJSON`): a stream is one too.
+                shown = redact_shown(view.model_dump(mode="json"))
+                yield f"event: order\ndata: {json.dumps(shown)}\n\n"
                 last, quiet = view, 0.0
             elif quiet >= KEEP_ALIVE_S:
                 yield ": still following\n\n"

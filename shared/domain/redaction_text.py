@@ -4,9 +4,9 @@
   split by single spaces or dashes, with no digit right before or after it (`redact_text`; and
   `card_number` for a number: an integer, or the integer part of a float or a Decimal). A
   dead letter's body shows `CARD_MARK` in its place; every other text that leaves a process
-  (`shown_text`) the *stable* mark (`stable_mark`) of each one that stands apart (no letter
-  beside it): the same card always masked alike and two cards (almost always) apart, so an id
-  that held one still names one thing;
+  (`shown_text`) the *stable* mark (`stable_mark`) of each one not inside a hex id (no hex
+  letter beside it, or another letter too): the same card always masked alike and two cards
+  (almost always) apart, so an id that held one still names one thing;
 - a **sensitive name** is a key or header name that says card data or a secret (`cvv_code`,
   `cardNumber`, `X-Card-PAN`, `exp_month`, …; `sensitive_name` has the rules);
 - a `"name": value` pair in text (a body that is not JSON, or JSON inside a string) is found by
@@ -143,7 +143,7 @@ _HEX = re.compile(r"[0-9a-fA-F]{4}")
 
 def _masker(*, escapes: bool, shown: bool) -> Callable[[re.Match[str]], str]:
     """What replaces a run of digits: its card numbers masked (`shown`: by their stable marks,
-    and only in a run standing apart, with no letter right before or after it)."""
+    and only in a run that is not inside a hex id: `_inside_hex`)."""
     mark = stable_mark if shown else _plain_mark
 
     def mask(match: re.Match[str]) -> str:
@@ -152,7 +152,7 @@ def _masker(*, escapes: bool, shown: bool) -> Callable[[re.Match[str]], str]:
         escaped = _escaped_digits(text, at) if escapes and at >= 2 else 0
         if shown:
             before = chr(int(text[at + escaped - 4 : at + escaped], 16)) if escaped else text[:at]
-            if before[-1:].isalpha() or text[match.end() : match.end() + 1].isalpha():
+            if _inside_hex(before[-1:], text[match.end() : match.end() + 1]):
                 return run
         if not escaped:
             return _mask_digits(run, mark)
@@ -161,6 +161,17 @@ def _masker(*, escapes: bool, shown: bool) -> Callable[[re.Match[str]], str]:
         return run[: escaped + lead] + _mask_digits(rest[lead:], mark)
 
     return mask
+
+
+_HEX_LETTERS = frozenset("abcdefABCDEF")
+
+
+def _inside_hex(before: str, after: str) -> bool:
+    """Whether a run of digits with these neighbours sits inside a hex id (a trace id, a
+    fingerprint, `ord-<hex>`): a hex letter beside it, and no other letter. `v4111…`,
+    `msg4111…` and `ACCT4111…END` are not: a letter beyond `f` is no hex digit."""
+    letters = [c for c in (before, after) if c.isalpha()]
+    return bool(letters) and all(c in _HEX_LETTERS for c in letters)
 
 
 _MASKERS = {
@@ -201,15 +212,16 @@ def redact_text(text: str, *, escapes: bool = True) -> str:
 
 def shown_text(text: str) -> str:
     """Text that leaves a process (a log line's value, an alert, an answer, a command's output)
-    with every card number that stands apart (no letter right before or after it) masked by
-    its stable mark, read both ways: as JSON as written and as plain text (such text may quote
-    either), so neither reading shows one.
+    with every card number not inside a hex id masked by its stable mark, read both ways: as
+    JSON as written and as plain text (such text may quote either), so neither reading shows
+    one.
 
-    Apart, so that ids are shown as they are: a hex id (a trace id, a fingerprint, `ord-<hex>`)
-    holds 12 decimal digits in a row one time in a few hundred, and a Luhn-valid run one time
-    in a few thousand, but always beside a letter. A card number is written apart (`card
-    4111 1111 1111 1111`, `"4111111111111111"`, an id that is one), and one that is not is
-    refused in an order's free text all the same (`holds_card_number`)."""
+    Not inside a hex id, so that ids are shown as they are: a hex id (a trace id, a
+    fingerprint, `ord-<hex>`) holds 12 decimal digits in a row one time in a few hundred, and
+    a Luhn-valid run one time in a few thousand, but beside hex letters (`_inside_hex`). A
+    card number beside any other letter (`v4111…`, `card4111…`) is masked; one inside hex
+    letters is not, and is refused in an order's free text all the same
+    (`holds_card_number`)."""
     if not may_hold_card(text):
         return text
     return _RUN.sub(_MASKERS[False, True], _RUN.sub(_MASKERS[True, True], text))

@@ -52,7 +52,11 @@ CUSTOMER_CARD = "5555555555554444"
 """An order's customer id, through the queue and through the API."""
 LINE_CARD = "3782 822463 10005"
 """An order's address line, through the API."""
-CARDS = tuple(c.replace(" ", "") for c in (SCHEMA_CARD, ID_CARD, CUSTOMER_CARD, LINE_CARD))
+SKU_CARD = "4222222222222"
+"""A product code that passes the Luhn check (a 13-digit test card number, shaped as a GTIN)."""
+CARDS = tuple(
+    c.replace(" ", "") for c in (SCHEMA_CARD, ID_CARD, CUSTOMER_CARD, LINE_CARD, SKU_CARD)
+)
 PATHS = ("/hook", "/slack", "/pd")
 TOKEN = "tok_4242abcdef987654"
 
@@ -203,8 +207,14 @@ async def _through_the_api(run: Run, api: ApiClient, shop: str, viewer: str) -> 
         ("line1", good | {"order_id": "o-l", "shipping_address": address | {"line1": LINE_CARD}}),
     ]:
         run.refused[where] = await api.call("POST", "/orders", shop, order)
+    # A product code may pass the Luhn check (1 in 10 GTINs does): taken, and shown masked.
+    good["lines"][0]["sku"] = SKU_CARD
     placed = await api.call("POST", "/orders", shop, good)
     assert placed.status == 201, placed
+    seen_by_shop = await api.call("GET", "/orders/o-token", shop)
+    run.shown["/orders/o-token (shop)"] = json.dumps(seen_by_shop.body)
+    streamed = [data async for _, data in api.events("/orders/o-token/events", shop)]
+    run.shown["/orders/o-token/events (shop)"] = json.dumps(streamed)
     orders = (await api.call("GET", "/ops/orders", viewer)).body["orders"]
     [order_id] = [o["order_id"] for o in orders if o["order_id"].endswith("acme.o-token")]
     seen = await api.call("GET", "/ops/order", viewer, order_id=order_id)

@@ -41,11 +41,10 @@ from shared.reporting import PoisonAlerts, Reporter
 from shared.store.memory import MemoryStore
 from shared.telemetry import JsonFormatter
 from tests.support.cards import (
-    apart_prefixes,
-    apart_suffixes,
     card_digits,
     in_clear,
     prefixes,
+    shown_sides,
     suffixes,
     written,
 )
@@ -56,15 +55,15 @@ SEARCH = settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow]
 
 @st.composite
 def texts_with_a_card(draw: st.DrawFn, *, typed: bool = False) -> tuple[str, str]:
-    """(a card number's digits, a text holding it): apart from letters, as what is shown is
-    masked; or, `typed`, as a person may type it in an order (beside a letter too, and safe
+    """(a card number's digits, a text holding it): anywhere but inside a hex id, as what is
+    shown is masked; or, `typed`, as a person may type it in an order (beside a letter too, and safe
     to store)."""
     digits = draw(card_digits)
     if typed:
         prefix, suffix = draw(prefixes), draw(suffixes)
         assume(is_safe(prefix) and is_safe(suffix))
     else:
-        prefix, suffix = draw(apart_prefixes), draw(apart_suffixes)
+        prefix, suffix = draw(shown_sides)
     return digits, prefix + draw(written(digits)) + suffix
 
 

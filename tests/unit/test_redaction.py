@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from shared.domain.redaction import CARD_MARK, MARK, luhn_valid, redact_body, redact_text
+from shared.domain.redaction import (
+    CARD_MARK,
+    MARK,
+    luhn_valid,
+    redact_body,
+    redact_shown,
+    redact_text,
+)
 
 VISA = "4111111111111111"
 
@@ -288,3 +295,19 @@ def test_a_body_whose_only_fault_was_a_masked_value_is_redacted_as_json() -> Non
     masked, changed = redact_body(body)
     assert changed and json.loads(masked) == {"cvv": MARK, "card": MARK}
     assert redact_body(masked) == (masked, False)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["v4111111111111111", "msg4111111111111111", "ACCT4111111111111111END", "4111111111111111x"],
+)
+def test_what_is_shown_masks_a_card_number_beside_a_letter_beyond_hex(text: str) -> None:
+    # Found by review: "beside no letter" let one letter leave a card number in clear.
+    assert "4111111111111111" not in redact_shown(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["9fa4111111111111111e0c", "trace 0af4111111111111111b", "ab4111111111111111"]
+)
+def test_what_is_shown_leaves_a_hex_id_as_it_is(text: str) -> None:
+    assert redact_shown(text) == text
