@@ -124,6 +124,10 @@ class Subscription:
             if self._queue is None or self._tag is not None or self._stopped:
                 return False
             await self._subscribe()
+            if self._stopped:  # `stop()` gave up waiting for this resume meanwhile
+                with contextlib.suppress(Exception):
+                    await self._cancel()
+                return False
             return True
 
     async def _cancel(self) -> bool:
@@ -139,10 +143,14 @@ class Subscription:
         """Stop taking messages (whichever consumer is live once a pause or resume under way
         has ended), let the ones in hand finish (bounded), cancel the rest."""
         self._stopped = True  # no resume from here on
-        with contextlib.suppress(Exception):  # a refused or timed-out cancel: drain anyway
+        # A pause or resume under way past `drain_timeout` (waiting for the broker) finishes
+        # on its own: a resume then finds the subscription stopped and cancels what it made.
+        with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(drain_timeout), self._switch:
-                await self._cancel()
-        self._tag = None
+                try:
+                    await self._cancel()
+                except Exception:  # a refused cancel (the connection is down): drain anyway
+                    self._tag = None
         if self._inflight:
             _, pending = await asyncio.wait(self._inflight, timeout=drain_timeout)
             for task in pending:

@@ -197,3 +197,37 @@ def test_a_stopped_subscription_does_not_resume() -> None:
         assert not queue.live and consumer.paused
 
     virtual.run(main())
+
+
+def test_a_resume_that_outlasts_stop_leaves_no_consumer() -> None:
+    """`stop()` waits `drain_timeout` for a resume under way (its consume waiting for the
+    connection to come back), then drains; the resume, once subscribed, finds the
+    subscription stopped and cancels what it made (found by review: it stayed live, and
+    nothing would ever cancel it)."""
+
+    class SlowConsume(FakeQueue):
+        slow = False
+
+        async def consume(self, callback: Any, no_ack: bool = False, **kw: Any) -> str:
+            if self.slow:
+                await asyncio.sleep(5)
+            return await super().consume(callback, no_ack, **kw)
+
+    async def main() -> None:
+        queue = SlowConsume(cycle([0]))
+        consumer = Subscription(
+            channel=FakeChannel(queue),  # type: ignore[arg-type]
+            queue="h.orders",
+            names=Names("h"),
+            prefetch=1,
+        )
+        await consumer.start()
+        await consumer.pause()
+        queue.slow = True
+        resuming = asyncio.create_task(consumer.resume())
+        await asyncio.sleep(0.1)
+        await consumer.stop(drain_timeout=1)
+        assert not await resuming
+        assert not queue.live and consumer.paused
+
+    virtual.run(main())
