@@ -26,6 +26,7 @@ from starlette.types import Scope
 from services.api.context import ApiContext
 from services.api.limits import BULK_BODY_BYTES, BULK_BODY_S, Allowance
 from shared.domain.tokens import Role, digest_of
+from shared.errors import ServiceUnavailable
 
 bearer = HTTPBearer(
     auto_error=False,
@@ -115,7 +116,12 @@ def body_allowance(ctx: ApiContext) -> Callable[[Scope], Awaitable[Allowance]]:
         digest, client = digest_of(secret.strip()), scope.get("client")
         if ctx.failed_auth.refusal(client[0] if client else "", digest) is not None:
             return ordinary
-        token = await ctx.store.token_find(digest)
+        try:
+            token = await ctx.store.token_find(digest)
+        except ServiceUnavailable:
+            # The ordinary allowance; the endpoint's own look-up answers 503, as every
+            # endpoint does in an outage (this runs outside FastAPI's handlers: a 500 here).
+            return ordinary
         return bulk if token is not None and token.role is Role.OPERATOR else ordinary
 
     return allowance

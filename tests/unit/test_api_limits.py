@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import json
 from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from starlette.exceptions import HTTPException
 
 from services.api.app import create_app
-from services.api.auth import BULK_BODIES
+from services.api.auth import BULK_BODIES, body_allowance
 from services.api.limits import (
     BULK_BODY_BYTES,
     Allowance,
@@ -28,6 +29,7 @@ from services.api.limits import (
 from services.api.models import NewOrder
 from services.api.operations import BulkResubmit, Replay
 from shared.config import Settings
+from shared.errors import ServiceUnavailable
 
 Message = dict[str, Any]
 LIMIT = 1000
@@ -269,3 +271,51 @@ def test_the_bulk_allowance_names_operator_endpoints_that_exist() -> None:
     paths = create_app(None).openapi()["paths"]
     for method, path in BULK_BODIES:
         assert method.lower() in paths[path], (method, path)
+
+
+def test_a_store_outage_during_the_bulk_allowance_is_a_503() -> None:
+    """The bulk allowance looks the token up outside FastAPI's handlers, where a store outage
+    was a 500 (found by review): it falls back to the ordinary allowance, and the endpoint's
+    own look-up answers 503 with `Retry-After`, as every endpoint does."""
+
+    class Down:
+        async def token_find(self, digest: str) -> None:
+            raise ServiceUnavailable("store down")
+
+        async def token_use(self, *_: Any, **__: Any) -> None:
+            raise ServiceUnavailable("store down")
+
+    limits = SimpleNamespace(max_message_bytes=65_536, api_read_timeout_s=10.0)
+    ctx = SimpleNamespace(settings=limits, store=Down(), failed_auth=FailedAuth())
+    app = create_app(None)
+    app.state.context = ctx
+    app.add_middleware(BodyLimit, allowance=body_allowance(ctx))  # type: ignore[arg-type]
+    sent: list[dict[str, Any]] = []
+    bodies = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return bodies.pop(0) if bodies else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/ops/resubmit",
+        "raw_path": b"/ops/resubmit",
+        "query_string": b"",
+        "root_path": "",
+        "scheme": "http",
+        "http_version": "1.1",
+        "headers": [
+            (b"authorization", b"Bearer x"),
+            (b"content-type", b"application/json"),
+            (b"content-length", b"2"),
+        ],
+        "client": ("192.0.2.1", 1),
+        "server": ("t", 80),
+    }
+    asyncio.run(app(scope, receive, send))  # type: ignore[arg-type]
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    assert start["status"] == 503 and (b"retry-after", b"5") in start["headers"], start
