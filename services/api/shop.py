@@ -42,8 +42,8 @@ from services.api.models import (
 from services.operator.cancellation import cancel_order, status_teller
 from services.shop.orders import message_id_of
 from shared.domain.messages import SubmitOrder
-from shared.domain.redaction import redact_shown
 from shared.domain.models import OrderData, OrderRecord, StateRecord
+from shared.domain.redaction import redact_shown
 from shared.errors import PublishError, PublishRejected
 from shared.reporting import Reporter
 
