@@ -68,8 +68,9 @@ class Subscription:
 
     @property
     def paused(self) -> bool:
-        """Started, and not taking messages now: paused, or stopped."""
-        return self._queue is not None and self._tag is None
+        """Subscribed once, and not taking messages now: paused, or stopped (not while it
+        starts: a heartbeat then said "paused" for a consumer about to subscribe)."""
+        return self.subscribed_at is not None and self._tag is None
 
     @property
     def in_hand(self) -> int:

@@ -108,7 +108,7 @@ async def test_the_agents_operations_need_their_accounts_key_not_the_token(
             "inventory.reserve",
             order_id="o-1",
             idempotency_key="k-1",
-            fencing_token="f-1",
+            fencing_token="o-1:1",
             payload={},
             timeout=5,
         )
