@@ -9,6 +9,7 @@ import contextlib
 import getpass
 import signal
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import click
@@ -16,23 +17,19 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
+from services.cli.operations import run_operations
 from services.cli.render import add_columns, echo_json, plain, plain_console, shown
 from services.cli.settings import pass_settings
-from services.operator.alerts import (
-    Feed,
-    follow_alerts,
-    mark_alerts,
-    recent_alerts,
-    undelivered_alerts,
-)
+from services.operator.alerts import Feed, follow_alerts
 from services.operator.audit import audit_hub
-from services.operator.stats import gather_stats, stats_every
+from services.operator.operations import Operations, open_operations
+from services.operator.results import AlertList, Stats, alert_row
 from shared.broker.delivery import INTAKE_HEALTHY
 from shared.config import Settings
 from shared.domain.durations import human_age, parse_duration
 from shared.domain.journal import Alert, AlertAction, AlertState
 from shared.domain.timing import utcnow
-from shared.errors import BadInput
+from shared.errors import BadInput, NotFound
 
 
 def _intake_line(intake: list[dict[str, Any]]) -> str:
@@ -103,11 +100,28 @@ def stats(settings: Settings, as_json: bool) -> None:
     """Orders per state, stuck and overdue orders, queue depths, processes, open breakers, the
     leader. Stuck and overdue orders are counted up to 1000 (`1000+` beyond; in JSON,
     `stuck_pending_capped` / `overdue_capped`)."""
-    result = asyncio.run(gather_stats(settings))
+    result = run_operations(settings, _stats, name="orderflow-stats", broker=True)
     if as_json:
-        echo_json(result)
+        echo_json(result.model_dump(mode="json"))
         return
-    plain_console().print(render_stats(result))
+    plain_console().print(render_stats(result.model_dump(mode="json")))
+
+
+async def _stats(ops: Operations) -> Stats:
+    return await ops.stats()
+
+
+async def stats_every(
+    settings: Settings, interval: float, count: int | None
+) -> AsyncIterator[dict[str, Any]]:
+    """A snapshot every `interval` seconds, `count` of them (None: until the caller stops)."""
+    async with open_operations(settings, name="orderflow-stats", broker=True) as ops:
+        n = 0
+        while count is None or n < count:
+            if n:
+                await asyncio.sleep(interval)
+            yield (await ops.stats()).model_dump(mode="json")
+            n += 1
 
 
 @click.command()
@@ -156,10 +170,9 @@ def alerts_list(settings: Settings, since: str | None, limit: int, as_json: bool
     except ValueError as exc:
         raise BadInput(str(exc)) from None
 
-    found = asyncio.run(recent_alerts(settings, after, limit))
+    found = run_operations(settings, lambda ops: ops.alerts(after, limit))
     if as_json:
-        rows = [a.model_dump(mode="json") | _state_fields(s) for a, s in found]
-        echo_json({"alerts": rows})
+        echo_json(AlertList(alerts=[alert_row(a, s) for a, s in found]).model_dump(mode="json"))
         return
     now = utcnow()
     table = Table(title=f"{len(found)} alert(s), newest first")
@@ -177,10 +190,6 @@ def alerts_list(settings: Settings, since: str | None, limit: int, as_json: bool
     plain_console().print(table)
 
 
-def _state_fields(state: AlertState) -> dict[str, Any]:
-    return state.model_dump(mode="json", exclude={"alert_id"})
-
-
 def _state_line(state: AlertState) -> str:
     if state.resolved_at is not None:
         return f"resolved by {state.resolved_by}"
@@ -190,7 +199,17 @@ def _state_line(state: AlertState) -> str:
 
 
 def _mark(settings: Settings, alert_ids: tuple[str, ...], action: AlertAction, by: str) -> None:
-    states = asyncio.run(mark_alerts(settings, alert_ids, action, by=by))
+
+    async def mark_each(ops: Operations) -> dict[str, AlertState | None]:
+        states: dict[str, AlertState | None] = {}
+        for alert_id in alert_ids:
+            try:
+                states[alert_id] = await ops.mark_alert(alert_id, action, by=by)
+            except NotFound:
+                states[alert_id] = None  # said once all are marked
+        return states
+
+    states = run_operations(settings, mark_each)
     done = "acknowledged" if action is AlertAction.ACKNOWLEDGE else "resolved"
     missing = [i for i, s in states.items() if s is None]
     for alert_id, state in states.items():
@@ -237,7 +256,13 @@ def alerts_resolve(settings: Settings, alert_ids: tuple[str, ...], by: str | Non
 def alerts_undelivered(settings: Settings, as_json: bool) -> None:
     """The notifier's dead letters: alerts (and acknowledgements, resolutions) a webhook refused
     for good or that failed until the notifier gave up, oldest first, with why."""
-    rows = asyncio.run(undelivered_alerts(settings))
+    rows = run_operations(
+        settings,
+        lambda ops: ops.undelivered_alerts(),
+        name="orderflow-alerts",
+        store=False,
+        broker=True,
+    )
     if as_json:
         echo_json({"undelivered": rows})
         return

@@ -5,7 +5,6 @@ with `--json` for scripts; the views themselves are `services/operator/views.py`
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,19 +13,12 @@ from pydantic import TypeAdapter, ValidationError
 from rich.table import Table
 from rich.text import Text
 
+from services.cli.operations import run_operations
 from services.cli.render import add_columns, echo_json, plain_console, shown
 from services.cli.settings import pass_settings
 from services.operator.explain import FailureGroup, current_step
-from services.operator.views import (
-    FAILED,
-    failure_groups,
-    list_orders,
-    order_summary,
-    order_timeline,
-    order_view,
-    parse_cursor,
-    state_query,
-)
+from services.operator.results import OrderList
+from services.operator.views import FAILED, order_summary, parse_cursor, state_query
 from shared.config import Settings
 from shared.domain.durations import human_age, human_duration, parse_duration
 from shared.domain.models import OrderId
@@ -110,13 +102,13 @@ def list_cmd(
     query = state_query(wanted, kind_of(error_kind), age, now=now)
     cursor = parse_cursor(after_text)
     if group_by:
-        groups = asyncio.run(failure_groups(settings, query, step, cursor))
+        groups = run_operations(settings, lambda ops: ops.failures(query, step, cursor))
         _print_groups(groups, now, as_json=as_json)
         return
-    page = asyncio.run(list_orders(settings, query, step, cursor, limit))
+    page = run_operations(settings, lambda ops: ops.orders(query, step, cursor, limit))
     if as_json:
-        listed = [order_summary(r, now) for r in page.records]
-        echo_json({"orders": listed, "next": page.next})
+        listed = OrderList(orders=[order_summary(r, now) for r in page.records], next=page.next)
+        echo_json(listed.model_dump(mode="json"))
         return
     table = Table(title=f"{len(page.records)} order(s), most recently changed first")
     add_columns(table, "order", "state", "step", "attempt", "failures", "error", "changed")
@@ -165,7 +157,7 @@ def _print_groups(groups: list[FailureGroup], now: datetime, *, as_json: bool) -
 def show_cmd(settings: Settings, order_id: str, as_json: bool) -> None:
     """An order: its data, state, steps, retry budget, lease, and what happens next."""
     check_ids((order_id,))
-    result = asyncio.run(order_view(settings, order_id))
+    result = run_operations(settings, lambda ops: ops.order(order_id)).model_dump(mode="json")
     if as_json:
         echo_json(result)
         return
@@ -248,21 +240,21 @@ def _undo_table(undos: list[dict[str, Any]]) -> Table:
 def history_cmd(settings: Settings, order_id: str, as_json: bool) -> None:
     """The order's timeline in the task hub, with the time between events."""
     check_ids((order_id,))
-    rows = asyncio.run(order_timeline(settings, order_id))
+    rows = run_operations(settings, lambda ops: ops.timeline(order_id))
     if as_json:
-        echo_json({"order_id": order_id, "events": rows})
+        echo_json({"order_id": order_id, "events": [r.model_dump(mode="json") for r in rows]})
         return
     table = Table(title=f"history of {order_id}")
     add_columns(table, "at", "+", "event", "attempt", "step", "details")
     for row in rows:
-        details = " ".join(f"{k}={v}" for k, v in row["data"].items())
+        details = " ".join(f"{k}={v}" for k, v in row.data.items())
         table.add_row(
-            row["at"][11:23],
-            human_duration(row["since_previous_s"]),
-            row["event"],
-            "" if row["attempt"] is None else str(row["attempt"]),
-            shown(row["step"] or ""),
+            row.at[11:23],
+            human_duration(row.since_previous_s),
+            row.event,
+            "" if row.attempt is None else str(row.attempt),
+            shown(row.step or ""),
             shown(details[:90]),
         )
     plain_console().print(table)
-    click.echo(f"{len(rows)} events over {human_duration(rows[-1]['since_start_s'])}")
+    click.echo(f"{len(rows)} events over {human_duration(rows[-1].since_start_s)}")

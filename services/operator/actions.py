@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from services.operator.explain import Undo, current_step, undo_plan, unselected_because
+from services.operator.explain import current_step, unselected_because
 from services.operator.views import matching
-from shared.config import Settings
 from shared.domain.journal import HistoryEvent, HistoryEventType
 from shared.domain.models import StateRecord
 from shared.domain.operator_actions import request_compensation, resubmit
@@ -25,7 +24,6 @@ from shared.domain.timing import utcnow
 from shared.domain.updates import Update
 from shared.domain.workflow import get_workflow
 from shared.errors import IllegalTransition
-from shared.store.factory import open_store
 from shared.store.port import StateQuery, StateStore
 
 REFUSED = "refused"
@@ -113,27 +111,6 @@ def queried(query: StateQuery, step: str | None) -> Chooser:
     return choose
 
 
-async def run_action(
-    settings: Settings,
-    choose: Chooser,
-    action: Action,
-    by: str,
-    *,
-    dry_run: bool,
-    rate: float | None,
-    progress: Progress | None = None,
-) -> list[Outcome]:
-    """Select the orders, then act on them as selected."""
-    store = await open_store(settings)
-    try:
-        selection = await choose(store)
-        return await act(
-            store, selection, action, by, dry_run=dry_run, rate=rate, progress=progress
-        )
-    finally:
-        await store.close()
-
-
 async def act(
     store: StateStore,
     selection: Selection,
@@ -215,14 +192,3 @@ def _changed_since_selected(record: StateRecord, seen: datetime, selection: Sele
 
 def refused(outcome: str) -> bool:
     return outcome.startswith(REFUSED)
-
-
-async def undo_plans(settings: Settings, order_ids: Sequence[str]) -> dict[str, list[Undo]]:
-    """Each order's undo plan (what `compensate` would run), newest step first."""
-    store = await open_store(settings)
-    try:
-        return {
-            order_id: undo_plan(await store.read_compensation(order_id)) for order_id in order_ids
-        }
-    finally:
-        await store.close()

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
@@ -31,45 +30,16 @@ from shared.broker.envelope import TARGET, user_of
 from shared.broker.senders import Senders, agent_role
 from shared.broker.topology import Names, existing_queue
 from shared.config import Settings
-from shared.domain.journal import Alert, AlertAction, AlertState
+from shared.domain.journal import Alert
 from shared.domain.messages import AlertMessage, decode
 from shared.domain.timing import utcnow
 from shared.domain.workflow import AGENTS
 from shared.errors import ContractViolation
-from shared.store.factory import open_store
 
 ALERT_SENDERS = frozenset(
     {"submission", "scheduler", "supervisor", *(agent_role(a) for a in AGENTS)}
 )
 """The processes that raise alerts (shared/broker/access.py lets them write `<hub>.alerts`)."""
-
-
-async def recent_alerts(
-    settings: Settings, since: datetime | None, limit: int
-) -> list[tuple[Alert, AlertState]]:
-    """Stored alerts, newest first, each with who acknowledged and resolved it: those raised
-    after `since` (None: any), `limit` at most."""
-    store = await open_store(settings)
-    try:
-        found = await store.list_alerts(since=since, limit=limit)
-        states = await store.alert_states([a.alert_id for a in found])
-        return [(a, states.get(a.alert_id) or AlertState(alert_id=a.alert_id)) for a in found]
-    finally:
-        await store.close()
-
-
-async def mark_alerts(
-    settings: Settings, alert_ids: Sequence[str], action: AlertAction, *, by: str
-) -> dict[str, AlertState | None]:
-    """Record that `by` took `action` on each alert (the first record of each stands); each
-    alert's state after, None for an id no alert has. The notifier tells the targets
-    (services/notifier: PagerDuty's `acknowledge` or `resolve` of the alert's incident)."""
-    store = await open_store(settings)
-    try:
-        at = utcnow()
-        return {i: await store.mark_alert(i, action, by=by, at=at) for i in alert_ids}
-    finally:
-        await store.close()
 
 
 @dataclass(frozen=True)
@@ -119,16 +89,6 @@ async def follow_alerts(
             with contextlib.suppress(Exception):
                 await queue.cancel(tag)
         return taken
-    finally:
-        await connection.close()
-
-
-async def undelivered_alerts(settings: Settings) -> list[dict[str, Any]]:
-    """The notifier's dead letters (`<hub>.alerts.feed.dlq`), oldest first, each described with
-    the target it was for; they stay where they are."""
-    connection = await open_broker(settings, name="orderflow-alerts")
-    try:
-        return await alert_letters(connection, Names(settings.hub))
     finally:
         await connection.close()
 

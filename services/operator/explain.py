@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from services.operator.results import ErrorBrief, StepRow
 from shared.config import Settings
 from shared.domain.durations import human_age
 from shared.domain.journal import CompensationEntry, UndoStatus
@@ -181,7 +182,7 @@ def undo_plan(log: list[CompensationEntry]) -> list[Undo]:
     ]
 
 
-def step_rows(record: StateRecord) -> list[dict[str, Any]]:
+def step_rows(record: StateRecord) -> list[StepRow]:
     """The steps in workflow order, for `orders show`."""
     workflow = get_workflow(record.workflow, record.workflow_version)
     names = [s.name for s in workflow.steps] if workflow is not None else list(record.steps)
@@ -194,17 +195,17 @@ def step_rows(record: StateRecord) -> list[dict[str, Any]]:
             else None
         )
         rows.append(
-            {
-                "step": name,
-                "status": step.status.value,
-                "attempts": step.attempts,
-                "allowance": step.allowance,
-                "started_at": step.started_at.isoformat() if step.started_at else None,
-                "completed_at": step.completed_at.isoformat() if step.completed_at else None,
-                "seconds": took,
-                "error": None
+            StepRow(
+                step=name,
+                status=step.status.value,
+                attempts=step.attempts,
+                allowance=step.allowance,
+                started_at=step.started_at.isoformat() if step.started_at else None,
+                completed_at=step.completed_at.isoformat() if step.completed_at else None,
+                seconds=took,
+                error=None
                 if step.error is None
-                else {"kind": step.error.kind.value, "message": step.error.message},
-            }
+                else ErrorBrief(kind=step.error.kind.value, message=step.error.message),
+            )
         )
     return rows

@@ -296,8 +296,8 @@ def test_a_dead_letter_the_broker_made_itself_is_described_by_the_broker_not_its
     sender's `x-orderflow-…` headers are not taken for ours, and its card data is masked."""
     from types import SimpleNamespace
 
-    from services.cli import dlq
     from shared.broker import dead_letters
+    from shared.domain.redaction import shown_body
 
     at = utcnow()
     message = SimpleNamespace(
@@ -314,4 +314,4 @@ def test_a_dead_letter_the_broker_made_itself_is_described_by_the_broker_not_its
     row = dead_letters.describe("h.orders", message, utcnow())  # type: ignore[arg-type]
     assert row["reason"] == "broker-expired" and row["source_queue"] == "h.orders"
     assert "nothing wrong" not in str(row) and row["dead_lettered_at"] == at.isoformat()
-    assert "4111 1111" not in dlq.body_text(message.body)
+    assert "4111 1111" not in shown_body(message.body)
