@@ -55,40 +55,40 @@ def _status_text(data: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _orders_line(title: str, result: dict[str, Any], key: str) -> str:
+def _orders_line(title: str, ids: list[str], capped: bool, cap: int) -> str:
     """`stuck Pending orders: 3 (e.g. …)`, or `1000+` when there were more than it read."""
-    ids: list[str] = result[key]
-    count = f"{result['count_cap']}+" if result[f"{key}_capped"] else str(len(ids))
+    count = f"{cap}+" if capped else str(len(ids))
     examples = f" (e.g. {', '.join(ids[:3])})" if ids else ""
     return f"{title}: {count}{examples}"
 
 
-def render_stats(result: dict[str, Any]) -> Group:
-    hub = result["hub"]
+def render_stats(result: Stats) -> Group:
+    hub = result.hub
     states = Table(title=f"orders in hub {hub}")
     states.add_column("state")
     states.add_column("orders", justify="right")
-    for state, n in result["by_state"].items():
+    for state, n in result.by_state.items():
         states.add_row(shown(state), str(n))
     queues = Table(title="queues")
     queues.add_column("queue")
     queues.add_column("messages", justify="right")
-    for queue, n in result["queues"].items():
+    for queue, depth in result.queues.items():
         queues.add_row(
-            shown(queue.removeprefix(f"{hub}.")), "not declared" if n is None else str(n)
+            shown(queue.removeprefix(f"{hub}.")), "not declared" if depth is None else str(depth)
         )
-    processes = Table(title=f"{len(result['processes'])} process(es) reporting")
+    processes = Table(title=f"{len(result.processes)} process(es) reporting")
     add_columns(processes, "process", "kind", "seen", "status")
-    for p in result["processes"]:
-        processes.add_row(
-            shown(p["name"]), shown(p["kind"]), p["seen"], shown(_status_text(p["data"]))
-        )
+    for p in result.processes:
+        processes.add_row(shown(p.name), shown(p.kind), p.seen, shown(_status_text(p.data)))
+    cap = result.count_cap
     lines = [
-        f"supervisor leader: {result['leader'] or 'NONE (no supervisor holds the lease)'}",
-        "open circuit breakers: " + (", ".join(result["open_breakers"]) or "none"),
-        _orders_line("stuck Pending orders", result, "stuck_pending"),
-        _orders_line("overdue running orders", result, "overdue"),
-        _intake_line(result.get("intake", [])),
+        f"supervisor leader: {result.leader or 'NONE (no supervisor holds the lease)'}",
+        "open circuit breakers: " + (", ".join(result.open_breakers) or "none"),
+        _orders_line(
+            "stuck Pending orders", result.stuck_pending, result.stuck_pending_capped, cap
+        ),
+        _orders_line("overdue running orders", result.overdue, result.overdue_capped, cap),
+        _intake_line(result.intake),
     ]
     return Group(states, queues, processes, *map(shown, lines))
 
@@ -104,7 +104,7 @@ def stats(settings: Settings, as_json: bool) -> None:
     if as_json:
         echo_json(result.model_dump(mode="json"))
         return
-    plain_console().print(render_stats(result.model_dump(mode="json")))
+    plain_console().print(render_stats(result))
 
 
 async def _stats(ops: Operations) -> Stats:
@@ -113,14 +113,14 @@ async def _stats(ops: Operations) -> Stats:
 
 async def stats_every(
     settings: Settings, interval: float, count: int | None
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncIterator[Stats]:
     """A snapshot every `interval` seconds, `count` of them (None: until the caller stops)."""
     async with open_operations(settings, name="orderflow-stats", broker=True) as ops:
         n = 0
         while count is None or n < count:
             if n:
                 await asyncio.sleep(interval)
-            yield (await ops.stats()).model_dump(mode="json")
+            yield await ops.stats()
             n += 1
 
 
@@ -146,7 +146,7 @@ def watch(settings: Settings, interval: float, count: int | None, as_json: bool)
 
     async def json_lines() -> None:
         async for result in stats_every(settings, interval, count):
-            echo_json(result)
+            echo_json(result.model_dump(mode="json"))
             sys.stdout.flush()  # a reader of a pipe sees each refresh as it comes
 
     with contextlib.suppress(KeyboardInterrupt):

@@ -6,7 +6,6 @@ with `--json` for scripts; the views themselves are `services/operator/views.py`
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
 
 import click
 from pydantic import TypeAdapter, ValidationError
@@ -17,7 +16,7 @@ from services.cli.operations import run_operations
 from services.cli.render import add_columns, echo_json, plain_console, shown
 from services.cli.settings import pass_settings
 from services.operator.explain import FailureGroup, current_step
-from services.operator.results import OrderList
+from services.operator.results import OrderList, OrderView, StepRow, UndoRow
 from services.operator.views import FAILED, order_summary, parse_cursor, state_query
 from shared.config import Settings
 from shared.domain.durations import human_age, human_duration, parse_duration
@@ -157,19 +156,19 @@ def _print_groups(groups: list[FailureGroup], now: datetime, *, as_json: bool) -
 def show_cmd(settings: Settings, order_id: str, as_json: bool) -> None:
     """An order: its data, state, steps, retry budget, lease, and what happens next."""
     check_ids((order_id,))
-    result = run_operations(settings, lambda ops: ops.order(order_id)).model_dump(mode="json")
+    result = run_operations(settings, lambda ops: ops.order(order_id))
     if as_json:
-        echo_json(result)
+        echo_json(result.model_dump(mode="json"))
         return
     _print_show(result)
 
 
-def _print_show(result: dict[str, Any]) -> None:
+def _print_show(result: OrderView) -> None:
     console = plain_console()
     now = utcnow()
-    state = result["state"]
-    order = result["order"]
-    console.print(shown(f"order {result['order_id']}"))
+    state = result.state
+    order = result.order
+    console.print(shown(f"order {result.order_id}"))
     if order is not None:
         total = sum(line["quantity"] * line["unit_price_cents"] for line in order["lines"])
         console.print(
@@ -177,56 +176,56 @@ def _print_show(result: dict[str, Any]) -> None:
                 f"  customer {order['customer_id']}, {len(order['lines'])} line(s), "
                 f"{total / 100:.2f} {order['currency']}, payment {order['payment_token']}, "
                 f"ship to {order['shipping_address']['country']} "
-                f"{order['shipping_address']['postal_code']}; received {result['received_at']}"
+                f"{order['shipping_address']['postal_code']}; received {result.received_at}"
             )
         )
     if state is None:
         console.print("  no state record (the audit reports this)")
         return
-    budget = state["retry_budget"]
+    budget = state.retry_budget
     console.print(
         shown(
-            f"  state {state['process_state']} ({state['workflow']}), "
-            f"attempt {state['attempt']}, failures {state['failure_count']} of "
-            f"{state['failure_threshold']}, retry budget {budget['used']}/{budget['limit']} used"
+            f"  state {state.process_state} ({state.workflow}), "
+            f"attempt {state.attempt}, failures {state.failure_count} of "
+            f"{state.failure_threshold}, retry budget {budget.used}/{budget.limit} used"
         )
     )
-    if state["locked_by"]:
-        deadline = datetime.fromisoformat(state["complete_by"]) if state["complete_by"] else None
+    if state.locked_by:
+        deadline = datetime.fromisoformat(state.complete_by) if state.complete_by else None
         console.print(
             shown(
-                f"  lease: {state['locked_by']} on {state['owner'] or '?'}, "
+                f"  lease: {state.locked_by} on {state.owner or '?'}, "
                 f"deadline {human_age(deadline, now)}"
             )
         )
-    if state["error"]:
-        console.print(shown(f"  error: {state['error']['kind']}: {state['error']['message']}"))
-    console.print(_steps_table(state["steps"]))
-    if result["compensation"]:
-        console.print(_undo_table(result["compensation"]))
-    console.print(shown(f"next: {state['next']}"), soft_wrap=True)
+    if state.error:
+        console.print(shown(f"  error: {state.error.kind}: {state.error.message}"))
+    console.print(_steps_table(state.steps))
+    if result.compensation:
+        console.print(_undo_table(result.compensation))
+    console.print(shown(f"next: {state.next}"), soft_wrap=True)
 
 
-def _steps_table(steps: list[dict[str, Any]]) -> Table:
+def _steps_table(steps: list[StepRow]) -> Table:
     table = Table(title="steps")
     add_columns(table, "step", "status", "attempts", "took", "error")
     for s in steps:
-        error = s["error"]
+        error = s.error
         table.add_row(
-            shown(s["step"]),
-            s["status"],
-            str(s["attempts"]),
-            "-" if s["seconds"] is None else human_duration(s["seconds"]),
-            shown("" if error is None else f"{error['kind']}: {error['message'][:70]}"),
+            shown(s.step),
+            s.status,
+            str(s.attempts),
+            "-" if s.seconds is None else human_duration(s.seconds),
+            shown("" if error is None else f"{error.kind}: {error.message[:70]}"),
         )
     return table
 
 
-def _undo_table(undos: list[dict[str, Any]]) -> Table:
+def _undo_table(undos: list[UndoRow]) -> Table:
     table = Table(title="undo log (newest first)")
     add_columns(table, "step", "undo", "status", "idempotency key")
     for u in undos:
-        table.add_row(shown(u["step"]), shown(u["undo"]), u["status"], shown(u["idempotency_key"]))
+        table.add_row(shown(u.step), shown(u.undo), u.status, shown(u.idempotency_key))
     return table
 
 
