@@ -47,6 +47,7 @@ from services.operator.results import (
     Processes,
     Purged,
     ReplayResult,
+    ShownDeadLetters,
     Stats,
     alert_row,
 )
@@ -123,7 +124,7 @@ async def failure_groups(ctx: Context, who: Viewer, where: Filtered) -> FailureG
     kind and message fingerprint, biggest group first."""
     query = _query(where.state, where.error_kind, where.older_than, default=FAILED)
     groups = await ctx.ops.failures(query, where.step)
-    return FailureGroups(groups=[g.to_json() for g in groups])
+    return FailureGroups(groups=[g.view() for g in groups])
 
 
 @router.get("/order", response_model=OrderView, responses={**ERRORS, **NOT_FOUND})
@@ -284,15 +285,15 @@ async def list_dead_letters(ctx: Context, who: Viewer, queue: QueueName = None) 
     return DeadLetters(messages=await ctx.ops.dead_letters(queue))
 
 
-@router.get("/dead-letter", response_model=DeadLetters, responses={**ERRORS, **NOT_FOUND})
+@router.get("/dead-letter", response_model=ShownDeadLetters, responses={**ERRORS, **NOT_FOUND})
 async def show_dead_letter(
     ctx: Context,
     who: Viewer,
     message_id: Annotated[str, Query(min_length=1, max_length=300)],
     queue: QueueName = None,
-) -> DeadLetters:
+) -> ShownDeadLetters:
     """One dead-lettered message: its reason, headers and body (payment tokens shortened)."""
-    return DeadLetters(messages=await ctx.ops.dead_letter(message_id, queue))
+    return ShownDeadLetters(messages=await ctx.ops.dead_letter(message_id, queue))
 
 
 @router.post("/dead-letters/replay", response_model=ReplayResult, responses=ERRORS)

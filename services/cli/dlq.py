@@ -17,7 +17,7 @@ from services.cli.operations import run_operations
 from services.cli.render import add_columns, echo_json, plain, plain_console, shown
 from services.cli.settings import pass_settings
 from services.operator.operations import Operations, operator_senders
-from services.operator.results import ReplayResult
+from services.operator.results import DeadLetters, ReplayResult, ShownDeadLetters
 from shared.broker.topology import Names
 from shared.config import Settings
 from shared.errors import BadInput
@@ -45,18 +45,18 @@ def list_cmd(settings: Settings, queue: str | None, as_json: bool) -> None:
     """Dead-lettered messages with their reasons (the messages stay where they are)."""
     rows = _on_broker(settings, lambda ops: ops.dead_letters(queue))
     if as_json:
-        echo_json({"messages": rows})
+        echo_json(DeadLetters(messages=rows).model_dump(mode="json"))
         return
     table = Table(title=f"{len(rows)} dead-lettered message(s) in hub {settings.hub}")
     add_columns(table, "queue", "message id", "type", "reason", "error", "dead-lettered")
     for r in rows:
         table.add_row(
-            shown(r["queue"].removeprefix(f"{settings.hub}.")),
-            shown(r["message_id"]),
-            shown(r["type"]),
-            shown(r["reason"]),
-            shown(str(r["error"] or "")[:60]),
-            r["age"],
+            shown(r.queue.removeprefix(f"{settings.hub}.")),
+            shown(r.message_id),
+            shown(r.type),
+            shown(r.reason),
+            shown(str(r.error or "")[:60]),
+            r.age,
         )
     plain_console().print(table)
 
@@ -70,16 +70,14 @@ def show_cmd(settings: Settings, message_id: str, queue: str | None, as_json: bo
     """One dead-lettered message: its reason, headers and body."""
     found = _on_broker(settings, lambda ops: ops.dead_letter(message_id, queue))
     if as_json:
-        echo_json({"messages": found})
+        echo_json(ShownDeadLetters(messages=found).model_dump(mode="json"))
         return
     for row in found:
-        click.echo(
-            plain(f"{row['message_id']} on {row['queue']} ({row['type']}, {row['bytes']} bytes)")
-        )
-        click.echo(plain(f"  reason: {row['reason']}: {row['error']}"))
-        click.echo(plain(f"  dead-lettered {row['age']} after {row['deliveries']} delivery(ies)"))
+        click.echo(plain(f"{row.message_id} on {row.queue} ({row.type}, {row.bytes} bytes)"))
+        click.echo(plain(f"  reason: {row.reason}: {row.error}"))
+        click.echo(plain(f"  dead-lettered {row.age} after {row.deliveries} delivery(ies)"))
         # Its lines indented, so that no line of a body can pass for a line of this report.
-        click.echo("  body: " + plain(row["body"], keep_lines=True).replace("\n", "\n    "))
+        click.echo("  body: " + plain(row.body, keep_lines=True).replace("\n", "\n    "))
 
 
 @dlq.command("replay")

@@ -264,17 +264,17 @@ def alerts_undelivered(settings: Settings, as_json: bool) -> None:
         broker=True,
     )
     if as_json:
-        echo_json({"undelivered": rows})
+        echo_json({"undelivered": [row.model_dump(mode="json") for row in rows]})
         return
     table = Table(title=f"{len(rows)} notice(s) not delivered, oldest first")
     add_columns(table, "age", "target", "reason", "notice", "error")
     for row in rows:
         table.add_row(
-            shown(str(row.get("age") or "")),
-            shown(str(row.get("target") or "-")),
-            shown(str(row.get("reason") or "")),
-            shown(str(row.get("message_id") or "")),
-            shown(str(row.get("error") or "")[:120]),
+            shown(row.age or ""),
+            shown(str(row.target or "-")),
+            shown(str(row.reason or "")),
+            shown(row.message_id or ""),
+            shown(str(row.error or "")[:120]),
         )
     plain_console().print(table)
 

@@ -16,7 +16,7 @@ from services.cli.operations import run_operations
 from services.cli.render import add_columns, echo_json, plain_console, shown
 from services.cli.settings import pass_settings
 from services.operator.explain import FailureGroup, current_step
-from services.operator.results import OrderList, OrderView, StepRow, UndoRow
+from services.operator.results import FailureGroups, OrderList, OrderView, StepRow, UndoRow
 from services.operator.views import FAILED, order_summary, parse_cursor, state_query
 from shared.config import Settings
 from shared.domain.durations import human_age, human_duration, parse_duration
@@ -130,7 +130,7 @@ def list_cmd(
 
 def _print_groups(groups: list[FailureGroup], now: datetime, *, as_json: bool) -> None:
     if as_json:
-        echo_json({"groups": [g.to_json() for g in groups]})
+        echo_json(FailureGroups(groups=[g.view() for g in groups]).model_dump(mode="json"))
         return
     table = Table(title=f"{sum(g.count for g in groups)} failed order(s) in {len(groups)} group(s)")
     add_columns(table, "count", "kind", "fingerprint", "states", "newest", "examples")

@@ -31,5 +31,6 @@ async def audit_hub(settings: Settings, grace: float) -> AuditReport:
             attempts=attempts,
             undo_attempts=settings.undo_attempts,
         )
-        check_dead_letters(report, await ops.dead_letters(None))
+        letters = await ops.dead_letters(None)
+        check_dead_letters(report, [letter.model_dump() for letter in letters])
     return report

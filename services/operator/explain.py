@@ -9,9 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
-from services.operator.results import ErrorBrief, StepRow
+from services.operator.results import ErrorBrief, FailureGroupView, StepRow
 from shared.config import Settings
 from shared.domain.durations import human_age
 from shared.domain.journal import CompensationEntry, UndoStatus
@@ -88,16 +87,16 @@ class FailureGroup:
         self.oldest = changed if self.oldest is None else min(self.oldest, changed)
         self.newest = changed if self.newest is None else max(self.newest, changed)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "error_kind": self.kind,
-            "fingerprint": self.fingerprint,
-            "count": self.count,
-            "states": self.states,
-            "examples": self.order_ids,
-            "oldest_change": self.oldest.isoformat() if self.oldest else None,
-            "newest_change": self.newest.isoformat() if self.newest else None,
-        }
+    def view(self) -> FailureGroupView:
+        return FailureGroupView(
+            error_kind=self.kind,
+            fingerprint=self.fingerprint,
+            count=self.count,
+            states=self.states,
+            examples=self.order_ids,
+            oldest_change=self.oldest.isoformat() if self.oldest else None,
+            newest_change=self.newest.isoformat() if self.newest else None,
+        )
 
 
 def group_failures(records: list[StateRecord]) -> list[FailureGroup]:

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from aio_pika.abc import AbstractRobustConnection
 
@@ -24,11 +23,14 @@ from services.operator.alerts import alert_letters
 from services.operator.cancellation import CancelOutcome, cancel_order, status_teller
 from services.operator.explain import FailureGroup, Undo, group_failures, undo_plan
 from services.operator.results import (
+    DeadLetter,
     OrderView,
     Processes,
     ReplayResult,
+    ShownDeadLetter,
     Stats,
     TimelineEvent,
+    UndeliveredAlert,
 )
 from services.operator.stats import hub_stats, process_stats, queue_depths
 from services.operator.views import OrderPage, matching, order_page, order_timeline, order_view
@@ -154,9 +156,10 @@ class Operations:
             raise NotFound(f"no alert {alert_id!r}")
         return state
 
-    async def undelivered_alerts(self) -> list[dict[str, Any]]:
+    async def undelivered_alerts(self) -> list[UndeliveredAlert]:
         """The notifier's dead letters, oldest first (they stay where they are)."""
-        return await alert_letters(self.broker, self.names)
+        rows = await alert_letters(self.broker, self.names)
+        return [UndeliveredAlert.model_validate(row) for row in rows]
 
     # -- dead letters
 
@@ -164,16 +167,20 @@ class Operations:
         """The dead-letter queues of one input queue (None: of all)."""
         return [Names.dlq(source) for source in self._sources(queue)]
 
-    async def dead_letters(self, queue: str | None) -> list[dict[str, Any]]:
+    async def dead_letters(self, queue: str | None) -> list[DeadLetter]:
         """Every dead letter of one input queue (`orders`, `payment`, …; None: all)."""
-        return await dead_letters.dead_letters(self.broker, self._sources(queue))
+        rows = await dead_letters.dead_letters(self.broker, self._sources(queue))
+        return [DeadLetter.model_validate(row) for row in rows]
 
-    async def dead_letter(self, message_id: str, queue: str | None) -> list[dict[str, Any]]:
+    async def dead_letter(self, message_id: str, queue: str | None) -> list[ShownDeadLetter]:
         """The dead letters with this id, with headers and body (payment tokens shortened)."""
         found = await dead_letters.find(self.broker, self._sources(queue), message_id)
         if not found:
             raise NotFound(f"no dead-lettered message {message_id!r} in hub {self.names.hub}")
-        return [letter.row | {"body": shown_body(letter.body)} for letter in found]
+        return [
+            ShownDeadLetter.model_validate(letter.row | {"body": shown_body(letter.body)})
+            for letter in found
+        ]
 
     async def replay(
         self, message_ids: Collection[str] | None, queue: str | None, *, by: str

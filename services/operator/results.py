@@ -45,9 +45,22 @@ class OrderList(BaseModel):
     """The cursor of the next page (None: no more)."""
 
 
+class FailureGroupView(BaseModel):
+    """Failed orders sharing an error kind and a message fingerprint."""
+
+    error_kind: str
+    fingerprint: str
+    count: int
+    states: dict[str, int]
+    examples: list[str]
+    """Up to five of its orders."""
+    oldest_change: str | None
+    newest_change: str | None
+
+
 class FailureGroups(BaseModel):
-    groups: list[dict[str, Any]]
-    """Each group: error kind, fingerprint, count, states, examples, oldest and newest change."""
+    groups: list[FailureGroupView]
+    """Biggest group first."""
 
 
 class RetryBudget(BaseModel):
@@ -155,10 +168,42 @@ class Stats(BaseModel):
     """Messages in each input, dead-letter and retry queue; None: not declared."""
 
 
+class DeadLetter(BaseModel):
+    """A dead letter of an input queue: why, when, how often it was delivered. Its header
+    values are as JSON can hold them, whoever wrote them (shared/broker/dead_letters.py)."""
+
+    queue: str
+    message_id: str | None
+    type: str | None
+    reason: Any
+    error: Any
+    dead_lettered_at: Any
+    age: str
+    deliveries: Any
+    source_queue: Any
+    bytes: int
+
+
+class ShownDeadLetter(DeadLetter):
+    """A dead letter in full: with its headers and its body (payment tokens shortened)."""
+
+    headers: dict[str, Any]
+    body: str
+
+
 class DeadLetters(BaseModel):
-    messages: list[dict[str, Any]]
-    """Each: queue, message id, type, reason, error, when, deliveries, size (and, shown one by
-    one, its headers and body)."""
+    messages: list[DeadLetter]
+
+
+class ShownDeadLetters(BaseModel):
+    messages: list[ShownDeadLetter]
+    """One, or more when DLQs hold copies of it."""
+
+
+class UndeliveredAlert(DeadLetter):
+    """A notice the notifier could not deliver, with the target it was for."""
+
+    target: Any
 
 
 class ReplayResult(BaseModel):
