@@ -20,7 +20,7 @@ from rich.table import Table
 from services.cli.operations import run_operations
 from services.cli.render import add_columns, echo_json, plain, plain_console, shown
 from services.cli.settings import pass_settings
-from services.operator.alerts import Feed, follow_alerts
+from services.operator.alerts import Feed
 from services.operator.audit import audit_hub
 from services.operator.operations import Operations, open_operations
 from services.operator.results import AlertList, Stats, alert_row
@@ -308,7 +308,10 @@ def alerts_follow(settings: Settings, burst: bool, as_json: bool) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        return await follow_alerts(settings, Feed(show, refused), burst=burst, stop=stop)
+        async with open_operations(
+            settings, name="orderflow-alerts", store=False, broker=True
+        ) as ops:
+            return await ops.follow_alerts(Feed(show, refused), burst=burst, stop=stop)
 
     taken = asyncio.run(follow())
     if not as_json:

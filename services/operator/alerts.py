@@ -23,8 +23,6 @@ from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from shared.bootstrap import open_broker
-from shared.broker.connection import login_user
 from shared.broker.dead_letters import describe, give_back, header_value
 from shared.broker.envelope import TARGET, user_of
 from shared.broker.senders import Senders, agent_role
@@ -52,17 +50,20 @@ class Feed:
 
 
 async def follow_alerts(
-    settings: Settings, feed: Feed, *, burst: bool, stop: asyncio.Event | None = None
+    connection: AbstractRobustConnection,
+    names: Names,
+    senders: Senders,
+    settings: Settings,
+    feed: Feed,
+    *,
+    burst: bool,
+    stop: asyncio.Event | None = None,
 ) -> int:
     """Hand each notification of `<hub>.alerts.feed` to `feed`, oldest first, acknowledging it
-    after; with `burst`, until the queue is empty, else until `stop` is set. How many alerts."""
-    names = Names(settings.hub)
-    senders = Senders.of(
-        settings.hub, settings.broker_user_prefix, login_user(settings.rabbitmq_url), "operator"
-    )
-    connection = await open_broker(settings, name="orderflow-alerts")
+    after; with `burst`, until the queue is empty, else until `stop` is set. How many alerts.
+    `senders`: who may raise them, as the operator's user sees it."""
+    channel = await connection.channel()
     try:
-        channel = await connection.channel()
         await channel.set_qos(prefetch_count=settings.prefetch)
         queue = await existing_queue(channel, names.alert_feed)
         taken = 0
@@ -90,7 +91,8 @@ async def follow_alerts(
                 await queue.cancel(tag)
         return taken
     finally:
-        await connection.close()
+        with contextlib.suppress(Exception):
+            await channel.close()  # what it did not acknowledge goes back to the feed
 
 
 async def alert_letters(connection: AbstractRobustConnection, names: Names) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ closes it after. Both call the same methods, which answer typed values
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from datetime import datetime
 from aio_pika.abc import AbstractRobustConnection
 
 from services.operator import actions
-from services.operator.alerts import alert_letters
+from services.operator.alerts import Feed, alert_letters, follow_alerts
 from services.operator.cancellation import CancelOutcome, cancel_order, status_teller
 from services.operator.explain import FailureGroup, Undo, group_failures, undo_plan
 from services.operator.results import (
@@ -155,6 +156,15 @@ class Operations:
         if state is None:
             raise NotFound(f"no alert {alert_id!r}")
         return state
+
+    async def follow_alerts(
+        self, feed: Feed, *, burst: bool, stop: asyncio.Event | None = None
+    ) -> int:
+        """Hand each alert notification of `<hub>.alerts.feed` to `feed` (services/operator/
+        alerts.py); with `burst`, until the queue is empty, else until `stop`."""
+        return await follow_alerts(
+            self.broker, self.names, self.senders, self.settings, feed, burst=burst, stop=stop
+        )
 
     async def undelivered_alerts(self) -> list[UndeliveredAlert]:
         """The notifier's dead letters, oldest first (they stay where they are)."""
