@@ -36,7 +36,6 @@ from services.api.models import (
 )
 from services.operator import actions
 from services.operator.actions import COMPENSATE, Outcome, refused
-from services.operator.explain import fingerprint
 from services.operator.results import (
     AlertList,
     DeadLetters,
@@ -51,7 +50,7 @@ from services.operator.results import (
     Stats,
     alert_row,
 )
-from services.operator.views import FAILED, matching, order_summary, parse_cursor, state_query
+from services.operator.views import FAILED, order_summary, parse_cursor, state_query
 from shared.domain.durations import parse_duration
 from shared.domain.journal import ALERT_ID_LIMIT, AlertAction, AlertState
 from shared.domain.states import ErrorKind, ProcessState
@@ -214,15 +213,13 @@ def _job_view(job: BulkJob, selection: actions.Selection | None = None) -> JobVi
 
 async def _selection(ctx: ApiContext, body: BulkResubmit) -> actions.Selection:
     query = _query([ProcessState.ERROR], body.error_kind, body.older_than)
-    found = [r async for r in matching(ctx.ops.store, query, body.step, None)]
-    if body.fingerprint is not None:
-        found = [r for r in found if r.error and fingerprint(r.error.message) == body.fingerprint]
+    chosen = await ctx.ops.select(actions.queried(query, body.step, body.fingerprint))
     if body.selected is not None:
         # As the dry run saw them: an order that changed since, or no longer matches, is
         # refused by the action; one that matches now but was not shown is left alone.
         orders = [(o.order_id, o.seen) for o in body.selected]
         return actions.Selection(orders, query, body.step)
-    return actions.Selection([(r.order_id, r.updated_at) for r in found], query, body.step)
+    return chosen
 
 
 @router.post(

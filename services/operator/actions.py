@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from services.operator.explain import current_step, unselected_because
+from services.operator.explain import fingerprint as fingerprint_of
 from services.operator.views import matching
 from shared.domain.journal import HistoryEvent, HistoryEventType
 from shared.domain.models import StateRecord
@@ -87,9 +88,17 @@ COMPENSATE = Action(
 )
 
 
-async def select(store: StateStore, query: StateQuery, step: str | None) -> Selection:
-    """The orders the query (and step) select now, each with its last change as seen."""
-    found = [(r.order_id, r.updated_at) async for r in matching(store, query, step, None)]
+async def select(
+    store: StateStore, query: StateQuery, step: str | None, fingerprint: str | None = None
+) -> Selection:
+    """The orders the query (and step, and the fingerprint of their error: one failure group)
+    select now, each with its last change as seen."""
+    found = [
+        (r.order_id, r.updated_at)
+        async for r in matching(store, query, step, None)
+        if fingerprint is None
+        or (r.error is not None and fingerprint_of(r.error.message) == fingerprint)
+    ]
     return Selection(found, query, step)
 
 
@@ -102,11 +111,11 @@ def named(order_ids: Sequence[str]) -> Chooser:
     return choose
 
 
-def queried(query: StateQuery, step: str | None) -> Chooser:
+def queried(query: StateQuery, step: str | None, fingerprint: str | None = None) -> Chooser:
     """The orders the query selects when the action starts."""
 
     async def choose(store: StateStore) -> Selection:
-        return await select(store, query, step)
+        return await select(store, query, step, fingerprint)
 
     return choose
 
