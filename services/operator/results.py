@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from shared.domain.journal import Alert, AlertState
+from shared.domain.models import STORED
 
 
 class ErrorBrief(BaseModel):
@@ -227,7 +228,10 @@ class AlertRow(Alert):
 
 
 def alert_row(alert: Alert, state: AlertState) -> AlertRow:
-    return AlertRow.model_validate(alert.model_dump() | state.model_dump(exclude={"alert_id"}))
+    """The alert as it was read, its text not cleaned a second time (read as stored: cleaning
+    what was accepted would escape it twice); shown escaped by each view."""
+    fields = alert.model_dump() | state.model_dump(exclude={"alert_id"})
+    return AlertRow.model_validate(fields, context=STORED)
 
 
 class AlertList(BaseModel):
