@@ -47,10 +47,26 @@ REMOTE_ADMIN_TOKEN = secrets.token_hex(16)
 test run, so that a topology using another's remote service (test_hubs) holds the right one."""
 
 
+# Below Linux's ephemeral range (32768-60999 by default), where no outgoing connection of any
+# process takes a port between the choice and the listener's bind; a port once handed out is not
+# handed out again by this process.
+_LISTEN_PORTS = range(20_000, 32_768)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port no one listens on, for a process the test starts to listen on."""
+    while True:
+        port = secrets.choice(_LISTEN_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
 
 
 class Topology:
