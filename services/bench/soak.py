@@ -40,7 +40,8 @@ set in the environment wins."""
 SAMPLE_S = 5.0
 """How often the sizes are sampled for their peaks."""
 POLL_S = 0.5
-LIVE = frozenset({ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.COMPENSATING})
+UNSETTLED = frozenset(ProcessState) - SETTLED_STATES
+"""Orders some process still has to move: pending or held by an attempt."""
 
 
 def soak_env() -> dict[str, str]:
@@ -130,7 +131,7 @@ class Soak:
                 done = purged + sum(counts[s] for s in SETTLED_STATES)
                 if progress is not None:
                     progress("orders settled or purged", done, orders)
-                live = sum(counts[s] for s in LIVE)
+                live = sum(counts[s] for s in UNSETTLED)
                 if (done >= orders and not live) or time.monotonic() > give_up:
                     await self.sample(connection)
                     return done
