@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from services.operator.views import all_states
-from services.remote.ledger import attempt_of
+from shared.domain.identity import attempt_of
 from shared.domain.journal import AlertKind, HistoryEvent, HistoryEventType
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.states import LIVE_STATES, SETTLED_STATES, ProcessState

@@ -13,7 +13,7 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from services.remote.app import declined
+from harness.remote.app import declined
 from shared.broker.connection import connect
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
