@@ -190,7 +190,7 @@ def remote(settings: Settings, name: str | None) -> None:
         level=settings.log_level, process=process_name("remote", name), hub=settings.hub
     )
 
-    from harness.remote.app import serve_remote  # noqa: PLC0415 - a harness: this command's own
+    from harness.remote.serve import serve_remote  # noqa: PLC0415 - a harness: this command's own
 
     async def run() -> None:
         stop = asyncio.Event()

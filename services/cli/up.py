@@ -89,7 +89,7 @@ def listening_ports(
     labels = {label for label, _ in procs}
     wanted: list[tuple[str, int, str]] = []
     if "remote" in labels:
-        from harness.remote.app import remote_port  # noqa: PLC0415 - a harness, run by `up` only
+        from harness.remote.serve import remote_port  # noqa: PLC0415 - a harness, run by `up` only
 
         host = urlsplit(settings.remote_url).hostname or "127.0.0.1"
         wanted.append((host, remote_port(settings), "the remote service, ORDERFLOW_REMOTE_PORT"))
@@ -121,7 +121,7 @@ def children_env(settings: Settings, remote: bool) -> dict[str, str]:
     """What every child is told (the group's options and `.env` are read by `up` alone)."""
     remote_url = settings.remote_url
     if remote:
-        from harness.remote.app import remote_port  # noqa: PLC0415 - a harness, run by `up` only
+        from harness.remote.serve import remote_port  # noqa: PLC0415 - a harness, run by `up` only
 
         # The agents call the stand-in `up` runs, wherever ORDERFLOW_REMOTE_PORT puts it.
         parts = urlsplit(remote_url)
