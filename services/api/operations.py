@@ -28,7 +28,6 @@ from services.operator.cancellation import cancel_order, status_teller
 from services.operator.explain import fingerprint, group_failures
 from services.operator.stats import process_stats, queue_depths_on, store_stats
 from services.operator.views import (
-    FAILED,
     matching,
     order_page,
     order_summary,
@@ -43,7 +42,7 @@ from shared.broker.senders import Senders
 from shared.domain.durations import parse_duration
 from shared.domain.journal import ALERT_ID_LIMIT, Alert, AlertAction, AlertState
 from shared.domain.models import APP_ORDER_ID
-from shared.domain.states import ErrorKind, ProcessState
+from shared.domain.states import FAILED_STATES, ErrorKind, ProcessState
 from shared.domain.text import shown_cut
 from shared.domain.timing import utcnow
 from shared.errors import BadInput
@@ -140,7 +139,7 @@ async def list_orders(
 async def failure_groups(ctx: Context, who: Viewer, where: Filtered) -> Json:
     """Failed orders (Error, CompensationFailed, unless states are asked for) grouped by error
     kind and message fingerprint, biggest group first."""
-    query = _query(where.state, where.error_kind, where.older_than, default=FAILED)
+    query = _query(where.state, where.error_kind, where.older_than, default=FAILED_STATES)
     try:
         found = [r async for r in matching(ctx.store, query, where.step, None)]
     except BadInput as exc:

@@ -18,7 +18,6 @@ from services.cli.render import add_columns, echo_json, plain_console, shown
 from services.cli.settings import pass_settings
 from services.operator.explain import FailureGroup, current_step
 from services.operator.views import (
-    FAILED,
     failure_groups,
     list_orders,
     order_summary,
@@ -30,7 +29,7 @@ from services.operator.views import (
 from shared.config import Settings
 from shared.domain.durations import human_age, human_duration, parse_duration
 from shared.domain.models import OrderId
-from shared.domain.states import ErrorKind, ProcessState
+from shared.domain.states import FAILED_STATES, ErrorKind, ProcessState
 from shared.domain.timing import utcnow
 from shared.errors import BadInput
 
@@ -106,7 +105,7 @@ def list_cmd(
     age = duration_of(older_than)
     wanted = states_of(states)
     if group_by and wanted is None:
-        wanted = FAILED
+        wanted = FAILED_STATES
     query = state_query(wanted, kind_of(error_kind), age, now=now)
     cursor = parse_cursor(after_text)
     if group_by:

@@ -14,12 +14,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from services.remote.client import RemoteClient
-from services.remote.fencing import fence_signature
 from shared.broker.connection import connect
 from shared.broker.topology import Names, delete_topology
 from shared.domain.journal import HistoryEvent, HistoryEventType
 from shared.domain.states import SETTLED_STATES, ProcessState
+from shared.remote.client import RemoteClient
+from shared.remote.fencing import fence_signature
 from shared.store.postgres import PostgresStore
 from tests.conftest import POSTGRES_URL, RABBITMQ_URL, service_missing
 from tests.support.waiting import eventually
@@ -85,7 +85,7 @@ class Topology:
         self.rabbitmq_url = rabbitmq_url
         self.remote_url = f"http://127.0.0.1:{free_port()}"
         # The hub's account at its remote service: the agents' key, and the schedulers' fence
-        # key (services/remote/accounts.py); the remote holds both.
+        # key (harness/remote/accounts.py); the remote holds both.
         self.account_key = secrets.token_hex(16)
         self.fence_key = secrets.token_hex(16)
         self.env = (
