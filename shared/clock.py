@@ -4,7 +4,7 @@ Every read of the time in orderflow's processes goes through `wall()`, `utcnow()
 `monotonic()` (timeouts and sleeps go through the event loop, whose clock is the loop's own). A
 real process reads the system's clocks. `orderflow simulate` runs every process of a topology as
 tasks of one event loop under virtual time, each process with a clock of its own that may jump
-(services/simulation): it sets `CLOCK` in each process's context, and every task the process
+(harness/simulation): it sets `CLOCK` in each process's context, and every task the process
 starts inherits it.
 """
 

@@ -31,7 +31,6 @@ from services.agents.attempts import Allowance, InboxTickets, Tickets, ticket_cl
 from services.agents.breakers import Breakers
 from services.agents.calls import DEADLINE_MARGIN_S, StepCalls
 from services.agents.replies import log_outcome, reply_of, send_reply
-from services.remote.client import RemoteCalls, RemoteClient
 from shared.bootstrap import Runtime
 from shared.broker.consumer import Delivery
 from shared.broker.dedupe import AlongClaim, inbox_key
@@ -43,6 +42,7 @@ from shared.domain.journal import AlertKind, Severity
 from shared.domain.messages import StepRequest
 from shared.domain.timing import utcnow
 from shared.errors import InvalidMessage
+from shared.remote.client import RemoteCalls, RemoteClient
 from shared.reporting import Reporter
 from shared.telemetry import log_fields
 from shared.tracing import aiohttp_trace_configs

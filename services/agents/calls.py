@@ -22,7 +22,6 @@ from tenacity.wait import wait_base
 
 from services.agents.attempts import Allowance
 from services.agents.breakers import Breakers
-from services.remote.client import RemoteCalls
 from shared.domain.messages import StepRequest
 from shared.domain.timing import utcnow
 from shared.errors import (
@@ -36,6 +35,7 @@ from shared.errors import (
     TransientError,
 )
 from shared.metrics import AGENT_ATTEMPTS
+from shared.remote.client import RemoteCalls
 
 DEADLINE_MARGIN_S = 0.02
 """Too little time left to start a call and hear its answer: do not start it."""

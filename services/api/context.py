@@ -17,7 +17,6 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from services.api.limits import FailedAuth, Streams
 from services.api.models import Catalogue, CatalogueItem
 from services.operator.operations import Operations
-from services.remote.app import DECLINED_TEST_TOKEN
 from shared.broker.envelope import user_of
 from shared.broker.publisher import Publishing
 from shared.broker.senders import STATUS_SENDERS, Senders
@@ -26,6 +25,7 @@ from shared.config import Settings
 from shared.domain.messages import Contract, OrderStatusUpdate
 from shared.domain.models import scoped
 from shared.errors import ConfigurationError
+from shared.remote.payments import DECLINED_TEST_TOKEN
 from shared.store.port import StateStore
 
 BUILT_IN_CATALOGUE = [

@@ -50,10 +50,10 @@ from services.operator.results import (
     Stats,
     alert_row,
 )
-from services.operator.views import FAILED, order_summary, parse_cursor, state_query
+from services.operator.views import order_summary, parse_cursor, state_query
 from shared.domain.durations import parse_duration
 from shared.domain.journal import ALERT_ID_LIMIT, AlertAction, AlertState
-from shared.domain.states import ErrorKind, ProcessState
+from shared.domain.states import FAILED_STATES, ErrorKind, ProcessState
 from shared.domain.text import shown_cut
 from shared.domain.timing import utcnow
 from shared.errors import BadInput, NotFound
@@ -121,7 +121,7 @@ async def list_orders(
 async def failure_groups(ctx: Context, who: Viewer, where: Filtered) -> FailureGroups:
     """Failed orders (Error, CompensationFailed, unless states are asked for) grouped by error
     kind and message fingerprint, biggest group first."""
-    query = _query(where.state, where.error_kind, where.older_than, default=FAILED)
+    query = _query(where.state, where.error_kind, where.older_than, default=FAILED_STATES)
     groups = await ctx.ops.failures(query, where.step)
     return FailureGroups(groups=[g.view() for g in groups])
 

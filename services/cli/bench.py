@@ -1,5 +1,5 @@
 """`orderflow bench`: how fast orders go from publish to Processed, end to end (or, with
-`--recovery`, how long an orphaned step waits). The run itself is `services/bench/`; this module
+`--recovery`, how long an orphaned step waits). The run itself is `harness/bench/`; this module
 parses the options, shows the progress on a terminal and prints the report.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from services.bench.recovery import run_recovery
-from services.bench.run import Plan, new_run, run_bench
+from harness.bench.recovery import run_recovery
+from harness.bench.run import Plan, new_run, run_bench
 from services.cli.render import plain_console, progress_bar
 from services.cli.settings import pass_settings
 from shared.config import Settings

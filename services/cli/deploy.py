@@ -14,11 +14,12 @@ from typing import Any
 
 import click
 
+from deployment.envfile import compose_settings, env_example
+from deployment.files import generated_files
+from deployment.mongodb import init_script
+from deployment.rabbitmq import DEFAULT_APPS, BrokerLimits, definitions, render
+from services.api.app import openapi_document
 from services.cli.settings import pass_settings
-from services.deploy.envfile import compose_settings, env_example
-from services.deploy.files import generated_files
-from services.deploy.mongodb import init_script
-from services.deploy.rabbitmq import DEFAULT_APPS, BrokerLimits, definitions, render
 from shared.broker.topology import APP_NAME
 from shared.config import Settings
 
@@ -120,7 +121,7 @@ def compose_settings_cmd() -> None:
 def write(check: bool, root: Path) -> None:
     """Regenerate every committed deployment file (the compose deployment's hub: orderflow)."""
     stale = []
-    for relative, content in generated_files().items():
+    for relative, content in generated_files(openapi_document()).items():
         path = root / relative
         if path.exists() and path.read_text() == content:
             continue

@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
+from harness.nemesis.run import run_seeds
 from services.cli.render import plain
-from services.nemesis.run import run_seeds
 
 
 @click.command("nemesis")

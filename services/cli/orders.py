@@ -17,11 +17,11 @@ from services.cli.render import add_columns, echo_json, plain_console, shown
 from services.cli.settings import pass_settings
 from services.operator.explain import FailureGroup, current_step
 from services.operator.results import FailureGroups, OrderList, OrderView, StepRow, UndoRow
-from services.operator.views import FAILED, order_summary, parse_cursor, state_query
+from services.operator.views import order_summary, parse_cursor, state_query
 from shared.config import Settings
 from shared.domain.durations import human_age, human_duration, parse_duration
 from shared.domain.models import OrderId
-from shared.domain.states import ErrorKind, ProcessState
+from shared.domain.states import FAILED_STATES, ErrorKind, ProcessState
 from shared.domain.timing import utcnow
 from shared.errors import BadInput
 
@@ -97,7 +97,7 @@ def list_cmd(
     age = duration_of(older_than)
     wanted = states_of(states)
     if group_by and wanted is None:
-        wanted = FAILED
+        wanted = FAILED_STATES
     query = state_query(wanted, kind_of(error_kind), age, now=now)
     cursor = parse_cursor(after_text)
     if group_by:

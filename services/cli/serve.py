@@ -23,7 +23,6 @@ from tenacity import (
 
 from services.agents.agent import serve_agent
 from services.cli.settings import pass_settings
-from services.remote.app import serve_remote
 from services.scheduler.service import serve_scheduler
 from services.submission.service import serve_submission
 from services.supervisor.service import serve_supervisor
@@ -190,6 +189,8 @@ def remote(settings: Settings, name: str | None) -> None:
     configure_logging(
         level=settings.log_level, process=process_name("remote", name), hub=settings.hub
     )
+
+    from harness.remote.serve import serve_remote  # noqa: PLC0415 - a harness: this command's own
 
     async def run() -> None:
         stop = asyncio.Event()

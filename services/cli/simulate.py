@@ -1,7 +1,7 @@
 """`orderflow simulate`: the whole topology in one process under virtual time, from a seed.
 
 No server is needed: the store, the broker and the remote service are the reference adapters in
-memory (services/simulation). A seed decides the orders, the conditions and the faults, and
+memory (harness/simulation). A seed decides the orders, the conditions and the faults, and
 runs the same every time; exit 1 if any seed breaks an invariant, with its schedule printed.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import asdict
 
 import click
 
+from harness.simulation.run import Outcome
+from harness.simulation.seeds import Tally, outcomes
 from services.cli.render import plain
-from services.simulation.run import Outcome
-from services.simulation.seeds import Tally, outcomes
 
 
 @click.command("simulate")

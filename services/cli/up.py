@@ -31,7 +31,6 @@ import click
 
 from services.cli.render import plain
 from services.cli.settings import pass_settings
-from services.remote.app import remote_port
 from shared.bootstrap import initialise
 from shared.config import Settings
 from shared.domain.workflow import AGENTS
@@ -90,6 +89,8 @@ def listening_ports(
     labels = {label for label, _ in procs}
     wanted: list[tuple[str, int, str]] = []
     if "remote" in labels:
+        from harness.remote.serve import remote_port  # noqa: PLC0415 - a harness, run by `up` only
+
         host = urlsplit(settings.remote_url).hostname or "127.0.0.1"
         wanted.append((host, remote_port(settings), "the remote service, ORDERFLOW_REMOTE_PORT"))
     if "api" in labels:
@@ -120,6 +121,8 @@ def children_env(settings: Settings, remote: bool) -> dict[str, str]:
     """What every child is told (the group's options and `.env` are read by `up` alone)."""
     remote_url = settings.remote_url
     if remote:
+        from harness.remote.serve import remote_port  # noqa: PLC0415 - a harness, run by `up` only
+
         # The agents call the stand-in `up` runs, wherever ORDERFLOW_REMOTE_PORT puts it.
         parts = urlsplit(remote_url)
         host = parts.hostname or "127.0.0.1"
@@ -134,7 +137,7 @@ def children_env(settings: Settings, remote: bool) -> dict[str, str]:
 
 def account_env(settings: Settings, remote: bool) -> dict[str, str]:
     """The hub's keys at the remote service: the agents' account key and the schedulers' fence
-    key (services/remote/accounts.py) as set, else, when `up` runs the remote stand-in, made
+    key (harness/remote/accounts.py) as set, else, when `up` runs the remote stand-in, made
     up for this run, with the stand-in's table of accounts holding the hub's entry (unless
     `ORDERFLOW_REMOTE_ACCOUNTS` is set). Against a remote service of its own (`--no-remote`),
     only what is set: keys made up here would match nothing there."""

@@ -7,10 +7,10 @@ from datetime import timedelta
 
 from services.operator.invariants import AuditReport, audit, check_dead_letters
 from services.operator.operations import open_operations
-from services.remote.admin import admin_token
-from services.remote.client import RemoteClient
 from shared.config import Settings
 from shared.domain.timing import utcnow
+from shared.remote.admin import admin_token
+from shared.remote.client import RemoteClient
 
 
 async def audit_hub(settings: Settings, grace: float) -> AuditReport:

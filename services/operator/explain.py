@@ -15,7 +15,7 @@ from shared.config import Settings
 from shared.domain.durations import human_age
 from shared.domain.journal import CompensationEntry, UndoStatus
 from shared.domain.models import StateRecord
-from shared.domain.states import ProcessState, StepStatus
+from shared.domain.states import LIVE_STATES, ProcessState, StepStatus
 from shared.domain.workflow import get_workflow
 from shared.store.port import StateQuery
 
@@ -125,7 +125,7 @@ def next_action(record: StateRecord, settings: Settings, now: datetime) -> str:
             else ""
         )
         return f"a scheduler may claim it {wait}{why}"
-    if state in (ProcessState.PROCESSING, ProcessState.COMPENSATING):
+    if state in LIVE_STATES:
         work = "compensating" if state is ProcessState.COMPENSATING else "running"
         if record.locked_by is None:
             return "waiting for a scheduler to take the compensation over"

@@ -22,21 +22,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from services.operator.views import all_states
-from services.remote.ledger import attempt_of
+from shared.domain.identity import attempt_of
 from shared.domain.journal import AlertKind, HistoryEvent, HistoryEventType
 from shared.domain.models import OrderRecord, StateRecord
-from shared.domain.states import ProcessState
+from shared.domain.states import LIVE_STATES, SETTLED_STATES, ProcessState
 from shared.domain.workflow import get_workflow
 from shared.store.port import StateStore
 
-SETTLED = {
-    ProcessState.PROCESSED,
-    ProcessState.COMPENSATED,
-    ProcessState.CANCELLED,
-    ProcessState.ERROR,
-    ProcessState.COMPENSATION_FAILED,
-}
-LIVE = {ProcessState.PROCESSING, ProcessState.COMPENSATING}
 PAGE = 5000
 BUDGET = 6
 """The retry budget's number among the violations (after DESIGN §8's five)."""
@@ -118,7 +110,7 @@ def _check_no_order_lost(
         if state is None:
             report.violate(1, order_id, "order recorded without a state record")
             continue
-        if state.process_state in LIVE:
+        if state.process_state in LIVE_STATES:
             if state.complete_by is None:
                 report.violate(
                     1,
@@ -254,7 +246,7 @@ def _check_fenced_effects(report: AuditReport, effects: list[dict[str, Any]]) ->
 
 def _check_settled_unlocked(report: AuditReport, states: dict[str, StateRecord]) -> None:
     for state in states.values():
-        if state.process_state in SETTLED and state.locked_by is not None:
+        if state.process_state in SETTLED_STATES and state.locked_by is not None:
             report.violate(
                 3, state.order_id, f"{state.process_state} but still locked by {state.locked_by}"
             )

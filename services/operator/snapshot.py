@@ -1,5 +1,5 @@
 """A snapshot of the dashboard: every panel of the provisioned Grafana dashboard (the same
-`PANELS`, services/deploy/observability.py), queried from Prometheus over a time range and drawn
+`PANELS`, shared/panels.py), queried from Prometheus over a time range and drawn
 into one self-contained HTML file (inline SVG, no script, nothing fetched when it is opened).
 
 For what Grafana cannot do for you at 3 a.m.: attach what the dashboard showed to an incident
@@ -24,8 +24,8 @@ from typing import Any
 
 import aiohttp
 
-from services.deploy.observability import PANELS, Panel
 from shared.errors import ServiceUnavailable, one_line
+from shared.panels import PANELS, Panel
 
 WIDTH = 600
 HEIGHT = 240

@@ -12,12 +12,11 @@ from typing import Any
 from aio_pika.abc import AbstractConnection
 
 from services.operator.results import Processes, ProcessRow, Stats
-from services.supervisor.service import LEASE
 from shared.broker.topology import Names
 from shared.config import Settings
-from shared.domain.coordination import ComponentStatus
+from shared.domain.coordination import SUPERVISOR_LEASE, ComponentStatus
 from shared.domain.durations import human_age
-from shared.domain.states import ProcessState
+from shared.domain.states import LIVE_STATES
 from shared.domain.timing import utcnow
 from shared.store.port import StateStore
 
@@ -39,7 +38,7 @@ async def hub_stats(
     )
     overdue = await store.scan_expired(
         now=now - timedelta(seconds=settings.step_timeout_s),
-        states=frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING}),
+        states=LIVE_STATES,
         limit=COUNT_CAP + 1,
     )
     running = await process_stats(store, now=now)
@@ -63,7 +62,7 @@ async def hub_stats(
 async def process_stats(store: StateStore, *, now: datetime) -> Processes:
     """The processes reporting (their heartbeats), their open circuit breakers and intake, and
     the supervisor leader: two reads, for `stats` and the console's processes."""
-    lease = await store.lease_get(LEASE)
+    lease = await store.lease_get(SUPERVISOR_LEASE)
     components = await store.list_status(now=now)
     leader = lease.holder if lease is not None and lease.expires_at > now else None
     breakers = sorted(

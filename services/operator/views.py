@@ -35,8 +35,6 @@ from shared.store.port import ListCursor, StateQuery, StateStore
 SCAN_CAP = 100_000
 """The most records one listing or bulk action reads; it says so when it stops there."""
 PAGE = 500
-FAILED = frozenset({ProcessState.ERROR, ProcessState.COMPENSATION_FAILED})
-"""The orders failures are grouped among when no state is asked for."""
 
 
 def state_query(

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from services.remote.fencing import fence_signature
 from shared.backoff import Backoff
 from shared.batching import GroupCommit
 from shared.broker.delivery import is_outage
@@ -28,6 +27,7 @@ from shared.domain.updates import RecoveryPolicy, Update, extend_deadline
 from shared.domain.workflow import WORKFLOWS
 from shared.errors import PublishError, Superseded
 from shared.metrics import STEP_OUTCOMES, STEP_SECONDS
+from shared.remote.fencing import fence_signature
 from shared.reporting import Reporter
 from shared.store.port import StateStore, UndoMark
 
@@ -77,7 +77,7 @@ class AttemptContext:
 
     def signature(self, fencing_token: str) -> str | None:
         """This hub's signature of an attempt's fencing token, which the remote service asks
-        of every call (services/remote/fencing.py); None without a fence key."""
+        of every call (shared/remote/fencing.py); None without a fence key."""
         if self._fence_key is None:
             return None
         return fence_signature(self._fence_key, self.settings.hub, fencing_token)

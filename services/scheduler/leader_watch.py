@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from services.supervisor.service import LEASE
-from shared.domain.coordination import Lease
+from shared.domain.coordination import SUPERVISOR_LEASE, Lease
 from shared.domain.journal import AlertKind
 from shared.domain.timing import utcnow
 from shared.reporting import Reporter
@@ -42,7 +41,7 @@ class LeaderWatch:
 
     async def check(self, now: datetime | None = None) -> None:
         now = now or utcnow()
-        lease = await self._store.lease_get(LEASE)
+        lease = await self._store.lease_get(SUPERVISOR_LEASE)
         since = self.leaderless_since(lease, now=now)
         if since is None or now - since <= self._after:
             return

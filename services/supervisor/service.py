@@ -19,9 +19,10 @@ from services.supervisor.gauges import LeaderGauges
 from services.supervisor.retention import Retention
 from shared.bootstrap import Runtime
 from shared.domain.compensation import recover_compensation
+from shared.domain.coordination import SUPERVISOR_LEASE
 from shared.domain.journal import AlertKind, HistoryEventType, Severity
 from shared.domain.models import StateRecord
-from shared.domain.states import ProcessState
+from shared.domain.states import FAILED_STATES, LIVE_STATES, ProcessState
 from shared.domain.timing import utcnow
 from shared.domain.updates import recover
 from shared.errors import ServiceUnavailable
@@ -40,11 +41,9 @@ RECOVERED_TO = (
 
 log = logging.getLogger(__name__)
 
-LEASE = "supervisor"
 EXPIRY_MARGIN_S = 0.02
 """A standby's next try comes this long after the lease it saw expires (clocks are
 milliseconds)."""
-RECOVERABLE = frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING})
 
 
 class Supervisor:
@@ -95,23 +94,25 @@ class Supervisor:
             await self._gauges.clear()
             if self.leader:
                 with contextlib.suppress(Exception):
-                    await self._rt.store.lease_release(LEASE, holder=self.name)
+                    await self._rt.store.lease_release(SUPERVISOR_LEASE, holder=self.name)
 
     async def _hold_lease(self) -> bool:
         now = utcnow()
         expires = now + timedelta(seconds=self._s.lease_ttl_s)
         store = self._rt.store
         if self.leader:
-            held = await store.lease_renew(LEASE, holder=self.name, now=now, expires_at=expires)
+            held = await store.lease_renew(
+                SUPERVISOR_LEASE, holder=self.name, now=now, expires_at=expires
+            )
             if not held:
                 held = await store.lease_acquire(
-                    LEASE, holder=self.name, now=now - self._skew, expires_at=expires
+                    SUPERVISOR_LEASE, holder=self.name, now=now - self._skew, expires_at=expires
                 )
         else:
             # Whether the leader's lease ran out is judged by its clock, set by another host's:
             # allow for the skew, or a standby ahead of the leader would take it from a live one.
             held = await store.lease_acquire(
-                LEASE, holder=self.name, now=now - self._skew, expires_at=expires
+                SUPERVISOR_LEASE, holder=self.name, now=now - self._skew, expires_at=expires
             )
         if not held:
             await self._wait_for_expiry()
@@ -126,7 +127,7 @@ class Supervisor:
     async def _wait_for_expiry(self) -> None:
         """A standby tries again when the current lease runs out, if that is before the next
         round: a leader that died just after renewing is replaced within one lease period."""
-        lease = await self._rt.store.lease_get(LEASE)
+        lease = await self._rt.store.lease_get(SUPERVISOR_LEASE)
         if lease is not None:
             left = (lease.expires_at - utcnow()).total_seconds() + EXPIRY_MARGIN_S
             self._wait = max(EXPIRY_MARGIN_S, min(self._s.supervisor_interval_s, left))
@@ -138,7 +139,7 @@ class Supervisor:
             # tolerated skew is surely expired (a supervisor ahead never recovers a live step).
             page = await self._rt.store.scan_expired(
                 now=utcnow() - self._skew,
-                states=RECOVERABLE,
+                states=LIVE_STATES,
                 limit=self._s.supervisor_scan_limit,
                 after=cursor,
             )
@@ -184,7 +185,7 @@ class Supervisor:
             expired=seen.complete_by.isoformat() if seen.complete_by else None,
         )
         log.info("recovered", extra={"order_id": seen.order_id, "to": after.process_state.value})
-        if after.process_state in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED):
+        if after.process_state in FAILED_STATES:
             await self._parked(seen, after)
 
     async def _parked(self, seen: StateRecord, after: StateRecord) -> None:

@@ -7,7 +7,7 @@ channel's close, as they did, counts as a failed delivery on every version (as a
 crash does), and RabbitMQ 4.x drops a quorum queue's message past its delivery limit, 20 unless
 set, with no dead-letter exchange behind a DLQ: the twenty-first listing lost every letter. On
 4.0-4.2 every return counts, `basic.nack` too: there the generated definitions' policy lifts the
-DLQs' limit (`dead_letter_policy` in services/deploy/rabbitmq.py; 3.x has none by default).
+DLQs' limit (`dead_letter_policy` in deployment/rabbitmq.py; 3.x has none by default).
 
 A replay publishes the message, with its original `message_id`, to the queue it came
 from (through that queue's replay exchange, the only way the operator's user has into it) and

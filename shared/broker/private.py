@@ -58,7 +58,7 @@ STATUS_QUEUES_PER_APP = 64
 each follower (a run of `orderflow submit --wait`, an API process) has one, and a finished
 one's goes `STATUS_QUEUE_EXPIRES_MS` after. Past them an order is recorded without statuses.
 The generated definitions count them into the virtual host's queue limit
-(services/deploy/rabbitmq.py)."""
+(deployment/rabbitmq.py)."""
 BIND_TIMEOUT_S = 2.0
 FOLLOW_PAUSE_CAP_S = 2.0
 """Longest pause between two looks for a status queue that submission has not declared yet."""

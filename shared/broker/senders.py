@@ -19,7 +19,7 @@ the operator's user, with the sender and a seal that only the receiver could hav
 (`unauthorised`).
 
 Each kind of process has its user, named `<prefix><role>` (`orderflow-scheduler`): the naming
-of the generated definitions (services/deploy/rabbitmq.py). A process whose own user does not
+of the generated definitions (deployment/rabbitmq.py). A process whose own user does not
 follow it (one user for every process, as `guest` in development, or a shared account) cannot
 tell its peers apart by user; it then accepts messages only from that same user, which nobody
 else can claim either.

@@ -9,6 +9,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+SUPERVISOR_LEASE = "supervisor"
+"""The name of the lease the supervisor leader holds (the schedulers and `stats` read it)."""
+
 
 class _Record(BaseModel):
     model_config = ConfigDict(strict=True, frozen=True, extra="forbid")

@@ -109,7 +109,7 @@ class StepRequest(Contract):
     payload: JsonObject = Field(default_factory=dict)
     reply_to: QueueName
     fencing_signature: FenceSignature | None = None
-    """The scheduler's signature of `fencing_token` (services/remote/fencing.py), which the
+    """The scheduler's signature of `fencing_token` (shared/remote/fencing.py), which the
     agent passes on to the remote service: only with it does the remote accept the token. None
     from a scheduler without a fence key, or from before signatures (schema version 1 either
     way: the field is optional, so a request of an older scheduler still decodes; the remote

@@ -32,7 +32,7 @@ class ProcessState(StrEnum):
 
     @property
     def needs_operator(self) -> bool:
-        return self in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED)
+        return self in FAILED_STATES
 
 
 TERMINAL_STATES = frozenset(
@@ -50,6 +50,13 @@ SETTLED_STATES = frozenset(
     }
 )
 """States in which no process will act on its own: finished, or waiting for an operator."""
+
+LIVE_STATES = frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING})
+"""States an attempt holds (`locked_by`, `complete_by`): the supervisor recovers an order left in
+one past its deadline, and a settled order never holds an attempt."""
+
+FAILED_STATES = frozenset({ProcessState.ERROR, ProcessState.COMPENSATION_FAILED})
+"""States stopped for an operator: the failures operators list and group by default."""
 
 
 class StepStatus(StrEnum):

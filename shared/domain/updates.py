@@ -20,7 +20,7 @@ from shared.domain.models import (
     StateRecord,
     StepState,
 )
-from shared.domain.states import ErrorKind, ProcessState, StepStatus
+from shared.domain.states import LIVE_STATES, ErrorKind, ProcessState, StepStatus
 from shared.domain.timing import deadline
 from shared.domain.transitions import Action, check_transition
 from shared.domain.workflow import Workflow
@@ -146,11 +146,10 @@ def extend_deadline(
     """Move a live attempt's deadline forward while it holds its order through an outage (its
     request could not be sent yet). Changes nothing else: no budget is spent, no state changes.
     Fenced like every write of the attempt, so a superseded attempt cannot extend anything."""
-    live = frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING})
-    if record.process_state not in live:
+    if record.process_state not in LIVE_STATES:
         raise ValueError(f"no live attempt to extend: the order is {record.process_state}")
     return Update(
-        Expect(process_state=live, locked_by=instance),
+        Expect(process_state=LIVE_STATES, locked_by=instance),
         Changes(fields={"complete_by": deadline(now, timeout), "updated_at": now}),
     )
 

@@ -30,7 +30,7 @@ import pytest
 import pytest_asyncio
 from aio_pika.abc import AbstractRobustConnection
 
-from services.deploy.rabbitmq import BrokerLimits, definitions
+from deployment.rabbitmq import BrokerLimits, definitions
 from services.operator.alerts import alert_letters
 from shared.broker import dead_letters
 from shared.broker.consumer import REASON

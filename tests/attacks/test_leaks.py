@@ -233,11 +233,11 @@ async def _through_the_api(run: Run, api: ApiClient, shop: str, viewer: str) -> 
 
 
 async def _look(topo: Topology, run: Run, operator: dict[str, str]) -> None:
-    """The operator's commands, as the operator's broker user."""
+    """The operator's commands, as the operator's broker user, one at a time: a listing holds
+    the letters it reads until it gives them back, so a second listing beside it would miss
+    them (what it saw hid nothing, but it did not see everything)."""
     commands = [("dlq", "list", "--json"), ("dlq", "list"), ("alerts", "list", "--json")]
-    done = await asyncio.gather(
-        *(asyncio.to_thread(partial(topo.cli, *args, **operator)) for args in commands)
-    )
+    done = [await asyncio.to_thread(partial(topo.cli, *args, **operator)) for args in commands]
     for args, result in zip(commands, done, strict=True):
         assert result.returncode == 0, result.stderr
         run.shown[" ".join(args) + " (operator)"] = result.stdout + result.stderr

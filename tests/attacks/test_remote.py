@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from services.remote.client import ACCOUNT_HEADER
 from shared.domain.states import ProcessState
+from shared.remote.client import ACCOUNT_HEADER
 from tests.support.topology import Topology, running_topology
 from tests.support.waiting import eventually
 
@@ -119,7 +119,7 @@ async def test_a_forged_fencing_token_cannot_fence_out_the_real_order(topo: Topo
     forged = f"{order_id}:999999"
     # Before the order runs, with the hub's valid account key: unsigned, signed with a made-up
     # signature, and signed with the other account's fence key (which the attacker holds).
-    from services.remote.fencing import fence_signature  # the scheme is public; the key is not
+    from shared.remote.fencing import fence_signature  # the scheme is public; the key is not
 
     attempts: list[tuple[str, str | None]] = [
         ("inventory.reserve", None),

@@ -23,7 +23,6 @@ import pytest
 
 from services.agents.agent import Agent
 from services.agents.attempts import InboxTickets
-from services.remote.client import RemoteClient
 from shared.broker.consumer import Delivery
 from shared.broker.private import PrivateQueue
 from shared.config import load_settings
@@ -32,6 +31,7 @@ from shared.domain.messages import StepAction, StepOutcome, StepReply, StepReque
 from shared.domain.states import ErrorKind
 from shared.domain.timing import utcnow
 from shared.errors import RemoteTransient, StoreUnavailable
+from shared.remote.client import RemoteClient
 from tests.support.broker_harness import Broker
 from tests.support.remote_service import InProcessRemote, signature
 from tests.support.waiting import eventually

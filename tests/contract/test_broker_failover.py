@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 import pytest
 
-from services.nemesis.process import free_port
+from harness.nemesis.process import free_port
 from shared.broker.connection import FailoverConnection, connect, connected_node
 from shared.broker.publisher import Publisher
 from shared.errors import PublishError, ServiceUnavailable

@@ -13,11 +13,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from services.remote.admin import admin_token, authorised, is_guarded
-from services.remote.app import Faults, RemoteService
-from services.remote.client import RemoteClient
-from services.remote.ledger import Ledger
+from harness.remote.admin import authorised, is_guarded
+from harness.remote.app import Faults, RemoteService
+from harness.remote.ledger import Ledger
 from shared.errors import RemoteRejected
+from shared.remote.admin import admin_token
+from shared.remote.client import RemoteClient
 from tests.support.remote_service import SigningClient, accounts_of
 from tests.support.topology import free_port
 

@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 
+from harness.remote.ledger import Ledger
 from services.agents.agent import Agent
 from services.agents.attempts import MemoryTickets
-from services.remote.client import RemoteClient
-from services.remote.ledger import Ledger
 from shared.broker.connection import connect
 from shared.broker.consumer import Delivery
 from shared.broker.private import PrivateQueue
@@ -33,6 +32,7 @@ from shared.errors import (
     RemoteRejected,
     StaleFencingToken,
 )
+from shared.remote.client import RemoteClient
 from tests.conftest import RABBITMQ_URL, service_missing
 from tests.support.remote_service import InProcessRemote, signature
 from tests.support.waiting import eventually

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from services.remote.client import RemoteClient
 from shared.errors import (
     RemoteDeclined,
     RemoteFenced,
@@ -20,6 +19,7 @@ from shared.errors import (
     RemoteTransient,
     RemoteUndone,
 )
+from shared.remote.client import RemoteClient
 from tests.support.remote_service import InProcessRemote
 from tests.support.waiting import eventually
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import pytest
 
-from services.nemesis.servers import ReplicatedPostgres, free_port
+from harness.nemesis.servers import ReplicatedPostgres, free_port
 from shared.errors import ServerMissing, ServiceUnavailable, StoreUnavailable
 from shared.store.postgres import PostgresStore
 from tests.conftest import POSTGRES_URL, service_missing

@@ -6,7 +6,7 @@ counted here) and records a row of the table printed at the end of the run (and 
 `$ORDERFLOW_FAULT_REPORT` when set).
 
 A test that stops, crashes or restarts a server runs its topology on `private_topo`: a PostgreSQL
-cluster and a RabbitMQ node of the suite's own (services/nemesis/servers.py), never the machine's,
+cluster and a RabbitMQ node of the suite's own (harness/nemesis/servers.py), never the machine's,
 which other work on the machine uses.
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from services.nemesis.process import listening
-from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
+from harness.nemesis.process import listening
+from harness.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
 from shared.domain.journal import Alert, AlertKind
 from shared.domain.models import StateRecord
 from shared.domain.states import SETTLED_STATES, ProcessState

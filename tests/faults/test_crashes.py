@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.supervisor.service import LEASE
+from shared.domain.coordination import SUPERVISOR_LEASE
 from shared.domain.journal import HistoryEventType
 from shared.domain.states import ProcessState, StepStatus
 from tests.faults.conftest import FaultRun
@@ -91,7 +91,7 @@ async def test_kill_the_supervisor_leader_mid_run(topo: Topology) -> None:
     )
 
     async def leader() -> str | None:
-        lease = await topo.store.lease_get(LEASE)
+        lease = await topo.store.lease_get(SUPERVISOR_LEASE)
         return lease.holder if lease is not None else None
 
     first = await eventually(leader, timeout=20, what="a supervisor leader")

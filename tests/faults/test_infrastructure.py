@@ -1,6 +1,6 @@
 """The servers themselves restarting under load: RabbitMQ and PostgreSQL.
 
-These tests stop the fault suite's private servers (`private_topo`, services/nemesis/servers.py),
+These tests stop the fault suite's private servers (`private_topo`, harness/nemesis/servers.py),
 never the machine's own: each restarts its server in a `finally`, whatever happens, and waits until
 it answers again before the next test runs.
 """
@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
+from harness.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
 from shared.domain.states import ProcessState
 from tests.faults.conftest import FaultRun, everywhere
 from tests.support.topology import Topology

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
+from harness.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
 from shared.domain.states import ProcessState
 from tests.faults.conftest import FaultRun, everywhere
 from tests.support.topology import Topology

@@ -1,4 +1,4 @@
-"""The private servers the fault suite restarts (services/nemesis/servers.py): they keep their data
+"""The private servers the fault suite restarts (harness/nemesis/servers.py): they keep their data
 and port across a restart and a crash, `stop_app` drops connections, and nothing of them outlives
 their `with`, nor a test run killed in the middle.
 
@@ -22,7 +22,7 @@ import aio_pika
 import asyncpg
 import pytest
 
-from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
+from harness.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
 from shared.errors import ServerMissing
 from tests.conftest import service_missing
 from tests.support.waiting import eventually
@@ -131,7 +131,7 @@ async def test_rabbitmq_drops_connections_on_stop_app_and_keeps_durable_queues()
 
 OWNER = """
 import json, sys, time
-from services.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
+from harness.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
 with PrivatePostgres() as pg, PrivateRabbitMQ() as mq:
     beam = int((mq.base / "rabbitmq.pid").read_text())
     print(json.dumps({"pids": [pg.pid, mq.pid, beam], "dirs": [str(pg.base), str(mq.base)]}))

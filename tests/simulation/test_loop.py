@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from services.simulation import loop as virtual
+from harness.simulation import loop as virtual
 
 
 def test_time_jumps_to_the_next_timer_and_timeouts_fire_in_virtual_time() -> None:

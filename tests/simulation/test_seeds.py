@@ -1,4 +1,4 @@
-"""The simulation over fixed seed ranges (services/simulation): the whole topology on the memory
+"""The simulation over fixed seed ranges (harness/simulation): the whole topology on the memory
 adapters under virtual time, every seed judged by the audit of DESIGN §8 and the retry budget.
 
 A seed that fails prints its conditions and schedule (`Outcome.report`); rerun it with
@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
+from harness.simulation.run import simulate
+from harness.simulation.seeds import outcomes
 from services.agents.attempts import Allowance
-from services.simulation.run import simulate
-from services.simulation.seeds import outcomes
 
 SEEDS = int(os.environ.get("ORDERFLOW_TEST_SIMULATED_SEEDS", "2000"))
 """Seeds CI runs (from 0); more locally: ORDERFLOW_TEST_SIMULATED_SEEDS=20000."""
@@ -68,7 +68,7 @@ def test_a_seed_runs_the_same_every_time() -> None:
 
 def test_a_seed_runs_the_same_in_another_process() -> None:
     """Another interpreter, with other string hashes, gets the same run."""
-    script = "from services.simulation.run import simulate; print(simulate(11).digest)"
+    script = "from harness.simulation.run import simulate; print(simulate(11).digest)"
     digests = {
         subprocess.run(
             [sys.executable, "-c", script],

@@ -3,7 +3,7 @@ under virtual time: no server, milliseconds a scenario.
 
 Each process is the real one (`serve_submission`, `serve_scheduler`, ...) run with `burst=True`
 until it has nothing left to do; agents, which a scheduler's attempts wait on, run beside it in
-the background. Everything else is the simulation's world (services/simulation/world.py).
+the background. Everything else is the simulation's world (harness/simulation/world.py).
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import random
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
+from harness.remote.accounts import hub_account
+from harness.remote.app import Faults, RemoteService
+from harness.remote.ledger import Ledger
+from harness.remote.local import LocalRemote
+from harness.simulation.run import HUB, initialise, settings_for
+from harness.simulation.shop import Placed, Shop
+from harness.simulation.world import ProcessClock, StoreHandle, StoreLink, World
 from services.agents.agent import serve_agent
-from services.remote.accounts import hub_account
-from services.remote.app import Faults, RemoteService
-from services.remote.ledger import Ledger
-from services.remote.local import LocalRemote
 from services.scheduler.service import serve_scheduler
-from services.simulation.run import HUB, initialise, settings_for
-from services.simulation.shop import Placed, Shop
-from services.simulation.world import ProcessClock, StoreHandle, StoreLink, World
 from services.submission.service import serve_submission
 from services.supervisor.service import serve_supervisor
 from shared import clock
@@ -138,6 +138,6 @@ def run(scenario: Any, **faults: Any) -> None:
         finally:
             service.ledger.close()
 
-    from services.simulation import loop as virtual
+    from harness.simulation import loop as virtual
 
     virtual.run(main(), wall_s=30)

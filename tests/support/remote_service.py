@@ -10,11 +10,11 @@ from typing import Any
 
 from aiohttp import web
 
-from services.remote.accounts import Accounts
-from services.remote.app import Faults, RemoteService
-from services.remote.client import RemoteClient
-from services.remote.fencing import fence_signature
-from services.remote.ledger import Ledger
+from harness.remote.accounts import Accounts
+from harness.remote.app import Faults, RemoteService
+from harness.remote.ledger import Ledger
+from shared.remote.client import RemoteClient
+from shared.remote.fencing import fence_signature
 from tests.support.topology import free_port
 
 ADMIN_TOKEN = "in-process-remote-admin-token"

@@ -14,12 +14,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from services.remote.client import RemoteClient
-from services.remote.fencing import fence_signature
 from shared.broker.connection import connect
 from shared.broker.topology import Names, delete_topology
 from shared.domain.journal import HistoryEvent, HistoryEventType
 from shared.domain.states import SETTLED_STATES, ProcessState
+from shared.remote.client import RemoteClient
+from shared.remote.fencing import fence_signature
 from shared.store.postgres import PostgresStore
 from tests.conftest import POSTGRES_URL, RABBITMQ_URL, service_missing
 from tests.support.waiting import eventually
@@ -47,10 +47,26 @@ REMOTE_ADMIN_TOKEN = secrets.token_hex(16)
 test run, so that a topology using another's remote service (test_hubs) holds the right one."""
 
 
+# Below Linux's ephemeral range (32768-60999 by default), where no outgoing connection of any
+# process takes a port between the choice and the listener's bind; a port once handed out is not
+# handed out again by this process.
+_LISTEN_PORTS = range(20_000, 32_768)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port no one listens on, for a process the test starts to listen on."""
+    while True:
+        port = secrets.choice(_LISTEN_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
 
 
 class Topology:
@@ -69,7 +85,7 @@ class Topology:
         self.rabbitmq_url = rabbitmq_url
         self.remote_url = f"http://127.0.0.1:{free_port()}"
         # The hub's account at its remote service: the agents' key, and the schedulers' fence
-        # key (services/remote/accounts.py); the remote holds both.
+        # key (harness/remote/accounts.py); the remote holds both.
         self.account_key = secrets.token_hex(16)
         self.fence_key = secrets.token_hex(16)
         self.env = (

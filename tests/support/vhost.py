@@ -23,7 +23,7 @@ from typing import Any
 import aio_pika
 import aiormq
 
-from services.deploy.rabbitmq import BrokerLimits, definitions, password_variable, render
+from deployment.rabbitmq import BrokerLimits, definitions, password_variable, render
 from shared.broker.access import SERVICE_ROLES
 from shared.broker.topology import Names, QueuePolicy, declare_topology
 from shared.config import load_settings

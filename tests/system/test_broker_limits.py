@@ -18,7 +18,7 @@ import aio_pika
 import aiormq
 import pytest
 
-from services.deploy.rabbitmq import BrokerLimits, queues_needed
+from deployment.rabbitmq import BrokerLimits, queues_needed
 from shared.broker.topology import Names
 from tests.support.vhost import Broker, rabbitmqctl, scratch_vhost
 from tests.support.waiting import eventually

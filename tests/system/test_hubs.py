@@ -25,8 +25,8 @@ import aio_pika
 import pytest
 
 from services.shop.orders import message_id_of as submit_message_id
-from services.supervisor.service import LEASE
 from shared.broker.connection import connect
+from shared.domain.coordination import SUPERVISOR_LEASE
 from shared.domain.journal import HistoryEventType
 from shared.domain.models import OrderData, OrderLine
 from shared.domain.states import ProcessState
@@ -100,7 +100,9 @@ def queue_names(hub: str) -> set[str]:
 
 async def leaders(a: Topology, b: Topology) -> tuple[str, str] | None:
     """Both hubs' supervisor leaders, if both hubs have a live lease at the same moment."""
-    lease_a, lease_b = await asyncio.gather(a.store.lease_get(LEASE), b.store.lease_get(LEASE))
+    lease_a, lease_b = await asyncio.gather(
+        a.store.lease_get(SUPERVISOR_LEASE), b.store.lease_get(SUPERVISOR_LEASE)
+    )
     now = utcnow()
     if lease_a and lease_b and lease_a.expires_at > now and lease_b.expires_at > now:
         return lease_a.holder, lease_b.holder
@@ -186,7 +188,7 @@ async def check_only_own_orders(topo: Topology, ids: set[str]) -> dict[str, Any]
     assert stats["by_state"]["Processed"] == n and sum(stats["by_state"].values()) == n, stats
     # The hub's lease names its own supervisor (stats shows no leader for a moment if a starved
     # supervisor renews late, but never the other hub's).
-    lease = await topo.store.lease_get(LEASE)
+    lease = await topo.store.lease_get(SUPERVISOR_LEASE)
     assert lease is not None and lease.holder == f"{topo.hub}-supervisor-1", lease
     assert stats["leader"] in (f"{topo.hub}-supervisor-1", None), stats["leader"]
     assert set(stats["queues"]) == queue_names(topo.hub)

@@ -22,7 +22,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from services.remote.app import declined
+from harness.remote.app import declined
 from shared.broker.connection import connect
 from shared.broker.consumer import Consumer, ConsumerPolicy, Delivery
 from shared.broker.publisher import Publisher

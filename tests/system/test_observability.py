@@ -26,9 +26,10 @@ import pytest
 import yaml
 from playwright.async_api import async_playwright
 
-from services.deploy.observability import PANELS, panel_expressions, prometheus_config
+from deployment.observability import panel_expressions, prometheus_config
 from shared.broker.connection import connect
 from shared.domain.states import ProcessState
+from shared.panels import PANELS
 from tests.conftest import RABBITMQ_URL, RABBITMQ_USER, service_missing
 from tests.support.topology import Topology, free_port, running_topology
 from tests.support.waiting import eventually

@@ -13,11 +13,11 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from services.remote.app import declined
-from services.supervisor.service import LEASE
+from harness.remote.app import declined
 from shared.broker.connection import connect
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
+from shared.domain.coordination import SUPERVISOR_LEASE
 from shared.domain.journal import AlertKind, HistoryEventType
 from shared.domain.messages import StepAction, StepOutcome, StepReply, SubmitOrder
 from shared.domain.models import Address, OrderData, OrderLine
@@ -220,7 +220,7 @@ async def test_only_the_leader_recovers_and_another_takes_over_when_it_dies(topo
         return holder if holder not in (None, first_leader) else None
 
     second_leader = await eventually(new_leader, timeout=15, what="another leader")
-    lease = await topo.store.lease_get(LEASE)
+    lease = await topo.store.lease_get(SUPERVISOR_LEASE)
     assert lease is not None and lease.holder == second_leader
     # The dead leader renewed at most at its death; its lease (2 s) then ran out, and the
     # standby, waiting for exactly that, took it: within a lease period, plus scheduling.

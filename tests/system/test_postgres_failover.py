@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from services.nemesis.servers import ReplicatedPostgres
+from harness.nemesis.servers import ReplicatedPostgres
 from shared.domain.states import ProcessState
 from shared.errors import ServerMissing, StoreUnavailable
 from tests.conftest import service_missing

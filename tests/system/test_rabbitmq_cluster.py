@@ -1,4 +1,4 @@
-"""A real 3-node RabbitMQ cluster of the test's own (services/nemesis/servers.py), the real
+"""A real 3-node RabbitMQ cluster of the test's own (harness/nemesis/servers.py), the real
 processes given its three node URLs, and the node leading the hub's queues killed (SIGKILL)
 under load, then restarted: every order completes, none lost, no effect twice, the audit clean.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from services.nemesis.servers import PrivateRabbitCluster
+from harness.nemesis.servers import PrivateRabbitCluster
 from shared.broker.connection import connect
 from shared.broker.publisher import Publisher
 from shared.domain.states import SETTLED_STATES, ProcessState

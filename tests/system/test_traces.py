@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from services.remote.app import DECLINED_TEST_TOKEN
 from shared.domain.states import ProcessState
+from shared.remote.payments import DECLINED_TEST_TOKEN
 from shared.tracing import order_ids, order_trace_id
 from tests.support.topology import Topology, running_topology
 

@@ -24,7 +24,7 @@ from typing import Any
 from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
-from services.simulation import loop as virtual
+from harness.simulation import loop as virtual
 from services.submission.service import Submission
 from shared import metrics
 from shared.broker.subscription import Subscription

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 import yaml
 
-from services.deploy.observability import (
-    PANELS,
+from deployment.observability import (
     SCRAPED,
     block_yaml,
     panel_expressions,
     prometheus_config,
 )
+from shared.panels import PANELS
 from tests.conftest import service_missing
 from tests.unit.test_compose import COMPOSE
 

@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import pytest
 
-from services.bench.load import Run
-from services.bench.procfs import (
+from harness.bench.load import Run
+from harness.bench.procfs import (
     MachineUsage,
     ProcUsage,
     children,
@@ -18,7 +18,7 @@ from services.bench.procfs import (
     proc_usage,
     servers,
 )
-from services.bench.report import latency_summary, machine_report, percentile, report
+from harness.bench.report import latency_summary, machine_report, percentile, report
 from shared.config import Settings
 from shared.domain.states import ProcessState, StepStatus
 from shared.domain.timing import utcnow
@@ -105,7 +105,7 @@ def test_servers_are_found_by_name_and_children_by_parent() -> None:
         [
             sys.executable,
             "-c",
-            "import os; from services.bench.procfs import children; print(children(os.getpid()))",
+            "import os; from harness.bench.procfs import children; print(children(os.getpid()))",
         ],
         capture_output=True,
         text=True,

@@ -18,12 +18,9 @@ import click
 import pytest
 import yaml
 
-from services.cli.health import health
-from services.cli.main import main
-from services.cli.up import topology
-from services.deploy.envfile import NOT_SETTINGS, SET_BY_COMPOSE
-from services.deploy.rabbitmq import password_variables
-from services.deploy.secretfiles import (
+from deployment.envfile import NOT_SETTINGS, SET_BY_COMPOSE
+from deployment.rabbitmq import password_variables
+from deployment.secretfiles import (
     KEYFILE,
     NOTIFY_SECRETS,
     REPLICA_SET,
@@ -31,6 +28,9 @@ from services.deploy.secretfiles import (
     broker_password,
     broker_url,
 )
+from services.cli.health import health
+from services.cli.main import main
+from services.cli.up import topology
 from shared.broker.access import SERVICE_ROLES
 from shared.config import Settings
 from tests.conftest import REQUIRE_SERVICES

@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from services.cli.main import main
-from services.deploy.files import COMPOSE_HUB, generated_files
-from services.deploy.mongodb import (
+from deployment.files import COMPOSE_HUB, generated_files
+from deployment.mongodb import (
     API_ACTIONS,
     API_PASSWORD_VARIABLE,
     API_ROLE,
@@ -28,7 +27,7 @@ from services.deploy.mongodb import (
     indexes,
     init_script,
 )
-from services.deploy.rabbitmq import (
+from deployment.rabbitmq import (
     BrokerLimits,
     definitions,
     fill_passwords,
@@ -38,7 +37,9 @@ from services.deploy.rabbitmq import (
     queues_needed,
     render,
 )
-from services.deploy.secretfiles import secrets
+from deployment.secretfiles import secrets
+from services.api.app import openapi_document
+from services.cli.main import main
 from shared.broker.access import SERVICE_ROLES, Resources, grant
 from shared.broker.private import STATUS_QUEUES_PER_APP
 from shared.broker.topology import Names
@@ -53,10 +54,10 @@ SECRETS_SCRIPT = ROOT / "infra" / "secrets.sh"
 # -- the committed files are what the code generates
 
 
-@pytest.mark.parametrize("relative", sorted(generated_files()))
+@pytest.mark.parametrize("relative", sorted(generated_files(openapi_document())))
 def test_the_committed_file_is_what_the_code_generates(relative: str) -> None:
     committed = (ROOT / relative).read_text()
-    assert committed == generated_files()[relative], (
+    assert committed == generated_files(openapi_document())[relative], (
         f"{relative} is out of date: run `orderflow deploy write` and commit the result"
     )
 

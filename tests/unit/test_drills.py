@@ -10,7 +10,7 @@ from typing import Any
 
 import aio_pika
 
-from services.simulation import loop as virtual
+from harness.simulation import loop as virtual
 from shared.bootstrap import fault_drills, open_publisher
 from shared.broker.drills import DrillPublisher, Drills, drilled
 from shared.broker.memory import MemoryBroker, connect

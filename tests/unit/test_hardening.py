@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.deploy.secretfiles import secrets
+from deployment.secretfiles import secrets
 from tests.unit.test_compose import COMPOSE, DOCKERFILE, STORE_USERS, dockerfile_images
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import aiormq.exceptions
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
-from services.simulation import loop as virtual
+from harness.simulation import loop as virtual
 from shared.broker.memory import MemoryBroker, connect
 
 QUEUE = "q"

@@ -10,8 +10,8 @@ from typing import Any, cast
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.nemesis.schedule import CATALOGUE, CLOCKED, KILLABLE, Fault, Kind, draw
-from services.nemesis.strikes import Striker
+from harness.nemesis.schedule import CATALOGUE, CLOCKED, KILLABLE, Fault, Kind, draw
+from harness.nemesis.strikes import Striker
 
 seeds = st.integers(min_value=0, max_value=2**63)
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+from harness.simulation.shop import Placed
 from services.scheduler.compensator import Compensator
 from services.scheduler.context import AttemptContext
 from services.scheduler.runner import OrderRunner
 from services.shop.orders import message_id_of
-from services.simulation.shop import Placed
 from services.supervisor.service import serve_supervisor
 from shared.broker.private import PrivateQueue, ReplyRouter
 from shared.domain.journal import AlertKind

@@ -13,14 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
+from harness.remote.accounts import FORGED, Account, Accounts
+from harness.remote.app import Faults, RemoteCall, RemoteService
+from harness.remote.ledger import Ledger
 from services.cli.up import account_env
-from services.remote.accounts import FORGED, Account, Accounts
-from services.remote.app import Faults, RemoteCall, RemoteService
-from services.remote.fencing import fence_signature, signature_checks
-from services.remote.ledger import Ledger
 from shared.config import Settings
 from shared.domain.identity import parse_instance_id
 from shared.errors import ConfigurationError
+from shared.remote.fencing import fence_signature, signature_checks
 
 HUB = "shop_hub"
 KEY, FENCE_KEY = "k" * 32, "f" * 32

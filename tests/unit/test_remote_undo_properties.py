@@ -10,9 +10,9 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.remote.accounts import Accounts
-from services.remote.app import UNDO_OF, Faults, RemoteCall, RemoteService
-from services.remote.ledger import Ledger
+from harness.remote.accounts import Accounts
+from harness.remote.app import UNDO_OF, Faults, RemoteCall, RemoteService
+from harness.remote.ledger import Ledger
 from shared.errors import StaleFencingToken, Undone
 
 STEPS = {

@@ -22,7 +22,7 @@ import aio_pika
 from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
-from services.simulation import loop as virtual
+from harness.simulation import loop as virtual
 from shared.broker import envelope as env
 from shared.broker.consumer import Consumer, ConsumerPolicy, Delivery
 from shared.broker.dead_letters import REPLAYED_AT, REPLAYED_BY

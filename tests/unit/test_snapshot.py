@@ -19,7 +19,6 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from services.cli.main import main
-from services.deploy.observability import PANELS
 from services.operator.snapshot import (
     Drawn,
     Series,
@@ -31,6 +30,7 @@ from services.operator.snapshot import (
     series_of,
     widened,
 )
+from shared.panels import PANELS
 
 START, END = 1_700_000_000.0, 1_700_000_600.0
 STEP = 5.0

@@ -5,8 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.remote.ledger import attempt_of
-from shared.domain.identity import instance_id, parse_instance_id
+from shared.domain.identity import attempt_of, instance_id, parse_instance_id
 from shared.domain.timing import deadline, is_expired, recovery_backoff, utcnow
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

@@ -7,8 +7,9 @@ no query language or driver between. It passes the same contract suite as Postgr
 shared only within one process (records are frozen models, handed out as they are kept).
 
 Each operation runs without an await in its body, so it is atomic among the event loop's tasks,
-as one statement is in the real stores; every method yields to the loop once first, so that
-concurrent callers interleave between operations as they would over a connection.
+as one statement is in the real stores; every method yields to the loop once first (`MemoryPart`
+wraps each in `yielding`), so that concurrent callers interleave between operations as they would
+over a connection.
 
 One class per part of the port, in modules named as the other adapters' are (`states.py`,
 `queries.py`, `journal.py`, `inbox.py`, `coordination.py`, `tokens.py`, `retention.py`), over the

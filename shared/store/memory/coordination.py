@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -16,7 +15,6 @@ class MemoryCoordination(MemoryPart):
     async def lease_acquire(
         self, name: str, *, holder: str, now: datetime, expires_at: datetime
     ) -> bool:
-        await asyncio.sleep(0)
         lease = self._leases.get(name)
         if lease is not None and lease.holder == holder and lease.expires_at > now:
             self._leases[name] = lease.model_copy(update={"expires_at": expires_at})
@@ -29,7 +27,6 @@ class MemoryCoordination(MemoryPart):
     async def lease_renew(
         self, name: str, *, holder: str, now: datetime, expires_at: datetime
     ) -> bool:
-        await asyncio.sleep(0)
         lease = self._leases.get(name)
         if lease is None or lease.holder != holder or lease.expires_at <= now:
             return False
@@ -37,7 +34,6 @@ class MemoryCoordination(MemoryPart):
         return True
 
     async def lease_release(self, name: str, *, holder: str) -> bool:
-        await asyncio.sleep(0)
         lease = self._leases.get(name)
         if lease is None or lease.holder != holder:
             return False
@@ -45,18 +41,15 @@ class MemoryCoordination(MemoryPart):
         return True
 
     async def lease_get(self, name: str) -> Lease | None:
-        await asyncio.sleep(0)
         return self._leases.get(name)
 
     async def raise_alert(self, alert: Alert) -> bool:
-        await asyncio.sleep(0)
         if alert.alert_id in self._alerts:
             return False
         self._alerts[alert.alert_id] = alert
         return True
 
     async def list_alerts(self, *, since: datetime | None = None, limit: int = 100) -> list[Alert]:
-        await asyncio.sleep(0)
         found = [a for a in self._alerts.values() if since is None or a.at >= since]
         found.sort(key=lambda a: a.alert_id)
         found.sort(key=lambda a: a.at, reverse=True)
@@ -65,7 +58,6 @@ class MemoryCoordination(MemoryPart):
     async def mark_alert(
         self, alert_id: str, action: AlertAction, *, by: str, at: datetime
     ) -> AlertState | None:
-        await asyncio.sleep(0)
         if alert_id not in self._alerts:
             return None
         state = self._alert_states.get(alert_id) or AlertState(alert_id=alert_id)
@@ -73,7 +65,6 @@ class MemoryCoordination(MemoryPart):
         return state
 
     async def alert_states(self, alert_ids: Sequence[str]) -> dict[str, AlertState]:
-        await asyncio.sleep(0)
         return {
             i: self._alert_states.get(i) or AlertState(alert_id=i)
             for i in alert_ids
@@ -83,7 +74,6 @@ class MemoryCoordination(MemoryPart):
     async def changed_alerts(
         self, *, since: datetime, limit: int, after: str | None = None
     ) -> list[tuple[Alert, AlertState]]:
-        await asyncio.sleep(0)
         changed = [
             (changed_at, self._alerts[s.alert_id], s)
             for s in self._alert_states.values()
@@ -94,14 +84,11 @@ class MemoryCoordination(MemoryPart):
         return [(alert, state) for _, alert, state in changed[:limit]]
 
     async def report_status(self, status: ComponentStatus) -> None:
-        await asyncio.sleep(0)
         self._components[status.name] = status
 
     async def list_status(self, *, now: datetime) -> list[ComponentStatus]:
-        await asyncio.sleep(0)
         live = [s for s in self._components.values() if s.expires_at > now]
         return sorted(live, key=lambda s: (s.kind, s.name))
 
     async def forget_status(self, name: str) -> None:
-        await asyncio.sleep(0)
         self._components.pop(name, None)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -29,7 +28,6 @@ class MemoryInbox(MemoryPart):
     async def inbox_claim_many(
         self, queue: str, claims: Sequence[InboxClaim], *, now: datetime
     ) -> list[InboxOutcome]:
-        await asyncio.sleep(0)
         return [
             self._inbox_claim(queue, c.message_id, c.holder, now, c.claim_until) for c in claims
         ]
@@ -47,12 +45,10 @@ class MemoryInbox(MemoryPart):
         return True
 
     async def inbox_complete_many(self, queue: str, done: Sequence[InboxDone]) -> None:
-        await asyncio.sleep(0)
         for d in done:
             self._inbox_complete(queue, d.message_id, d.holder, d.keep_until)
 
     async def inbox_release(self, queue: str, message_id: str, *, holder: str) -> bool:
-        await asyncio.sleep(0)
         entry = self._inbox.get((queue, message_id))
         if entry is None or entry.holder != holder or entry.state != "processing":
             return False
@@ -63,11 +59,9 @@ class MemoryInbox(MemoryPart):
     async def inbox_claim(
         self, queue: str, message_id: str, *, holder: str, now: datetime, claim_until: datetime
     ) -> InboxOutcome:
-        await asyncio.sleep(0)
         return self._inbox_claim(queue, message_id, holder, now, claim_until)
 
     async def inbox_complete(
         self, queue: str, message_id: str, *, holder: str, keep_until: datetime
     ) -> bool:
-        await asyncio.sleep(0)
         return self._inbox_complete(queue, message_id, holder, keep_until)

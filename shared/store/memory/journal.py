@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Sequence
 
 from shared.domain.journal import CompensationEntry, HistoryEvent, UndoStatus
@@ -16,15 +15,12 @@ class MemoryJournal(MemoryPart):
             self._history[next(self._numbers)] = event.model_copy(update={"seq": None})
 
     async def append_history(self, event: HistoryEvent) -> None:
-        await asyncio.sleep(0)
         self._append_history([event])
 
     async def append_history_many(self, events: Sequence[HistoryEvent]) -> None:
-        await asyncio.sleep(0)
         self._append_history(events)
 
     async def read_history(self, order_id: str) -> list[HistoryEvent]:
-        await asyncio.sleep(0)
         mine = sorted((e.at, n) for n, e in self._history.items() if e.order_id == order_id)
         return [
             self._history[n].model_copy(update={"seq": seq})
@@ -50,10 +46,8 @@ class MemoryJournal(MemoryPart):
     async def append_compensation(self, entry: CompensationEntry) -> bool:
         """Not on the port: a process records an undo with its state change (`update_state`);
         the contract suite sets up log entries with this."""
-        await asyncio.sleep(0)
         return self._append_compensation(entry)
 
     async def read_compensation(self, order_id: str) -> list[CompensationEntry]:
-        await asyncio.sleep(0)
         mine = [e for (o, _), e in self._compensation.items() if o == order_id]
         return sorted(mine, key=lambda e: e.seq or 0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
 
 from shared.domain.models import StateRecord
@@ -21,7 +20,6 @@ class MemoryQueries(MemoryPart):
         after: ScanCursor | None = None,
         not_before: datetime | None = None,
     ) -> ScanPage:
-        await asyncio.sleep(0)
 
         def expired(r: StateRecord) -> bool:
             if r.process_state not in states or r.complete_by is None or r.complete_by > now:
@@ -37,18 +35,15 @@ class MemoryQueries(MemoryPart):
         return page_of(oldest(found, lambda r: (r.complete_by, r.order_id), limit), limit)
 
     async def count_by_state(self) -> dict[ProcessState, int]:
-        await asyncio.sleep(0)
         counts = dict.fromkeys(ProcessState, 0)
         for record in self._states.values():
             counts[record.process_state] += 1
         return counts
 
     async def count_in_states(self, states: frozenset[ProcessState]) -> int:
-        await asyncio.sleep(0)
         return sum(r.process_state in states for r in self._states.values())
 
     async def workflow_usage(self) -> list[WorkflowUse]:
-        await asyncio.sleep(0)
         counts: dict[tuple[str, int, ProcessState], int] = {}
         for r in self._states.values():
             key = (r.workflow, r.workflow_version, r.process_state)
@@ -56,7 +51,6 @@ class MemoryQueries(MemoryPart):
         return [WorkflowUse(w, v, s, n) for (w, v, s), n in sorted(counts.items())]
 
     async def find_stuck_pending(self, *, due_before: datetime, limit: int) -> list[StateRecord]:
-        await asyncio.sleep(0)
         stuck = [
             r
             for r in self._states.values()
@@ -68,14 +62,12 @@ class MemoryQueries(MemoryPart):
         return oldest(stuck, lambda r: (r.next_attempt_at, r.order_id), limit)
 
     async def list_states(self, *, after: str | None, limit: int) -> list[StateRecord]:
-        await asyncio.sleep(0)
         ids = [i for i in self._states if after is None or i > after]
         return [self._states[i] for i in sorted(ids)[:limit]]
 
     async def query_states(
         self, query: StateQuery, *, limit: int, after: ListCursor | None = None
     ) -> list[StateRecord]:
-        await asyncio.sleep(0)
 
         def wanted(r: StateRecord) -> bool:
             if query.states is not None and r.process_state not in query.states:
@@ -94,5 +86,4 @@ class MemoryQueries(MemoryPart):
         return found[::-1][:limit]
 
     async def list_order_ids(self, *, after: str | None, limit: int) -> list[str]:
-        await asyncio.sleep(0)
         return sorted(i for i in self._orders if after is None or i > after)[:limit]

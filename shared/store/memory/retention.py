@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sized
 from datetime import datetime
 
@@ -21,7 +20,6 @@ class MemoryRetention(MemoryPart):
         )
 
     async def purge_journal(self, *, finished_before: datetime, limit: int) -> Purged:
-        await asyncio.sleep(0)
         history = [
             (e.at, n)
             for n, e in self._history.items()
@@ -40,7 +38,6 @@ class MemoryRetention(MemoryPart):
         return Purged(history=min(len(history), limit), compensation=min(len(undos), limit))
 
     async def purge_orders(self, *, finished_before: datetime, limit: int) -> Purged:
-        await asyncio.sleep(0)
         finished = [
             r for r in self._states.values() if self._finished_before(r.order_id, finished_before)
         ]
@@ -57,7 +54,6 @@ class MemoryRetention(MemoryPart):
         return Purged(len(ids), len(history), len(undos))
 
     async def purge_alerts(self, *, raised_before: datetime, limit: int) -> int:
-        await asyncio.sleep(0)
         old = [a for a in self._alerts.values() if a.at < raised_before]
         for alert in oldest(old, lambda a: (a.at, a.alert_id), limit):
             del self._alerts[alert.alert_id]
@@ -65,7 +61,6 @@ class MemoryRetention(MemoryPart):
         return min(len(old), limit)
 
     async def record_counts(self) -> dict[str, int]:
-        await asyncio.sleep(0)
         sizes: dict[str, Sized] = {
             "alerts": self._alerts,
             "api_tokens": self._tokens,
@@ -80,7 +75,6 @@ class MemoryRetention(MemoryPart):
         return {name: len(sizes[name]) for name in TABLES}
 
     async def inbox_purge(self, *, now: datetime, limit: int) -> int:
-        await asyncio.sleep(0)
         expired = [(e.expires_at, k) for k, e in self._inbox.items() if e.expires_at <= now]
         for _, key in sorted(expired)[:limit]:
             del self._inbox[key]

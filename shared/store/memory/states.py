@@ -3,7 +3,6 @@ A conditional update is `matches` and `apply` of `shared.domain.updates` over th
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
@@ -23,7 +22,6 @@ class MemoryStates(MemoryJournal):
     async def insert_order(
         self, order: OrderRecord, state: StateRecord, *, history: Sequence[HistoryEvent] = ()
     ) -> InsertOutcome:
-        await asyncio.sleep(0)
         outcome = InsertOutcome.CREATED
         existing = self._orders.get(order.order_id)
         if existing is not None:
@@ -39,19 +37,15 @@ class MemoryStates(MemoryJournal):
         return outcome
 
     async def watch_arrivals(self, wake: Callable[[], None]) -> ArrivalWatch:
-        await asyncio.sleep(0)
         return self._arrivals.watch(wake)
 
     async def get_order(self, order_id: str) -> OrderRecord | None:
-        await asyncio.sleep(0)
         return self._orders.get(order_id)
 
     async def get_orders(self, order_ids: Sequence[str]) -> list[OrderRecord | None]:
-        await asyncio.sleep(0)
         return [self._orders.get(order_id) for order_id in order_ids]
 
     async def get_state(self, order_id: str) -> StateRecord | None:
-        await asyncio.sleep(0)
         return self._states.get(order_id)
 
     async def update_state(
@@ -64,7 +58,6 @@ class MemoryStates(MemoryJournal):
         compensation: CompensationEntry | None = None,
         undo: UndoMark | None = None,
     ) -> StateRecord | None:
-        await asyncio.sleep(0)
         record = self._states.get(order_id)
         if record is None or not matches(record, expect):
             return None
@@ -85,7 +78,6 @@ class MemoryStates(MemoryJournal):
         complete_by: datetime,
         compensating: bool = False,
     ) -> list[StateRecord]:
-        await asyncio.sleep(0)
         spec = claim_for(
             now=now, limit=limit, owner=owner, complete_by=complete_by, compensating=compensating
         )

@@ -4,11 +4,13 @@ object per hub, its dictionaries the tables of the real stores)."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from shared.domain.coordination import ComponentStatus, Lease
 from shared.domain.journal import Alert, AlertState, CompensationEntry, HistoryEvent
@@ -17,6 +19,8 @@ from shared.domain.tokens import ApiToken
 from shared.store.values import Wakers
 
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 TABLES = (
     "alerts",
@@ -44,10 +48,31 @@ def oldest(items: Iterable[T], key: Callable[[T], Any], limit: int) -> list[T]:
     return sorted(items, key=key)[:limit]
 
 
+def yielding(operation: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """`operation`, yielding to the loop once before its body runs, as a round trip would."""
+
+    @functools.wraps(operation)
+    async def turn(*args: P.args, **kwargs: P.kwargs) -> R:
+        await asyncio.sleep(0)
+        return await operation(*args, **kwargs)
+
+    return turn
+
+
 class MemoryPart:
-    """What every part of the memory store shares: its tables."""
+    """What every part of the memory store shares: its tables, and the loop's turn.
+
+    Every public coroutine method a part defines is wrapped in `yielding` as the class is made,
+    so that concurrent callers interleave between operations as they would over a connection,
+    while each operation's body, having no await, stays atomic."""
 
     kind = "memory"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, member in list(vars(cls).items()):
+            if not name.startswith("_") and inspect.iscoroutinefunction(member):
+                setattr(cls, name, yielding(member))
 
     def __init__(self) -> None:
         self._arrivals = Wakers()
@@ -74,14 +99,13 @@ class MemoryAdmin(MemoryPart):
     """Nothing to create, check or close: each yields to the loop as a round trip would."""
 
     async def init(self) -> None:
-        await asyncio.sleep(0)
+        pass
 
     async def ping(self) -> None:
-        await asyncio.sleep(0)
+        pass
 
     async def close(self) -> None:
-        await asyncio.sleep(0)
+        pass
 
     async def drop(self) -> None:
-        await asyncio.sleep(0)
         self._reset()

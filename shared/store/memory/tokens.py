@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
 
 from shared.domain.tokens import ApiToken
@@ -20,7 +19,6 @@ class MemoryTokens(MemoryPart):
         return next((t for t in self._tokens.values() if t.active and t.name == name), None)
 
     async def token_create(self, token: ApiToken) -> bool:
-        await asyncio.sleep(0)
         # As the real stores' unique indexes: one digest, and one active token per name.
         if token.digest in self._tokens or self._active_named(token.name) is not None:
             return False
@@ -28,12 +26,10 @@ class MemoryTokens(MemoryPart):
         return True
 
     async def token_find(self, digest: str) -> ApiToken | None:
-        await asyncio.sleep(0)
         token = self._tokens.get(digest)
         return token if token is not None and token.active else None
 
     async def token_revoke(self, name: str, *, at: datetime) -> bool:
-        await asyncio.sleep(0)
         token = self._active_named(name)
         if token is None:
             return False
@@ -41,5 +37,4 @@ class MemoryTokens(MemoryPart):
         return True
 
     async def token_list(self) -> list[ApiToken]:
-        await asyncio.sleep(0)
         return newest_first(list(self._tokens.values()))

@@ -1,5 +1,5 @@
 """The MongoDB store's indexes: what `orderflow init` creates (and the compose deployment's
-init script is generated from, `services/deploy/mongodb.py`)."""
+init script is generated from, `deployment/mongodb.py`)."""
 
 from __future__ import annotations
 
