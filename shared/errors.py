@@ -138,6 +138,11 @@ class BadInput(OrderflowError):
     """The operator gave something that cannot be an answerable question."""
 
 
+class NotFound(OrderflowError):
+    """What the operator asked about does not exist (an order, its history, a dead letter, an
+    alert): the API answers 404, a command exits 1."""
+
+
 class BenchFailed(OrderflowError):
     """A benchmark run could not be measured: its topology exited or never reported ready, or
     the run went wrong (the message says how, with the topology's last words)."""

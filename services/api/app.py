@@ -25,13 +25,14 @@ from services.api.auth import body_allowance
 from services.api.context import ApiContext, StatusBridge, load_catalogue
 from services.api.limits import BodyLimit, h11_with_read_timeout
 from services.api.models import ErrorBody, ShownJSON, refused_input
+from services.operator.operations import Operations
 from shared.bootstrap import Runtime
 from shared.broker.connection import connect, login_user
 from shared.broker.private import PrivateQueue
 from shared.broker.publisher import Publisher
 from shared.broker.senders import APP, Senders
 from shared.domain.text import shown_cut
-from shared.errors import ConfigurationError, ServiceUnavailable
+from shared.errors import BadInput, ConfigurationError, NotFound, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,14 @@ def create_app(ctx: ApiContext | None) -> FastAPI:
             status_code=503,
             headers={"Retry-After": "5"},
         )
+
+    @app.exception_handler(NotFound)
+    async def not_found(request: Request, exc: NotFound) -> JSONResponse:
+        return ShownJSON({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(BadInput)
+    async def bad_input(request: Request, exc: BadInput) -> JSONResponse:
+        return ShownJSON({"detail": str(exc)}, status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def refused(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -153,8 +162,20 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
         status_queue=status_queue,
         bridge=bridge,
         catalogue=load_catalogue(settings),
-        operator_connection=operator,
-        status_publisher=tells,
+        ops=Operations(
+            settings,
+            runtime.names,
+            # A replay's sender: the API's own broker user.
+            Senders.of(
+                settings.hub,
+                settings.broker_user_prefix,
+                login_user(settings.api_rabbitmq_url or settings.rabbitmq_url),
+                "api",
+            ),
+            runtime.store,
+            operator,
+            tells,
+        ),
     )
     config = uvicorn.Config(
         create_app(ctx),

@@ -16,6 +16,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from services.api.limits import FailedAuth, Streams
 from services.api.models import Catalogue, CatalogueItem
+from services.operator.operations import Operations
 from shared.broker.envelope import user_of
 from shared.broker.publisher import Publishing
 from shared.broker.senders import STATUS_SENDERS, Senders
@@ -116,12 +117,11 @@ class ApiContext:
     status_queue: str
     bridge: StatusBridge
     catalogue: Catalogue
-    operator_connection: AbstractRobustConnection
-    """What the operator endpoints use (dead letters, queue depths): a connection as the API's
-    own broker user (`api_rabbitmq_url`, `<hub>-api`), or else `connection`."""
-    status_publisher: Publishing
-    """What the API's own statuses (a cancellation's `Cancelled`) go out on: a publisher on
-    `operator_connection`, whose user may send statuses, or else `publisher`."""
+    ops: Operations
+    """The operator's actions (services/operator/operations.py), built once at the start: over
+    the store, a connection as the API's own broker user (`api_rabbitmq_url`, `<hub>-api`; or
+    else `connection`) for dead letters and queue depths, and a publisher on it for the API's
+    own statuses (a cancellation's `Cancelled`), whose user may send statuses."""
     jobs: dict[str, BulkJob] = field(default_factory=dict)
     _numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     streams: Streams = field(init=False)

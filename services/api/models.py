@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
 from shared.domain.models import (
     APP_ORDER_ID,
@@ -30,7 +30,7 @@ from shared.domain.models import (
     StateRecord,
 )
 from shared.domain.redaction import may_hold_card, redact_shown
-from shared.domain.states import ProcessState, StepStatus
+from shared.domain.states import ErrorKind, ProcessState, StepStatus
 from shared.domain.workflow import get_workflow
 
 SHOP_ORDER_ID = rf"^{APP_ORDER_ID}$"
@@ -226,3 +226,106 @@ def shop_view(shop_id: str, order: OrderRecord, record: StateRecord) -> ShopOrde
         created_at=record.created_at,
         updated_at=record.updated_at,
     )
+
+
+# -- the operator endpoints (services/api/operations.py)
+
+SYSTEM_ORDER_ID = rf"^([a-z][a-z0-9_-]{{0,39}}/)?{APP_ORDER_ID}$"
+"""An order's id as the store holds it: the application's id, prefixed with its shop's name when
+a shop placed it."""
+
+
+class Body(BaseModel):
+    """A request body: strict (`0` is no `false`: a lax reading once made `"dry_run": 0` a
+    real run), and nothing unknown."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class Filters(BaseModel):
+    """Which orders: these states (any: all), this error kind, last changed longer ago than
+    `older_than` (90s, 15m, 2h, 1d), stopped at this step."""
+
+    state: list[ProcessState] | None = None
+    error_kind: ErrorKind | None = None
+    older_than: str | None = Field(default=None, max_length=20)
+    step: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+
+
+class ResubmitOne(Body):
+    from_step: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+    """Start over from this step (default: the first not Completed)."""
+    keep_failures: bool = False
+    """Keep the failure count (default: reset it)."""
+
+
+class ActionResult(BaseModel):
+    order_id: str
+    outcome: str
+    """`Error -> Pending`, `would go …`, or `refused: why`."""
+    refused: bool
+
+
+def _iso_text(value: Any) -> Any:
+    """A time on the wire is ISO 8601 text, never a number of seconds (which pydantic would
+    read as one, and the document does not allow)."""
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("a time is ISO 8601 text with its offset (2026-01-01T00:00:00Z)")
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("a time is ISO 8601 text with its offset (2026-01-01T00:00:00Z)") from None
+
+
+WireTime = Annotated[AwareDatetime, BeforeValidator(_iso_text)]
+
+
+class Selected(Body):
+    order_id: str = Field(pattern=SYSTEM_ORDER_ID, max_length=105)
+    seen: WireTime
+    """Its last change when it was selected: it is acted on only if it has not changed since."""
+
+
+class BulkResubmit(Body):
+    """Resubmit every order in Error the filters select (and, when given, whose error has
+    this fingerprint: one failure group). With `selected` (what a dry run answered), exactly
+    those orders, each only if it has not changed since and still matches the filters."""
+
+    error_kind: ErrorKind | None = Field(default=None, strict=False)  # its value, as text
+    fingerprint: str | None = Field(default=None, max_length=2000)
+    older_than: str | None = Field(default=None, max_length=20)
+    step: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+    from_step: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+    keep_failures: bool = False
+    rate: float = Field(default=20.0, ge=0.1, le=10_000)
+    """Resubmissions per second at most."""
+    dry_run: bool = True
+    """Say what each order would become, change nothing (the default: look first)."""
+    selected: list[Selected] | None = Field(default=None, max_length=100_000)
+
+
+class JobView(BaseModel):
+    job_id: str
+    by: str
+    total: int
+    done: int
+    finished: bool
+    error: str | None = None
+    changed: int
+    refused: int
+    outcomes: list[ActionResult]
+    selected: list[Selected]
+    """The orders selected, as selected: send them back with the real run to act on these."""
+
+
+InputQueue = Literal["orders", "inventory", "payment", "shipping"]
+
+
+class Replay(Body):
+    message_ids: list[Annotated[str, Field(min_length=1, max_length=300)]] | None = Field(
+        default=None, max_length=10_000
+    )
+    """These dead letters (none given: every one of the queue)."""
+    queue: InputQueue | None = None

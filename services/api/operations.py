@@ -2,60 +2,67 @@
 
 Reading takes a `viewer` or `operator` token; acting takes an `operator` one, and every action
 records the token's name in the order's history as who asked (`by`). The answers are the CLI's
-`--json` values (services/operator/views.py and the modules beside it), so a script can use
-either. Actions are the CLI's own (services/operator/actions.py): conditional on the order as
-it was selected, refused with the reason otherwise; a bulk resubmission is a dry run first, or a
-job whose progress `GET /ops/jobs/{job_id}` tells while it runs, paced at `rate` a second.
+`--json` values, from the same methods of the operator's application layer
+(services/operator/operations.py: `ctx.ops`, built once at the API's start), so a script can
+use either; its `NotFound` is a 404 and its `BadInput` a 400 (services/api/app.py). Actions are
+the CLI's own (services/operator/actions.py): conditional on the order as it was selected,
+refused with the reason otherwise; a bulk resubmission is a dry run first, or a job whose
+progress `GET /ops/jobs/{job_id}` tells while it runs, paced at `rate` a second.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
 from services.api.auth import Operator, Viewer, context
 from services.api.context import ApiContext, BulkJob
-from services.api.models import ErrorBody, ShownJSON
-from services.cli.dlq import body_text
+from services.api.models import (
+    SYSTEM_ORDER_ID,
+    ActionResult,
+    BulkResubmit,
+    ErrorBody,
+    Filters,
+    InputQueue,
+    JobView,
+    Replay,
+    ResubmitOne,
+    Selected,
+    ShownJSON,
+    WireTime,
+)
 from services.operator import actions
 from services.operator.actions import COMPENSATE, Outcome, refused
-from services.operator.cancellation import cancel_order, status_teller
-from services.operator.explain import fingerprint, group_failures
-from services.operator.stats import process_stats, queue_depths_on, store_stats
-from services.operator.views import (
-    matching,
-    order_page,
-    order_summary,
-    order_view_in,
-    parse_cursor,
-    state_query,
-    timeline_in,
+from services.operator.results import (
+    AlertList,
+    DeadLetters,
+    FailureGroups,
+    History,
+    OrderList,
+    OrderView,
+    Processes,
+    Purged,
+    ReplayResult,
+    ShownDeadLetters,
+    Stats,
+    alert_row,
 )
-from shared.broker import dead_letters
-from shared.broker.connection import login_user
-from shared.broker.senders import Senders
+from services.operator.views import order_summary, parse_cursor, state_query
 from shared.domain.durations import parse_duration
-from shared.domain.journal import ALERT_ID_LIMIT, Alert, AlertAction, AlertState
-from shared.domain.models import APP_ORDER_ID
+from shared.domain.journal import ALERT_ID_LIMIT, AlertAction, AlertState
 from shared.domain.states import FAILED_STATES, ErrorKind, ProcessState
 from shared.domain.text import shown_cut
 from shared.domain.timing import utcnow
-from shared.errors import BadInput
-from shared.reporting import Reporter
+from shared.errors import BadInput, NotFound
 from shared.store.port import StateQuery
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/ops", tags=["operator"], default_response_class=ShownJSON)
 Context = Annotated[ApiContext, Depends(context)]
-SYSTEM_ORDER_ID = rf"^([a-z][a-z0-9_-]{{0,39}}/)?{APP_ORDER_ID}$"
-"""An order's id as the store holds it: the application's id, prefixed with its shop's name when
-a shop placed it."""
 SystemOrderId = Annotated[str, Query(pattern=SYSTEM_ORDER_ID, max_length=105)]
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "A filter or a value that makes no sense."},
@@ -66,11 +73,6 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "No such order (or its history expired)."}
 }
-Json = dict[str, Any]
-
-
-def _bad(exc: BadInput | ValueError) -> HTTPException:
-    return HTTPException(400, str(exc))
 
 
 def _query(
@@ -83,26 +85,9 @@ def _query(
     try:
         age = parse_duration(older_than) if older_than else None
     except ValueError as exc:
-        raise _bad(exc) from None
+        raise BadInput(str(exc)) from None
     wanted = frozenset(states) if states else default
     return state_query(wanted, error_kind, age, now=utcnow())
-
-
-class Body(BaseModel):
-    """A request body: strict (`0` is no `false`: a lax reading once made `"dry_run": 0` a
-    real run), and nothing unknown."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-
-class Filters(BaseModel):
-    """Which orders: these states (any: all), this error kind, last changed longer ago than
-    `older_than` (90s, 15m, 2h, 1d), stopped at this step."""
-
-    state: list[ProcessState] | None = None
-    error_kind: ErrorKind | None = None
-    older_than: str | None = Field(default=None, max_length=20)
-    step: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,31}$")
 
 
 def filters(
@@ -117,67 +102,41 @@ def filters(
 Filtered = Annotated[Filters, Depends(filters)]
 
 
-@router.get("/orders", responses=ERRORS)
+@router.get("/orders", response_model=OrderList, responses=ERRORS)
 async def list_orders(
     ctx: Context,
     who: Viewer,
     where: Filtered,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
-) -> Json:
+) -> OrderList:
     """Orders, most recently changed first; `next` continues the listing (as `cursor`)."""
     query = _query(where.state, where.error_kind, where.older_than)
-    try:
-        page = await order_page(ctx.store, query, where.step, parse_cursor(cursor), limit)
-    except BadInput as exc:
-        raise _bad(exc) from None
+    page = await ctx.ops.orders(query, where.step, parse_cursor(cursor), limit)
     now = utcnow()
-    return {"orders": [order_summary(r, now) for r in page.records], "next": page.next}
+    return OrderList(orders=[order_summary(r, now) for r in page.records], next=page.next)
 
 
-@router.get("/failures", responses=ERRORS)
-async def failure_groups(ctx: Context, who: Viewer, where: Filtered) -> Json:
+@router.get("/failures", response_model=FailureGroups, responses=ERRORS)
+async def failure_groups(ctx: Context, who: Viewer, where: Filtered) -> FailureGroups:
     """Failed orders (Error, CompensationFailed, unless states are asked for) grouped by error
     kind and message fingerprint, biggest group first."""
     query = _query(where.state, where.error_kind, where.older_than, default=FAILED_STATES)
-    try:
-        found = [r async for r in matching(ctx.store, query, where.step, None)]
-    except BadInput as exc:
-        raise _bad(exc) from None
-    return {"groups": [g.to_json() for g in group_failures(found)]}
+    groups = await ctx.ops.failures(query, where.step)
+    return FailureGroups(groups=[g.view() for g in groups])
 
 
-@router.get("/order", responses={**ERRORS, **NOT_FOUND})
-async def show_order(ctx: Context, who: Viewer, order_id: SystemOrderId) -> Json:
+@router.get("/order", response_model=OrderView, responses={**ERRORS, **NOT_FOUND})
+async def show_order(ctx: Context, who: Viewer, order_id: SystemOrderId) -> OrderView:
     """One order (`orders show`): data, state, steps, budget, lease, undo log, what's next.
     The id is a query parameter: the system's ids may hold a '/'."""
-    try:
-        return await order_view_in(ctx.store, ctx.settings, order_id)
-    except BadInput as exc:
-        raise HTTPException(404, str(exc)) from None
+    return await ctx.ops.order(order_id)
 
 
-@router.get("/order/history", responses={**ERRORS, **NOT_FOUND})
-async def order_history(ctx: Context, who: Viewer, order_id: SystemOrderId) -> Json:
+@router.get("/order/history", response_model=History, responses={**ERRORS, **NOT_FOUND})
+async def order_history(ctx: Context, who: Viewer, order_id: SystemOrderId) -> History:
     """The order's timeline (`orders history`), oldest first."""
-    try:
-        return {"events": await timeline_in(ctx.store, ctx.settings, order_id)}
-    except BadInput as exc:
-        raise HTTPException(404, str(exc)) from None
-
-
-class ResubmitOne(Body):
-    from_step: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,31}$")
-    """Start over from this step (default: the first not Completed)."""
-    keep_failures: bool = False
-    """Keep the failure count (default: reset it)."""
-
-
-class ActionResult(BaseModel):
-    order_id: str
-    outcome: str
-    """`Error -> Pending`, `would go …`, or `refused: why`."""
-    refused: bool
+    return History(events=await ctx.ops.timeline(order_id))
 
 
 def _result(outcome: Outcome) -> ActionResult:
@@ -190,13 +149,13 @@ CONFLICT: dict[int | str, dict[str, Any]] = {
 
 
 async def _one(ctx: ApiContext, order_id: str, action: actions.Action, by: str) -> ActionResult:
-    outcome = await actions.act(
-        ctx.store, actions.Selection([(order_id, None)]), action, by, dry_run=False, rate=None
-    )
+    selection = actions.Selection([(order_id, None)])
+    outcome = await ctx.ops.act(selection, action, by, dry_run=False, rate=None)
     result = _result(outcome[0])
     if result.refused:
-        status = 404 if result.outcome.endswith("no such order") else 409
-        raise HTTPException(status, result.outcome)
+        if result.outcome.endswith("no such order"):
+            raise NotFound(result.outcome)
+        raise HTTPException(409, result.outcome)
     return result
 
 
@@ -227,65 +186,12 @@ async def compensate_one(ctx: Context, who: Operator, order_id: SystemOrderId) -
 async def cancel_one(ctx: Context, who: Operator, order_id: SystemOrderId) -> ActionResult:
     """Cancel an order for its customer (`orders cancel`)."""
     # Its application is told on the order's status queue, through the API's own publisher.
-    tell = status_teller(Reporter(ctx.store, ctx.status_publisher, ctx.names, who.name))
-    outcome = await cancel_order(ctx.store, order_id, by=who.name, tell=tell)
+    outcome = await ctx.ops.cancel(order_id, by=who.name)
     if outcome.refused is not None:
-        raise HTTPException(404 if outcome.before is None else 409, f"refused: {outcome.refused}")
+        if outcome.before is None:
+            raise NotFound(f"refused: {outcome.refused}")
+        raise HTTPException(409, f"refused: {outcome.refused}")
     return ActionResult(order_id=order_id, outcome=str(outcome), refused=False)
-
-
-def _iso_text(value: Any) -> Any:
-    """A time on the wire is ISO 8601 text, never a number of seconds (which pydantic would
-    read as one, and the document does not allow)."""
-    if isinstance(value, datetime):
-        return value
-    if not isinstance(value, str):
-        raise ValueError("a time is ISO 8601 text with its offset (2026-01-01T00:00:00Z)")
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError("a time is ISO 8601 text with its offset (2026-01-01T00:00:00Z)") from None
-
-
-WireTime = Annotated[AwareDatetime, BeforeValidator(_iso_text)]
-
-
-class Selected(Body):
-    order_id: str = Field(pattern=SYSTEM_ORDER_ID, max_length=105)
-    seen: WireTime
-    """Its last change when it was selected: it is acted on only if it has not changed since."""
-
-
-class BulkResubmit(Body):
-    """Resubmit every order in Error the filters select (and, when given, whose error has
-    this fingerprint: one failure group). With `selected` (what a dry run answered), exactly
-    those orders, each only if it has not changed since and still matches the filters."""
-
-    error_kind: ErrorKind | None = Field(default=None, strict=False)  # its value, as text
-    fingerprint: str | None = Field(default=None, max_length=2000)
-    older_than: str | None = Field(default=None, max_length=20)
-    step: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,31}$")
-    from_step: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,31}$")
-    keep_failures: bool = False
-    rate: float = Field(default=20.0, ge=0.1, le=10_000)
-    """Resubmissions per second at most."""
-    dry_run: bool = True
-    """Say what each order would become, change nothing (the default: look first)."""
-    selected: list[Selected] | None = Field(default=None, max_length=100_000)
-
-
-class JobView(BaseModel):
-    job_id: str
-    by: str
-    total: int
-    done: int
-    finished: bool
-    error: str | None = None
-    changed: int
-    refused: int
-    outcomes: list[ActionResult]
-    selected: list[Selected]
-    """The orders selected, as selected: send them back with the real run to act on these."""
 
 
 def _job_view(job: BulkJob, selection: actions.Selection | None = None) -> JobView:
@@ -307,18 +213,13 @@ def _job_view(job: BulkJob, selection: actions.Selection | None = None) -> JobVi
 
 async def _selection(ctx: ApiContext, body: BulkResubmit) -> actions.Selection:
     query = _query([ProcessState.ERROR], body.error_kind, body.older_than)
-    try:
-        found = [r async for r in matching(ctx.store, query, body.step, None)]
-    except BadInput as exc:
-        raise _bad(exc) from None
-    if body.fingerprint is not None:
-        found = [r for r in found if r.error and fingerprint(r.error.message) == body.fingerprint]
+    chosen = await ctx.ops.select(actions.queried(query, body.step, body.fingerprint))
     if body.selected is not None:
         # As the dry run saw them: an order that changed since, or no longer matches, is
         # refused by the action; one that matches now but was not shown is left alone.
         orders = [(o.order_id, o.seen) for o in body.selected]
         return actions.Selection(orders, query, body.step)
-    return actions.Selection([(r.order_id, r.updated_at) for r in found], query, body.step)
+    return chosen
 
 
 @router.post(
@@ -334,9 +235,7 @@ async def bulk_resubmit(ctx: Context, who: Operator, body: BulkResubmit) -> JobV
     action = actions.resubmit_action(body.from_step, keep_failures=body.keep_failures)
     job = BulkJob(ctx.next_job_id(), who.name, total=len(selection.orders))
     if body.dry_run:
-        job.outcomes = await actions.act(
-            ctx.store, selection, action, who.name, dry_run=True, rate=None
-        )
+        job.outcomes = await ctx.ops.act(selection, action, who.name, dry_run=True, rate=None)
         job.done, job.finished = job.total, True
         return _job_view(job, selection)
     ctx.jobs[job.job_id] = job
@@ -346,10 +245,9 @@ async def bulk_resubmit(ctx: Context, who: Operator, body: BulkResubmit) -> JobV
 
     async def run() -> None:
         try:
-            job.outcomes = await actions.act(
-                ctx.store, selection, action, who.name, dry_run=False, rate=body.rate,
-                progress=progress,
-            )  # fmt: skip
+            job.outcomes = await ctx.ops.act(
+                selection, action, who.name, dry_run=False, rate=body.rate, progress=progress
+            )
         except Exception as exc:  # the job reports it; the API goes on
             log.exception("bulk resubmission failed", extra={"job": job.job_id})
             job.error = shown_cut(str(exc), 500)
@@ -369,98 +267,59 @@ async def job(ctx: Context, who: Viewer, job_id: str) -> JobView:
     """A bulk resubmission's progress, and its outcomes once finished."""
     found = ctx.jobs.get(job_id)
     if found is None:
-        raise HTTPException(404, f"no job {job_id} (jobs live as long as the API process)")
+        raise NotFound(f"no job {job_id} (jobs live as long as the API process)")
     return _job_view(found)
 
 
-InputQueue = Literal["orders", "inventory", "payment", "shipping"]
 QueueName = Annotated[
     InputQueue | None, Query(description="One input queue's dead letters; default all.")
 ]
 
 
-def _sources(ctx: ApiContext, queue: str | None) -> list[str]:
-    try:
-        return dead_letters.source_queues(ctx.names, queue)
-    except BadInput as exc:
-        raise _bad(exc) from None
-
-
-@router.get("/dead-letters", responses=ERRORS)
-async def list_dead_letters(ctx: Context, who: Viewer, queue: QueueName = None) -> Json:
+@router.get("/dead-letters", response_model=DeadLetters, responses=ERRORS)
+async def list_dead_letters(ctx: Context, who: Viewer, queue: QueueName = None) -> DeadLetters:
     """Dead-lettered messages with their reasons (they stay where they are)."""
-    rows = await dead_letters.dead_letters(ctx.operator_connection, _sources(ctx, queue))
-    return {"messages": rows}
+    return DeadLetters(messages=await ctx.ops.dead_letters(queue))
 
 
-@router.get("/dead-letter", responses={**ERRORS, **NOT_FOUND})
+@router.get("/dead-letter", response_model=ShownDeadLetters, responses={**ERRORS, **NOT_FOUND})
 async def show_dead_letter(
     ctx: Context,
     who: Viewer,
     message_id: Annotated[str, Query(min_length=1, max_length=300)],
     queue: QueueName = None,
-) -> Json:
+) -> ShownDeadLetters:
     """One dead-lettered message: its reason, headers and body (payment tokens shortened)."""
-    found = await dead_letters.find(ctx.operator_connection, _sources(ctx, queue), message_id)
-    if not found:
-        raise HTTPException(404, f"no dead letter {message_id}")
-    return {"messages": [f.row | {"body": body_text(f.body)} for f in found]}
+    return ShownDeadLetters(messages=await ctx.ops.dead_letter(message_id, queue))
 
 
-class Replay(Body):
-    message_ids: list[Annotated[str, Field(min_length=1, max_length=300)]] | None = Field(
-        default=None, max_length=10_000
-    )
-    """These dead letters (none given: every one of the queue)."""
-    queue: InputQueue | None = None
-
-
-@router.post("/dead-letters/replay", responses=ERRORS)
-async def replay_dead_letters(ctx: Context, who: Operator, body: Replay) -> Json:
+@router.post("/dead-letters/replay", response_model=ReplayResult, responses=ERRORS)
+async def replay_dead_letters(ctx: Context, who: Operator, body: Replay) -> ReplayResult:
     """Send dead letters back to their queue, each removed from its DLQ once confirmed."""
-    settings = ctx.settings
-    url = settings.api_rabbitmq_url or settings.rabbitmq_url
-    senders = Senders.of(settings.hub, settings.broker_user_prefix, login_user(url), "api")
-    done = await dead_letters.replay(
-        ctx.operator_connection,
-        ctx.names,
-        _sources(ctx, body.queue),
-        body.message_ids,
-        by=who.name,
-        senders=senders,
-        publish_timeout_s=settings.publish_timeout_s,
-    )
-    return {"replayed": done.replayed, "unsealed": done.unsealed, "not_found": done.not_found}
+    return await ctx.ops.replay(body.message_ids, body.queue, by=who.name)
 
 
-@router.delete("/dead-letters", responses=ERRORS)
+@router.delete("/dead-letters", response_model=Purged, responses=ERRORS)
 async def purge_dead_letters(
     ctx: Context,
     who: Operator,
     confirm: Annotated[Literal["purge"], Query(description="`purge`: this cannot be undone.")],
     queue: QueueName = None,
-) -> Json:
+) -> Purged:
     """Delete dead-lettered messages for good."""
-    return {"purged": await dead_letters.purge(ctx.operator_connection, _sources(ctx, queue))}
+    return Purged(purged=await ctx.ops.purge(queue))
 
 
-@router.get("/alerts", responses=ERRORS)
+@router.get("/alerts", response_model=AlertList, responses=ERRORS)
 async def alerts(
     ctx: Context,
     who: Viewer,
     since: Annotated[WireTime | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> Json:
+) -> AlertList:
     """Stored alerts raised after `since` (ISO 8601, with its offset), newest first."""
-    found = await ctx.store.list_alerts(since=since, limit=limit)
-    states = await ctx.store.alert_states([a.alert_id for a in found])
-    return {"alerts": [_with_state(a, states.get(a.alert_id)) for a in found]}
-
-
-def _with_state(alert: Alert, state: AlertState | None) -> Json:
-    """An alert as JSON, with who acknowledged and resolved it and when (null: not yet)."""
-    state = state or AlertState(alert_id=alert.alert_id)
-    return alert.model_dump(mode="json") | state.model_dump(mode="json", exclude={"alert_id"})
+    found = await ctx.ops.alerts(since, limit)
+    return AlertList(alerts=[alert_row(a, state) for a, state in found])
 
 
 AlertId = Annotated[
@@ -474,40 +333,31 @@ NO_ALERT: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def _mark(ctx: ApiContext, alert_id: str, action: AlertAction, by: str) -> Json:
-    state = await ctx.store.mark_alert(alert_id, action, by=by, at=utcnow())
-    if state is None:
-        raise HTTPException(404, f"no alert {alert_id!r}")
-    return state.model_dump(mode="json")
-
-
-@router.post("/alert/acknowledge", responses={**ERRORS, **NO_ALERT})
-async def acknowledge_alert(ctx: Context, who: Operator, alert_id: AlertId) -> Json:
+@router.post("/alert/acknowledge", response_model=AlertState, responses={**ERRORS, **NO_ALERT})
+async def acknowledge_alert(ctx: Context, who: Operator, alert_id: AlertId) -> AlertState:
     """Record that the token's holder is on this alert (`alerts ack`): the notifier sends
     PagerDuty an `acknowledge`. The first acknowledgement stands."""
-    return await _mark(ctx, alert_id, AlertAction.ACKNOWLEDGE, who.name)
+    return await ctx.ops.mark_alert(alert_id, AlertAction.ACKNOWLEDGE, by=who.name)
 
 
-@router.post("/alert/resolve", responses={**ERRORS, **NO_ALERT})
-async def resolve_alert(ctx: Context, who: Operator, alert_id: AlertId) -> Json:
+@router.post("/alert/resolve", response_model=AlertState, responses={**ERRORS, **NO_ALERT})
+async def resolve_alert(ctx: Context, who: Operator, alert_id: AlertId) -> AlertState:
     """Record that this alert's condition is over (`alerts resolve`): the notifier sends
     PagerDuty a `resolve`. The first resolution stands."""
-    return await _mark(ctx, alert_id, AlertAction.RESOLVE, who.name)
+    return await ctx.ops.mark_alert(alert_id, AlertAction.RESOLVE, by=who.name)
 
 
-@router.get("/stats", responses=ERRORS)
-async def stats(ctx: Context, who: Viewer) -> Json:
+@router.get("/stats", response_model=Stats, responses=ERRORS)
+async def stats(ctx: Context, who: Viewer) -> Stats:
     """Orders per state, stuck and overdue orders, queue depths, processes, open circuit
     breakers and the supervisor leader (`orderflow stats`)."""
-    snapshot = await store_stats(ctx.store, ctx.settings)
-    snapshot["queues"] = await queue_depths_on(ctx.operator_connection, ctx.names)
-    return snapshot
+    return await ctx.ops.stats()
 
 
-@router.get("/processes", responses=ERRORS)
-async def processes(ctx: Context, who: Viewer) -> Json:
+@router.get("/processes", response_model=Processes, responses=ERRORS)
+async def processes(ctx: Context, who: Viewer) -> Processes:
     """The processes reporting, their open circuit breakers and intake, the leader."""
-    return await process_stats(ctx.store, now=utcnow())
+    return await ctx.ops.processes()
 
 
 __all__ = ["router"]

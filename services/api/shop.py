@@ -39,13 +39,11 @@ from services.api.models import (
     ShownJSON,
     shop_view,
 )
-from services.operator.cancellation import cancel_order, status_teller
 from services.shop.orders import message_id_of
 from shared.domain.messages import SubmitOrder
 from shared.domain.models import OrderData, OrderRecord, StateRecord
 from shared.domain.redaction import redact_shown
 from shared.errors import PublishError, PublishRejected
-from shared.reporting import Reporter
 
 router = APIRouter(tags=["shop"], default_response_class=ShownJSON)
 
@@ -288,8 +286,7 @@ async def cancel(order_id: ShopOrderId, ctx: Context, shop: Shop) -> CancelResul
         raise HTTPException(404, f"no order {order_id} of shop {shop.name}")
     # Its application (the API, for its shops) is told on the order's status queue, as by
     # every other way to cancel, through the API's own publisher.
-    tell = status_teller(Reporter(ctx.store, ctx.status_publisher, ctx.names, shop.name))
-    outcome = await cancel_order(ctx.store, found[0].order_id, by=shop.name, tell=tell)
+    outcome = await ctx.ops.cancel(found[0].order_id, by=shop.name)
     if outcome.refused is not None or outcome.after is None:
         raise HTTPException(409, outcome.refused or "not cancelled")
     ctx.bridge.notify(app_id)  # its streams show it at once

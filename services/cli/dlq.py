@@ -7,27 +7,27 @@ queue's replay exchange with its original message id, removed from the DLQ once 
 
 from __future__ import annotations
 
-import asyncio
-import json
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import click
 from rich.table import Table
 
+from services.cli.operations import run_operations
 from services.cli.render import add_columns, echo_json, plain, plain_console, shown
 from services.cli.settings import pass_settings
-from services.operator.dead_letters import (
-    dead_letter_queues,
-    find_dead_letter,
-    list_dead_letters,
-    purge_dead_letters,
-    replay_dead_letters,
-)
-from shared.broker.dead_letters import Replayed
+from services.operator.operations import Operations, operator_senders
+from services.operator.results import DeadLetters, ReplayResult, ShownDeadLetters
+from shared.broker.topology import Names
 from shared.config import Settings
-from shared.domain.redaction import redact_body, shorten_tokens
 from shared.errors import BadInput
 
-BODY_SHOWN = 4000
+T = TypeVar("T")
+
+
+def _on_broker(settings: Settings, action: Callable[[Operations], Awaitable[T]]) -> T:
+    return run_operations(settings, action, name="orderflow-dlq", store=False, broker=True)
+
 
 queue_option = click.option("--queue", help="One input queue (orders, payment, …); default all.")
 
@@ -43,20 +43,20 @@ def dlq() -> None:
 @pass_settings()
 def list_cmd(settings: Settings, queue: str | None, as_json: bool) -> None:
     """Dead-lettered messages with their reasons (the messages stay where they are)."""
-    rows = asyncio.run(list_dead_letters(settings, queue))
+    rows = _on_broker(settings, lambda ops: ops.dead_letters(queue))
     if as_json:
-        echo_json({"messages": rows})
+        echo_json(DeadLetters(messages=rows).model_dump(mode="json"))
         return
     table = Table(title=f"{len(rows)} dead-lettered message(s) in hub {settings.hub}")
     add_columns(table, "queue", "message id", "type", "reason", "error", "dead-lettered")
     for r in rows:
         table.add_row(
-            shown(r["queue"].removeprefix(f"{settings.hub}.")),
-            shown(r["message_id"]),
-            shown(r["type"]),
-            shown(r["reason"]),
-            shown(str(r["error"] or "")[:60]),
-            r["age"],
+            shown(r.queue.removeprefix(f"{settings.hub}.")),
+            shown(r.message_id),
+            shown(r.type),
+            shown(r.reason),
+            shown(str(r.error or "")[:60]),
+            r.age,
         )
     plain_console().print(table)
 
@@ -68,33 +68,16 @@ def list_cmd(settings: Settings, queue: str | None, as_json: bool) -> None:
 @pass_settings()
 def show_cmd(settings: Settings, message_id: str, queue: str | None, as_json: bool) -> None:
     """One dead-lettered message: its reason, headers and body."""
-    letters = asyncio.run(find_dead_letter(settings, message_id, queue))
-    if not letters:
-        raise BadInput(f"no dead-lettered message {message_id!r} in hub {settings.hub}")
-    found = [letter.row | {"body": body_text(letter.body)} for letter in letters]
+    found = _on_broker(settings, lambda ops: ops.dead_letter(message_id, queue))
     if as_json:
-        echo_json({"messages": found})
+        echo_json(ShownDeadLetters(messages=found).model_dump(mode="json"))
         return
     for row in found:
-        click.echo(
-            plain(f"{row['message_id']} on {row['queue']} ({row['type']}, {row['bytes']} bytes)")
-        )
-        click.echo(plain(f"  reason: {row['reason']}: {row['error']}"))
-        click.echo(plain(f"  dead-lettered {row['age']} after {row['deliveries']} delivery(ies)"))
+        click.echo(plain(f"{row.message_id} on {row.queue} ({row.type}, {row.bytes} bytes)"))
+        click.echo(plain(f"  reason: {row.reason}: {row.error}"))
+        click.echo(plain(f"  dead-lettered {row.age} after {row.deliveries} delivery(ies)"))
         # Its lines indented, so that no line of a body can pass for a line of this report.
-        click.echo("  body: " + plain(row["body"], keep_lines=True).replace("\n", "\n    "))
-
-
-def body_text(body: bytes) -> str:
-    """The body as text: pretty JSON (every control escaped by `json.dumps`; payment tokens
-    shortened, as `orders show` does), or else decoded with replacement characters. Not
-    escaped yet: JSON output must keep it as it is; the human view escapes it."""
-    body = redact_body(body)[0]  # a message the broker dead-lettered itself is not redacted yet
-    try:
-        text = json.dumps(shorten_tokens(json.loads(body)), indent=2)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        text = body.decode("utf-8", errors="replace")
-    return text if len(text) <= BODY_SHOWN else text[:BODY_SHOWN] + f"… ({len(text)} chars)"
+        click.echo("  body: " + plain(row.body, keep_lines=True).replace("\n", "\n    "))
 
 
 @dlq.command("replay")
@@ -116,13 +99,13 @@ def replay_cmd(
     if bool(message_ids) == replay_all:
         raise BadInput("name the messages to replay, or give --all")
     wanted = None if replay_all else set(message_ids)
-    outcome = asyncio.run(replay_dead_letters(settings, wanted, queue, by))
+    outcome = _on_broker(settings, lambda ops: ops.replay(wanted, queue, by=by))
     _report_replay(outcome, as_json=as_json)
     if outcome.not_found or outcome.unsealed:
         raise SystemExit(1)
 
 
-def _report_replay(outcome: Replayed, *, as_json: bool) -> None:
+def _report_replay(outcome: ReplayResult, *, as_json: bool) -> None:
     done, unsealed, missing = outcome.replayed, outcome.unsealed, outcome.not_found
     if as_json:
         echo_json({"replayed": done, "not_found": missing, "unsealed": unsealed})
@@ -151,11 +134,12 @@ def _report_replay(outcome: Replayed, *, as_json: bool) -> None:
 @pass_settings()
 def purge_cmd(settings: Settings, queue: str | None, yes: bool, as_json: bool) -> None:
     """Delete dead-lettered messages for good (asks first, on stderr, unless --yes)."""
-    dlqs = dead_letter_queues(settings, queue)
+    offline = Operations(settings, Names(settings.hub), operator_senders(settings))  # names only
+    dlqs = offline.dead_letter_queues(queue)
     if not yes:
         # The question goes to stderr: stdout stays the report (JSON with --json).
         click.confirm(f"Delete every message in {', '.join(dlqs)} for good?", abort=True, err=True)
-    purged = asyncio.run(purge_dead_letters(settings, queue))
+    purged = _on_broker(settings, lambda ops: ops.purge(queue))
     if as_json:
         echo_json({"purged": purged})
         return

@@ -9,6 +9,7 @@ import contextlib
 import getpass
 import signal
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import click
@@ -16,23 +17,19 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
+from services.cli.operations import run_operations
 from services.cli.render import add_columns, echo_json, plain, plain_console, shown
 from services.cli.settings import pass_settings
-from services.operator.alerts import (
-    Feed,
-    follow_alerts,
-    mark_alerts,
-    recent_alerts,
-    undelivered_alerts,
-)
+from services.operator.alerts import Feed
 from services.operator.audit import audit_hub
-from services.operator.stats import gather_stats, stats_every
+from services.operator.operations import Operations, open_operations
+from services.operator.results import AlertList, Stats, alert_row
 from shared.broker.delivery import INTAKE_HEALTHY
 from shared.config import Settings
 from shared.domain.durations import human_age, parse_duration
 from shared.domain.journal import Alert, AlertAction, AlertState
 from shared.domain.timing import utcnow
-from shared.errors import BadInput
+from shared.errors import BadInput, NotFound
 
 
 def _intake_line(intake: list[dict[str, Any]]) -> str:
@@ -58,40 +55,40 @@ def _status_text(data: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _orders_line(title: str, result: dict[str, Any], key: str) -> str:
+def _orders_line(title: str, ids: list[str], capped: bool, cap: int) -> str:
     """`stuck Pending orders: 3 (e.g. …)`, or `1000+` when there were more than it read."""
-    ids: list[str] = result[key]
-    count = f"{result['count_cap']}+" if result[f"{key}_capped"] else str(len(ids))
+    count = f"{cap}+" if capped else str(len(ids))
     examples = f" (e.g. {', '.join(ids[:3])})" if ids else ""
     return f"{title}: {count}{examples}"
 
 
-def render_stats(result: dict[str, Any]) -> Group:
-    hub = result["hub"]
+def render_stats(result: Stats) -> Group:
+    hub = result.hub
     states = Table(title=f"orders in hub {hub}")
     states.add_column("state")
     states.add_column("orders", justify="right")
-    for state, n in result["by_state"].items():
+    for state, n in result.by_state.items():
         states.add_row(shown(state), str(n))
     queues = Table(title="queues")
     queues.add_column("queue")
     queues.add_column("messages", justify="right")
-    for queue, n in result["queues"].items():
+    for queue, depth in result.queues.items():
         queues.add_row(
-            shown(queue.removeprefix(f"{hub}.")), "not declared" if n is None else str(n)
+            shown(queue.removeprefix(f"{hub}.")), "not declared" if depth is None else str(depth)
         )
-    processes = Table(title=f"{len(result['processes'])} process(es) reporting")
+    processes = Table(title=f"{len(result.processes)} process(es) reporting")
     add_columns(processes, "process", "kind", "seen", "status")
-    for p in result["processes"]:
-        processes.add_row(
-            shown(p["name"]), shown(p["kind"]), p["seen"], shown(_status_text(p["data"]))
-        )
+    for p in result.processes:
+        processes.add_row(shown(p.name), shown(p.kind), p.seen, shown(_status_text(p.data)))
+    cap = result.count_cap
     lines = [
-        f"supervisor leader: {result['leader'] or 'NONE (no supervisor holds the lease)'}",
-        "open circuit breakers: " + (", ".join(result["open_breakers"]) or "none"),
-        _orders_line("stuck Pending orders", result, "stuck_pending"),
-        _orders_line("overdue running orders", result, "overdue"),
-        _intake_line(result.get("intake", [])),
+        f"supervisor leader: {result.leader or 'NONE (no supervisor holds the lease)'}",
+        "open circuit breakers: " + (", ".join(result.open_breakers) or "none"),
+        _orders_line(
+            "stuck Pending orders", result.stuck_pending, result.stuck_pending_capped, cap
+        ),
+        _orders_line("overdue running orders", result.overdue, result.overdue_capped, cap),
+        _intake_line(result.intake),
     ]
     return Group(states, queues, processes, *map(shown, lines))
 
@@ -103,11 +100,28 @@ def stats(settings: Settings, as_json: bool) -> None:
     """Orders per state, stuck and overdue orders, queue depths, processes, open breakers, the
     leader. Stuck and overdue orders are counted up to 1000 (`1000+` beyond; in JSON,
     `stuck_pending_capped` / `overdue_capped`)."""
-    result = asyncio.run(gather_stats(settings))
+    result = run_operations(settings, _stats, name="orderflow-stats", broker=True)
     if as_json:
-        echo_json(result)
+        echo_json(result.model_dump(mode="json"))
         return
     plain_console().print(render_stats(result))
+
+
+async def _stats(ops: Operations) -> Stats:
+    return await ops.stats()
+
+
+async def stats_every(
+    settings: Settings, interval: float, count: int | None
+) -> AsyncIterator[Stats]:
+    """A snapshot every `interval` seconds, `count` of them (None: until the caller stops)."""
+    async with open_operations(settings, name="orderflow-stats", broker=True) as ops:
+        n = 0
+        while count is None or n < count:
+            if n:
+                await asyncio.sleep(interval)
+            yield await ops.stats()
+            n += 1
 
 
 @click.command()
@@ -132,7 +146,7 @@ def watch(settings: Settings, interval: float, count: int | None, as_json: bool)
 
     async def json_lines() -> None:
         async for result in stats_every(settings, interval, count):
-            echo_json(result)
+            echo_json(result.model_dump(mode="json"))
             sys.stdout.flush()  # a reader of a pipe sees each refresh as it comes
 
     with contextlib.suppress(KeyboardInterrupt):
@@ -156,10 +170,9 @@ def alerts_list(settings: Settings, since: str | None, limit: int, as_json: bool
     except ValueError as exc:
         raise BadInput(str(exc)) from None
 
-    found = asyncio.run(recent_alerts(settings, after, limit))
+    found = run_operations(settings, lambda ops: ops.alerts(after, limit))
     if as_json:
-        rows = [a.model_dump(mode="json") | _state_fields(s) for a, s in found]
-        echo_json({"alerts": rows})
+        echo_json(AlertList(alerts=[alert_row(a, s) for a, s in found]).model_dump(mode="json"))
         return
     now = utcnow()
     table = Table(title=f"{len(found)} alert(s), newest first")
@@ -177,10 +190,6 @@ def alerts_list(settings: Settings, since: str | None, limit: int, as_json: bool
     plain_console().print(table)
 
 
-def _state_fields(state: AlertState) -> dict[str, Any]:
-    return state.model_dump(mode="json", exclude={"alert_id"})
-
-
 def _state_line(state: AlertState) -> str:
     if state.resolved_at is not None:
         return f"resolved by {state.resolved_by}"
@@ -190,7 +199,17 @@ def _state_line(state: AlertState) -> str:
 
 
 def _mark(settings: Settings, alert_ids: tuple[str, ...], action: AlertAction, by: str) -> None:
-    states = asyncio.run(mark_alerts(settings, alert_ids, action, by=by))
+
+    async def mark_each(ops: Operations) -> dict[str, AlertState | None]:
+        states: dict[str, AlertState | None] = {}
+        for alert_id in alert_ids:
+            try:
+                states[alert_id] = await ops.mark_alert(alert_id, action, by=by)
+            except NotFound:
+                states[alert_id] = None  # said once all are marked
+        return states
+
+    states = run_operations(settings, mark_each)
     done = "acknowledged" if action is AlertAction.ACKNOWLEDGE else "resolved"
     missing = [i for i, s in states.items() if s is None]
     for alert_id, state in states.items():
@@ -237,19 +256,25 @@ def alerts_resolve(settings: Settings, alert_ids: tuple[str, ...], by: str | Non
 def alerts_undelivered(settings: Settings, as_json: bool) -> None:
     """The notifier's dead letters: alerts (and acknowledgements, resolutions) a webhook refused
     for good or that failed until the notifier gave up, oldest first, with why."""
-    rows = asyncio.run(undelivered_alerts(settings))
+    rows = run_operations(
+        settings,
+        lambda ops: ops.undelivered_alerts(),
+        name="orderflow-alerts",
+        store=False,
+        broker=True,
+    )
     if as_json:
-        echo_json({"undelivered": rows})
+        echo_json({"undelivered": [row.model_dump(mode="json") for row in rows]})
         return
     table = Table(title=f"{len(rows)} notice(s) not delivered, oldest first")
     add_columns(table, "age", "target", "reason", "notice", "error")
     for row in rows:
         table.add_row(
-            shown(str(row.get("age") or "")),
-            shown(str(row.get("target") or "-")),
-            shown(str(row.get("reason") or "")),
-            shown(str(row.get("message_id") or "")),
-            shown(str(row.get("error") or "")[:120]),
+            shown(row.age or ""),
+            shown(str(row.target or "-")),
+            shown(str(row.reason or "")),
+            shown(row.message_id or ""),
+            shown(str(row.error or "")[:120]),
         )
     plain_console().print(table)
 
@@ -283,7 +308,10 @@ def alerts_follow(settings: Settings, burst: bool, as_json: bool) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        return await follow_alerts(settings, Feed(show, refused), burst=burst, stop=stop)
+        async with open_operations(
+            settings, name="orderflow-alerts", store=False, broker=True
+        ) as ops:
+            return await ops.follow_alerts(Feed(show, refused), burst=burst, stop=stop)
 
     taken = asyncio.run(follow())
     if not as_json:

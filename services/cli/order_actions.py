@@ -7,7 +7,6 @@ reports what changed and what was refused (exit 1 if any was).
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import re
 import sys
@@ -16,12 +15,15 @@ from typing import Any
 
 import click
 
+from services.cli.operations import run_operations
 from services.cli.orders import check_ids, duration_of, kind_choice, kind_of, orders
 from services.cli.render import echo_json, plain, progress_bar
 from services.cli.settings import pass_settings
-from services.operator import actions, cancellation
+from services.operator import actions
 from services.operator.actions import COMPENSATE, Action, Chooser, Outcome, refused
+from services.operator.cancellation import CancelOutcome
 from services.operator.explain import Undo
+from services.operator.operations import Operations
 from services.operator.views import state_query
 from shared.config import Settings
 from shared.domain.states import ProcessState
@@ -88,11 +90,13 @@ def _run_actions(
     """Select the orders, then act on them as selected, with a progress bar on a terminal."""
 
     def run(progress: actions.Progress | None) -> list[Outcome]:
-        return asyncio.run(
-            actions.run_action(
-                settings, choose, action, by, dry_run=dry_run, rate=rate, progress=progress
+        async def select_then_act(ops: Operations) -> list[Outcome]:
+            selection = await ops.select(choose)
+            return await ops.act(
+                selection, action, by, dry_run=dry_run, rate=rate, progress=progress
             )
-        )
+
+        return run_operations(settings, select_then_act)
 
     if as_json or not bar or not sys.stderr.isatty():
         return run(None)
@@ -180,7 +184,7 @@ def compensate_cmd(
     skipped, and each undo's idempotency key makes a repeat harmless. The change and its
     history event are one conditional write."""
     check_ids(order_ids)
-    undo = _plans_shown(asyncio.run(actions.undo_plans(settings, order_ids)))
+    undo = _plans_shown(run_operations(settings, lambda ops: ops.undo_plans(order_ids)))
     if not as_json:
         for order_id, steps in undo.items():
             click.echo(f"{order_id}: undo plan" + ("" if steps else ": nothing to undo"))
@@ -223,7 +227,11 @@ def cancel_cmd(settings: Settings, order_ids: tuple[str, ...], as_json: bool, by
     first, and it ends Compensated. A Processed order, or one already compensated or being
     compensated, is refused with the reason (exit 1)."""
     check_ids(order_ids)
-    outcomes = asyncio.run(cancellation.cancel_orders(settings, order_ids, by=by))
+
+    async def cancel_each(ops: Operations) -> list[CancelOutcome]:
+        return [await ops.cancel(order_id, by=by) for order_id in order_ids]
+
+    outcomes = run_operations(settings, cancel_each, name="orderflow-cancel", publisher=True)
     report([(o.order_id, str(o)) for o in outcomes], as_json=as_json, dry_run=False)
 
 

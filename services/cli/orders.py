@@ -5,27 +5,19 @@ with `--json` for scripts; the views themselves are `services/operator/views.py`
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime, timedelta
-from typing import Any
 
 import click
 from pydantic import TypeAdapter, ValidationError
 from rich.table import Table
 from rich.text import Text
 
+from services.cli.operations import run_operations
 from services.cli.render import add_columns, echo_json, plain_console, shown
 from services.cli.settings import pass_settings
 from services.operator.explain import FailureGroup, current_step
-from services.operator.views import (
-    failure_groups,
-    list_orders,
-    order_summary,
-    order_timeline,
-    order_view,
-    parse_cursor,
-    state_query,
-)
+from services.operator.results import FailureGroups, OrderList, OrderView, StepRow, UndoRow
+from services.operator.views import order_summary, parse_cursor, state_query
 from shared.config import Settings
 from shared.domain.durations import human_age, human_duration, parse_duration
 from shared.domain.models import OrderId
@@ -109,13 +101,13 @@ def list_cmd(
     query = state_query(wanted, kind_of(error_kind), age, now=now)
     cursor = parse_cursor(after_text)
     if group_by:
-        groups = asyncio.run(failure_groups(settings, query, step, cursor))
+        groups = run_operations(settings, lambda ops: ops.failures(query, step, cursor))
         _print_groups(groups, now, as_json=as_json)
         return
-    page = asyncio.run(list_orders(settings, query, step, cursor, limit))
+    page = run_operations(settings, lambda ops: ops.orders(query, step, cursor, limit))
     if as_json:
-        listed = [order_summary(r, now) for r in page.records]
-        echo_json({"orders": listed, "next": page.next})
+        listed = OrderList(orders=[order_summary(r, now) for r in page.records], next=page.next)
+        echo_json(listed.model_dump(mode="json"))
         return
     table = Table(title=f"{len(page.records)} order(s), most recently changed first")
     add_columns(table, "order", "state", "step", "attempt", "failures", "error", "changed")
@@ -138,7 +130,7 @@ def list_cmd(
 
 def _print_groups(groups: list[FailureGroup], now: datetime, *, as_json: bool) -> None:
     if as_json:
-        echo_json({"groups": [g.to_json() for g in groups]})
+        echo_json(FailureGroups(groups=[g.view() for g in groups]).model_dump(mode="json"))
         return
     table = Table(title=f"{sum(g.count for g in groups)} failed order(s) in {len(groups)} group(s)")
     add_columns(table, "count", "kind", "fingerprint", "states", "newest", "examples")
@@ -164,19 +156,19 @@ def _print_groups(groups: list[FailureGroup], now: datetime, *, as_json: bool) -
 def show_cmd(settings: Settings, order_id: str, as_json: bool) -> None:
     """An order: its data, state, steps, retry budget, lease, and what happens next."""
     check_ids((order_id,))
-    result = asyncio.run(order_view(settings, order_id))
+    result = run_operations(settings, lambda ops: ops.order(order_id))
     if as_json:
-        echo_json(result)
+        echo_json(result.model_dump(mode="json"))
         return
     _print_show(result)
 
 
-def _print_show(result: dict[str, Any]) -> None:
+def _print_show(result: OrderView) -> None:
     console = plain_console()
     now = utcnow()
-    state = result["state"]
-    order = result["order"]
-    console.print(shown(f"order {result['order_id']}"))
+    state = result.state
+    order = result.order
+    console.print(shown(f"order {result.order_id}"))
     if order is not None:
         total = sum(line["quantity"] * line["unit_price_cents"] for line in order["lines"])
         console.print(
@@ -184,56 +176,56 @@ def _print_show(result: dict[str, Any]) -> None:
                 f"  customer {order['customer_id']}, {len(order['lines'])} line(s), "
                 f"{total / 100:.2f} {order['currency']}, payment {order['payment_token']}, "
                 f"ship to {order['shipping_address']['country']} "
-                f"{order['shipping_address']['postal_code']}; received {result['received_at']}"
+                f"{order['shipping_address']['postal_code']}; received {result.received_at}"
             )
         )
     if state is None:
         console.print("  no state record (the audit reports this)")
         return
-    budget = state["retry_budget"]
+    budget = state.retry_budget
     console.print(
         shown(
-            f"  state {state['process_state']} ({state['workflow']}), "
-            f"attempt {state['attempt']}, failures {state['failure_count']} of "
-            f"{state['failure_threshold']}, retry budget {budget['used']}/{budget['limit']} used"
+            f"  state {state.process_state} ({state.workflow}), "
+            f"attempt {state.attempt}, failures {state.failure_count} of "
+            f"{state.failure_threshold}, retry budget {budget.used}/{budget.limit} used"
         )
     )
-    if state["locked_by"]:
-        deadline = datetime.fromisoformat(state["complete_by"]) if state["complete_by"] else None
+    if state.locked_by:
+        deadline = datetime.fromisoformat(state.complete_by) if state.complete_by else None
         console.print(
             shown(
-                f"  lease: {state['locked_by']} on {state['owner'] or '?'}, "
+                f"  lease: {state.locked_by} on {state.owner or '?'}, "
                 f"deadline {human_age(deadline, now)}"
             )
         )
-    if state["error"]:
-        console.print(shown(f"  error: {state['error']['kind']}: {state['error']['message']}"))
-    console.print(_steps_table(state["steps"]))
-    if result["compensation"]:
-        console.print(_undo_table(result["compensation"]))
-    console.print(shown(f"next: {state['next']}"), soft_wrap=True)
+    if state.error:
+        console.print(shown(f"  error: {state.error.kind}: {state.error.message}"))
+    console.print(_steps_table(state.steps))
+    if result.compensation:
+        console.print(_undo_table(result.compensation))
+    console.print(shown(f"next: {state.next}"), soft_wrap=True)
 
 
-def _steps_table(steps: list[dict[str, Any]]) -> Table:
+def _steps_table(steps: list[StepRow]) -> Table:
     table = Table(title="steps")
     add_columns(table, "step", "status", "attempts", "took", "error")
     for s in steps:
-        error = s["error"]
+        error = s.error
         table.add_row(
-            shown(s["step"]),
-            s["status"],
-            str(s["attempts"]),
-            "-" if s["seconds"] is None else human_duration(s["seconds"]),
-            shown("" if error is None else f"{error['kind']}: {error['message'][:70]}"),
+            shown(s.step),
+            s.status,
+            str(s.attempts),
+            "-" if s.seconds is None else human_duration(s.seconds),
+            shown("" if error is None else f"{error.kind}: {error.message[:70]}"),
         )
     return table
 
 
-def _undo_table(undos: list[dict[str, Any]]) -> Table:
+def _undo_table(undos: list[UndoRow]) -> Table:
     table = Table(title="undo log (newest first)")
     add_columns(table, "step", "undo", "status", "idempotency key")
     for u in undos:
-        table.add_row(shown(u["step"]), shown(u["undo"]), u["status"], shown(u["idempotency_key"]))
+        table.add_row(shown(u.step), shown(u.undo), u.status, shown(u.idempotency_key))
     return table
 
 
@@ -247,21 +239,21 @@ def _undo_table(undos: list[dict[str, Any]]) -> Table:
 def history_cmd(settings: Settings, order_id: str, as_json: bool) -> None:
     """The order's timeline in the task hub, with the time between events."""
     check_ids((order_id,))
-    rows = asyncio.run(order_timeline(settings, order_id))
+    rows = run_operations(settings, lambda ops: ops.timeline(order_id))
     if as_json:
-        echo_json({"order_id": order_id, "events": rows})
+        echo_json({"order_id": order_id, "events": [r.model_dump(mode="json") for r in rows]})
         return
     table = Table(title=f"history of {order_id}")
     add_columns(table, "at", "+", "event", "attempt", "step", "details")
     for row in rows:
-        details = " ".join(f"{k}={v}" for k, v in row["data"].items())
+        details = " ".join(f"{k}={v}" for k, v in row.data.items())
         table.add_row(
-            row["at"][11:23],
-            human_duration(row["since_previous_s"]),
-            row["event"],
-            "" if row["attempt"] is None else str(row["attempt"]),
-            shown(row["step"] or ""),
+            row.at[11:23],
+            human_duration(row.since_previous_s),
+            row.event,
+            "" if row.attempt is None else str(row.attempt),
+            shown(row.step or ""),
             shown(details[:90]),
         )
     plain_console().print(table)
-    click.echo(f"{len(rows)} events over {human_duration(rows[-1]['since_start_s'])}")
+    click.echo(f"{len(rows)} events over {human_duration(rows[-1].since_start_s)}")

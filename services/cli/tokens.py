@@ -3,19 +3,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import datetime
 
 import click
 from rich.table import Table
 
+from services.cli.operations import run_operations
 from services.cli.render import plain, plain_console, shown
 from services.cli.settings import pass_settings
 from services.operator.tokens import (
     checked_name,
     create_token,
-    in_store,
     list_tokens,
     revoke_token,
 )
@@ -49,8 +48,8 @@ def tokens() -> None:
 def tokens_create(settings: Settings, role: str, name: str, as_json: bool) -> None:
     """Make a token and print its secret, this once: the store keeps only its digest."""
     name = checked_name(name, Role(role))  # before any server is asked
-    token, secret = asyncio.run(
-        in_store(settings, lambda store: create_token(store, name, Role(role), now=utcnow()))
+    token, secret = run_operations(
+        settings, lambda ops: create_token(ops.store, name, Role(role), now=utcnow())
     )
     if as_json:
         click.echo(json.dumps({"name": token.name, "role": token.role.value, "token": secret}))
@@ -70,7 +69,7 @@ def tokens_create(settings: Settings, role: str, name: str, as_json: bool) -> No
 def tokens_revoke(settings: Settings, name: str) -> None:
     """Revoke the active token NAME: the API refuses it from its next request on (the name
     may then be given to a new token)."""
-    asyncio.run(in_store(settings, lambda store: revoke_token(store, name, now=utcnow())))
+    run_operations(settings, lambda ops: revoke_token(ops.store, name, now=utcnow()))
     click.echo(plain(f"revoked token {name!r}"))
 
 
@@ -79,7 +78,7 @@ def tokens_revoke(settings: Settings, name: str) -> None:
 @pass_settings()
 def tokens_list(settings: Settings, as_json: bool) -> None:
     """Every token, active and revoked, newest first: name, role, when made and revoked."""
-    found = asyncio.run(in_store(settings, list_tokens))
+    found = run_operations(settings, lambda ops: list_tokens(ops.store))
     if as_json:
         click.echo(json.dumps({"tokens": [_public(t) for t in found]}))
         return

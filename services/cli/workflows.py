@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import asdict
 
 import click
 from rich.table import Table
 
+from services.cli.operations import run_operations
 from services.cli.render import add_columns, echo_json, plain_console, shown
 from services.cli.settings import pass_settings
-from services.operator.workflows import VersionReport, workflow_reports
+from services.operator.workflows import VersionReport
 from shared.config import Settings
 
 
@@ -22,7 +22,7 @@ def workflows(settings: Settings, as_json: bool) -> None:
     """Workflow versions: registered, current, and the orders still using each.
 
     Exits 1 when orders use a version this build does not have."""
-    reports = asyncio.run(workflow_reports(settings))
+    reports = run_operations(settings, lambda ops: ops.workflows())
     if as_json:
         rows = [asdict(r) | {"retirable": r.retirable, "verdict": r.verdict} for r in reports]
         echo_json({"versions": rows})

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from services.operator.explain import Undo, current_step, undo_plan, unselected_because
+from services.operator.explain import current_step, unselected_because
+from services.operator.explain import fingerprint as fingerprint_of
 from services.operator.views import matching
-from shared.config import Settings
 from shared.domain.journal import HistoryEvent, HistoryEventType
 from shared.domain.models import StateRecord
 from shared.domain.operator_actions import request_compensation, resubmit
@@ -25,7 +25,6 @@ from shared.domain.timing import utcnow
 from shared.domain.updates import Update
 from shared.domain.workflow import get_workflow
 from shared.errors import IllegalTransition
-from shared.store.factory import open_store
 from shared.store.port import StateQuery, StateStore
 
 REFUSED = "refused"
@@ -89,9 +88,17 @@ COMPENSATE = Action(
 )
 
 
-async def select(store: StateStore, query: StateQuery, step: str | None) -> Selection:
-    """The orders the query (and step) select now, each with its last change as seen."""
-    found = [(r.order_id, r.updated_at) async for r in matching(store, query, step, None)]
+async def select(
+    store: StateStore, query: StateQuery, step: str | None, fingerprint: str | None = None
+) -> Selection:
+    """The orders the query (and step, and the fingerprint of their error: one failure group)
+    select now, each with its last change as seen."""
+    found = [
+        (r.order_id, r.updated_at)
+        async for r in matching(store, query, step, None)
+        if fingerprint is None
+        or (r.error is not None and fingerprint_of(r.error.message) == fingerprint)
+    ]
     return Selection(found, query, step)
 
 
@@ -104,34 +111,13 @@ def named(order_ids: Sequence[str]) -> Chooser:
     return choose
 
 
-def queried(query: StateQuery, step: str | None) -> Chooser:
+def queried(query: StateQuery, step: str | None, fingerprint: str | None = None) -> Chooser:
     """The orders the query selects when the action starts."""
 
     async def choose(store: StateStore) -> Selection:
-        return await select(store, query, step)
+        return await select(store, query, step, fingerprint)
 
     return choose
-
-
-async def run_action(
-    settings: Settings,
-    choose: Chooser,
-    action: Action,
-    by: str,
-    *,
-    dry_run: bool,
-    rate: float | None,
-    progress: Progress | None = None,
-) -> list[Outcome]:
-    """Select the orders, then act on them as selected."""
-    store = await open_store(settings)
-    try:
-        selection = await choose(store)
-        return await act(
-            store, selection, action, by, dry_run=dry_run, rate=rate, progress=progress
-        )
-    finally:
-        await store.close()
 
 
 async def act(
@@ -215,14 +201,3 @@ def _changed_since_selected(record: StateRecord, seen: datetime, selection: Sele
 
 def refused(outcome: str) -> bool:
     return outcome.startswith(REFUSED)
-
-
-async def undo_plans(settings: Settings, order_ids: Sequence[str]) -> dict[str, list[Undo]]:
-    """Each order's undo plan (what `compensate` would run), newest step first."""
-    store = await open_store(settings)
-    try:
-        return {
-            order_id: undo_plan(await store.read_compensation(order_id)) for order_id in order_ids
-        }
-    finally:
-        await store.close()

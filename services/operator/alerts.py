@@ -17,59 +17,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from shared.bootstrap import open_broker
-from shared.broker.connection import login_user
 from shared.broker.dead_letters import describe, give_back, header_value
 from shared.broker.envelope import TARGET, user_of
 from shared.broker.senders import Senders, agent_role
 from shared.broker.topology import Names, existing_queue
 from shared.config import Settings
-from shared.domain.journal import Alert, AlertAction, AlertState
+from shared.domain.journal import Alert
 from shared.domain.messages import AlertMessage, decode
 from shared.domain.timing import utcnow
 from shared.domain.workflow import AGENTS
 from shared.errors import ContractViolation
-from shared.store.factory import open_store
 
 ALERT_SENDERS = frozenset(
     {"submission", "scheduler", "supervisor", *(agent_role(a) for a in AGENTS)}
 )
 """The processes that raise alerts (shared/broker/access.py lets them write `<hub>.alerts`)."""
-
-
-async def recent_alerts(
-    settings: Settings, since: datetime | None, limit: int
-) -> list[tuple[Alert, AlertState]]:
-    """Stored alerts, newest first, each with who acknowledged and resolved it: those raised
-    after `since` (None: any), `limit` at most."""
-    store = await open_store(settings)
-    try:
-        found = await store.list_alerts(since=since, limit=limit)
-        states = await store.alert_states([a.alert_id for a in found])
-        return [(a, states.get(a.alert_id) or AlertState(alert_id=a.alert_id)) for a in found]
-    finally:
-        await store.close()
-
-
-async def mark_alerts(
-    settings: Settings, alert_ids: Sequence[str], action: AlertAction, *, by: str
-) -> dict[str, AlertState | None]:
-    """Record that `by` took `action` on each alert (the first record of each stands); each
-    alert's state after, None for an id no alert has. The notifier tells the targets
-    (services/notifier: PagerDuty's `acknowledge` or `resolve` of the alert's incident)."""
-    store = await open_store(settings)
-    try:
-        at = utcnow()
-        return {i: await store.mark_alert(i, action, by=by, at=at) for i in alert_ids}
-    finally:
-        await store.close()
 
 
 @dataclass(frozen=True)
@@ -82,17 +50,20 @@ class Feed:
 
 
 async def follow_alerts(
-    settings: Settings, feed: Feed, *, burst: bool, stop: asyncio.Event | None = None
+    connection: AbstractRobustConnection,
+    names: Names,
+    senders: Senders,
+    settings: Settings,
+    feed: Feed,
+    *,
+    burst: bool,
+    stop: asyncio.Event | None = None,
 ) -> int:
     """Hand each notification of `<hub>.alerts.feed` to `feed`, oldest first, acknowledging it
-    after; with `burst`, until the queue is empty, else until `stop` is set. How many alerts."""
-    names = Names(settings.hub)
-    senders = Senders.of(
-        settings.hub, settings.broker_user_prefix, login_user(settings.rabbitmq_url), "operator"
-    )
-    connection = await open_broker(settings, name="orderflow-alerts")
+    after; with `burst`, until the queue is empty, else until `stop` is set. How many alerts.
+    `senders`: who may raise them, as the operator's user sees it."""
+    channel = await connection.channel()
     try:
-        channel = await connection.channel()
         await channel.set_qos(prefetch_count=settings.prefetch)
         queue = await existing_queue(channel, names.alert_feed)
         taken = 0
@@ -120,17 +91,8 @@ async def follow_alerts(
                 await queue.cancel(tag)
         return taken
     finally:
-        await connection.close()
-
-
-async def undelivered_alerts(settings: Settings) -> list[dict[str, Any]]:
-    """The notifier's dead letters (`<hub>.alerts.feed.dlq`), oldest first, each described with
-    the target it was for; they stay where they are."""
-    connection = await open_broker(settings, name="orderflow-alerts")
-    try:
-        return await alert_letters(connection, Names(settings.hub))
-    finally:
-        await connection.close()
+        with contextlib.suppress(Exception):
+            await channel.close()  # what it did not acknowledge goes back to the feed
 
 
 async def alert_letters(connection: AbstractRobustConnection, names: Names) -> list[dict[str, Any]]:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from services.operator.dead_letters import list_dead_letters
 from services.operator.invariants import AuditReport, audit, check_dead_letters
+from services.operator.operations import open_operations
 from shared.config import Settings
 from shared.domain.timing import utcnow
 from shared.remote.admin import admin_token
 from shared.remote.client import RemoteClient
-from shared.store.factory import open_store
 
 
 async def audit_hub(settings: Settings, grace: float) -> AuditReport:
@@ -23,17 +22,15 @@ async def audit_hub(settings: Settings, grace: float) -> AuditReport:
         attempts = await client.attempts(account=settings.hub)
     finally:
         await client.close()
-    store = await open_store(settings)
-    try:
+    async with open_operations(settings, name="orderflow-audit", broker=True) as ops:
         report = await audit(
-            store,
+            ops.store,
             effects,
             now=utcnow(),
             grace=timedelta(seconds=grace),
             attempts=attempts,
             undo_attempts=settings.undo_attempts,
         )
-    finally:
-        await store.close()
-    check_dead_letters(report, await list_dead_letters(settings, None))
+        letters = await ops.dead_letters(None)
+        check_dead_letters(report, [letter.model_dump() for letter in letters])
     return report

@@ -10,12 +10,9 @@ cancellation as its detail), as every compensation does.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from shared.bootstrap import open_broker, open_publisher
-from shared.broker.topology import Names
-from shared.config import Settings
 from shared.domain.cancellation import cancel
 from shared.domain.journal import HistoryEvent, HistoryEventType
 from shared.domain.messages import OrderStatus
@@ -24,7 +21,6 @@ from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.errors import IllegalTransition
 from shared.reporting import Reporter
-from shared.store.factory import open_store
 from shared.store.port import StateStore
 
 READS = 5
@@ -107,22 +103,3 @@ def status_teller(reporter: Reporter) -> StatusTeller:
         )
 
     return tell
-
-
-async def cancel_orders(
-    settings: Settings, order_ids: Sequence[str], *, by: str
-) -> list[CancelOutcome]:
-    """`orderflow orders cancel`: each order cancelled in turn, its application told (as the
-    operator's broker user) when one is cancelled at once."""
-    store = await open_store(settings)
-    try:
-        connection = await open_broker(settings, name="orderflow-cancel")
-        try:
-            publisher = await open_publisher(settings, connection)
-            reporter = Reporter(store, publisher, Names(settings.hub), by)
-            tell = status_teller(reporter)
-            return [await cancel_order(store, o, by=by, tell=tell) for o in order_ids]
-        finally:
-            await connection.close()
-    finally:
-        await store.close()

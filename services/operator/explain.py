@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
+from services.operator.results import ErrorBrief, FailureGroupView, StepRow
 from shared.config import Settings
 from shared.domain.durations import human_age
 from shared.domain.journal import CompensationEntry, UndoStatus
@@ -87,16 +87,16 @@ class FailureGroup:
         self.oldest = changed if self.oldest is None else min(self.oldest, changed)
         self.newest = changed if self.newest is None else max(self.newest, changed)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "error_kind": self.kind,
-            "fingerprint": self.fingerprint,
-            "count": self.count,
-            "states": self.states,
-            "examples": self.order_ids,
-            "oldest_change": self.oldest.isoformat() if self.oldest else None,
-            "newest_change": self.newest.isoformat() if self.newest else None,
-        }
+    def view(self) -> FailureGroupView:
+        return FailureGroupView(
+            error_kind=self.kind,
+            fingerprint=self.fingerprint,
+            count=self.count,
+            states=self.states,
+            examples=self.order_ids,
+            oldest_change=self.oldest.isoformat() if self.oldest else None,
+            newest_change=self.newest.isoformat() if self.newest else None,
+        )
 
 
 def group_failures(records: list[StateRecord]) -> list[FailureGroup]:
@@ -181,7 +181,7 @@ def undo_plan(log: list[CompensationEntry]) -> list[Undo]:
     ]
 
 
-def step_rows(record: StateRecord) -> list[dict[str, Any]]:
+def step_rows(record: StateRecord) -> list[StepRow]:
     """The steps in workflow order, for `orders show`."""
     workflow = get_workflow(record.workflow, record.workflow_version)
     names = [s.name for s in workflow.steps] if workflow is not None else list(record.steps)
@@ -194,17 +194,17 @@ def step_rows(record: StateRecord) -> list[dict[str, Any]]:
             else None
         )
         rows.append(
-            {
-                "step": name,
-                "status": step.status.value,
-                "attempts": step.attempts,
-                "allowance": step.allowance,
-                "started_at": step.started_at.isoformat() if step.started_at else None,
-                "completed_at": step.completed_at.isoformat() if step.completed_at else None,
-                "seconds": took,
-                "error": None
+            StepRow(
+                step=name,
+                status=step.status.value,
+                attempts=step.attempts,
+                allowance=step.allowance,
+                started_at=step.started_at.isoformat() if step.started_at else None,
+                completed_at=step.completed_at.isoformat() if step.completed_at else None,
+                seconds=took,
+                error=None
                 if step.error is None
-                else {"kind": step.error.kind.value, "message": step.error.message},
-            }
+                else ErrorBrief(kind=step.error.kind.value, message=step.error.message),
+            )
         )
     return rows

@@ -6,45 +6,30 @@ depths, the processes reporting, their open circuit breakers and intake, the sup
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
 
 from aio_pika.abc import AbstractConnection
 
-from shared.bootstrap import open_broker
+from services.operator.results import Processes, ProcessRow, Stats
 from shared.broker.topology import Names
 from shared.config import Settings
 from shared.domain.coordination import SUPERVISOR_LEASE, ComponentStatus
 from shared.domain.durations import human_age
 from shared.domain.states import LIVE_STATES
 from shared.domain.timing import utcnow
-from shared.store.factory import open_store
 from shared.store.port import StateStore
 
 COUNT_CAP = 1000
 """The most stuck Pending and overdue orders `stats` reads; beyond it, it says `1000+`."""
 
 
-async def gather_stats(settings: Settings) -> dict[str, Any]:
+async def hub_stats(
+    store: StateStore, connection: AbstractConnection, settings: Settings, names: Names
+) -> Stats:
     """Orders per state, stuck and overdue orders, queue depths, running processes, open
-    circuit breakers and the supervisor leader: one snapshot for `stats` and `watch`."""
-    store = await open_store(settings)
-    try:
-        snapshot = await store_stats(store, settings)
-    finally:
-        await store.close()
-    connection = await open_broker(settings, name="orderflow-stats")
-    try:
-        snapshot["queues"] = await queue_depths_on(connection, Names(settings.hub))
-    finally:
-        await connection.close()
-    return snapshot
-
-
-async def store_stats(store: StateStore, settings: Settings) -> dict[str, Any]:
-    """What `gather_stats` reads from the store (all but the queue depths)."""
+    circuit breakers and the supervisor leader: one snapshot for `stats`, `watch` and
+    `GET /ops/stats`."""
     now = utcnow()
     by_state = await store.count_by_state()
     # One more than the cap, to tell "exactly the cap" from "more than the cap".
@@ -56,20 +41,25 @@ async def store_stats(store: StateStore, settings: Settings) -> dict[str, Any]:
         states=LIVE_STATES,
         limit=COUNT_CAP + 1,
     )
-    return {
-        "hub": settings.hub,
-        "at": now.isoformat(),
-        "by_state": {state.value: n for state, n in by_state.items()},
-        "stuck_pending": [r.order_id for r in stuck[:COUNT_CAP]],
-        "stuck_pending_capped": len(stuck) > COUNT_CAP,
-        "overdue": [r.order_id for r in overdue.records[:COUNT_CAP]],
-        "overdue_capped": len(overdue.records) > COUNT_CAP,
-        "count_cap": COUNT_CAP,
-        **await process_stats(store, now=now),
-    }
+    running = await process_stats(store, now=now)
+    return Stats(
+        hub=settings.hub,
+        at=now.isoformat(),
+        by_state={state.value: n for state, n in by_state.items()},
+        stuck_pending=[r.order_id for r in stuck[:COUNT_CAP]],
+        stuck_pending_capped=len(stuck) > COUNT_CAP,
+        overdue=[r.order_id for r in overdue.records[:COUNT_CAP]],
+        overdue_capped=len(overdue.records) > COUNT_CAP,
+        count_cap=COUNT_CAP,
+        processes=running.processes,
+        open_breakers=running.open_breakers,
+        leader=running.leader,
+        intake=running.intake,
+        queues=await queue_depths(connection, names),
+    )
 
 
-async def process_stats(store: StateStore, *, now: datetime) -> dict[str, Any]:
+async def process_stats(store: StateStore, *, now: datetime) -> Processes:
     """The processes reporting (their heartbeats), their open circuit breakers and intake, and
     the supervisor leader: two reads, for `stats` and the console's processes."""
     lease = await store.lease_get(SUPERVISOR_LEASE)
@@ -78,26 +68,17 @@ async def process_stats(store: StateStore, *, now: datetime) -> dict[str, Any]:
     breakers = sorted(
         {f"{c.name}: {op}" for c in components for op in c.data.get("open_breakers", [])}
     )
-    return {
-        "processes": processes(components, now),
-        "open_breakers": breakers,
-        "leader": leader,
-        "intake": intake_of(components),
-    }
+    return Processes(
+        processes=processes(components, now),
+        open_breakers=breakers,
+        leader=leader,
+        intake=intake_of(components),
+    )
 
 
-async def queue_depths(settings: Settings) -> dict[str, int | None]:
+async def queue_depths(connection: AbstractConnection, names: Names) -> dict[str, int | None]:
     """Messages in each input queue, its dead-letter queue and its retry queue; None for a
     queue not declared (run `orderflow init`)."""
-    connection = await open_broker(settings, name="orderflow-stats")
-    try:
-        return await queue_depths_on(connection, Names(settings.hub))
-    finally:
-        await connection.close()
-
-
-async def queue_depths_on(connection: AbstractConnection, names: Names) -> dict[str, int | None]:
-    """`queue_depths` over a connection already open."""
     queues: dict[str, int | None] = {}
     for base in names.input_queues():
         for queue in (base, names.dlq(base), names.retry(base)):
@@ -113,9 +94,9 @@ async def queue_depths_on(connection: AbstractConnection, names: Names) -> dict[
     return queues
 
 
-def processes(components: list[ComponentStatus], now: datetime) -> list[dict[str, Any]]:
+def processes(components: list[ComponentStatus], now: datetime) -> list[ProcessRow]:
     return [
-        {"name": c.name, "kind": c.kind, "seen": human_age(c.at, now), "data": c.data}
+        ProcessRow(name=c.name, kind=c.kind, seen=human_age(c.at, now), data=c.data)
         for c in components
     ]
 
@@ -128,15 +109,3 @@ def intake_of(components: list[ComponentStatus]) -> list[dict[str, Any]]:
         for consumer in c.data.get("intake") or []
         if isinstance(consumer, dict)
     ]
-
-
-async def stats_every(
-    settings: Settings, interval: float, count: int | None
-) -> AsyncIterator[dict[str, Any]]:
-    """A snapshot every `interval` seconds, `count` of them (None: until the caller stops)."""
-    n = 0
-    while count is None or n < count:
-        if n:
-            await asyncio.sleep(interval)
-        yield await gather_stats(settings)
-        n += 1

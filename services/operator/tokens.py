@@ -3,19 +3,16 @@
 A token's secret exists once, in what `create_token` returns: the store keeps its digest
 (shared/domain/tokens.py), so a lost secret is replaced by revoking its token and making a new
 one, which may take the same name. Each function takes the `ApiTokens` part of the store; the
-commands open it with `in_store`.
+commands run them on the store of their operations (services/cli/operations.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TypeVar
 
-from shared.config import Settings
 from shared.domain.tokens import ApiToken, Role, issue, valid_name
 from shared.errors import BadInput
-from shared.store.factory import open_store
 from shared.store.port import ApiTokens
 
 T = TypeVar("T")
@@ -53,12 +50,3 @@ async def revoke_token(tokens: ApiTokens, name: str, *, now: datetime) -> None:
 async def list_tokens(tokens: ApiTokens) -> list[ApiToken]:
     """Every token, active and revoked, newest first."""
     return await tokens.token_list()
-
-
-async def in_store(settings: Settings, work: Callable[[ApiTokens], Awaitable[T]]) -> T:
-    """`work` done on the tokens of the hub's store, opened for it and closed after."""
-    store = await open_store(settings)
-    try:
-        return await work(store)
-    finally:
-        await store.close()

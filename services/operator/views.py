@@ -1,4 +1,5 @@
-"""The order views: what `orderflow orders list|show|history` read from the store, as values.
+"""The order views: what `orderflow orders list|show|history` and `/ops/order…` read from the
+store, as values (services/operator/results.py).
 
 Each view is the value its command prints with `--json`; the command's table is drawn from the
 same value. A listing is read newest change first, in pages, and says so when it stops at
@@ -12,21 +13,23 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from services.operator.explain import (
-    FailureGroup,
-    current_step,
-    group_failures,
-    next_action,
-    step_rows,
-    undo_plan,
+from services.operator.explain import current_step, next_action, step_rows, undo_plan
+from services.operator.results import (
+    ErrorAt,
+    ErrorBrief,
+    OrderSummary,
+    OrderView,
+    RetryBudget,
+    StateView,
+    TimelineEvent,
+    UndoRow,
 )
 from shared.config import Settings
 from shared.domain.models import OrderData, StateRecord
 from shared.domain.redaction import short_token
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.timing import utcnow
-from shared.errors import BadInput
-from shared.store.factory import open_store
+from shared.errors import BadInput, NotFound
 from shared.store.port import ListCursor, StateQuery, StateStore
 
 SCAN_CAP = 100_000
@@ -101,21 +104,10 @@ class OrderPage:
     next: str | None
 
 
-async def list_orders(
-    settings: Settings, query: StateQuery, step: str | None, after: ListCursor | None, limit: int
-) -> OrderPage:
-    """The orders matching, most recently changed first, `limit` at most."""
-    store = await open_store(settings)
-    try:
-        return await order_page(store, query, step, after, limit)
-    finally:
-        await store.close()
-
-
 async def order_page(
     store: StateStore, query: StateQuery, step: str | None, after: ListCursor | None, limit: int
 ) -> OrderPage:
-    """`list_orders` on a store already open."""
+    """The orders matching, most recently changed first, `limit` at most."""
     found: list[StateRecord] = []
     async for record in matching(store, query, step, after):
         found.append(record)
@@ -126,66 +118,46 @@ async def order_page(
     return OrderPage(records, cursor_text(records[-1]) if more and records else None)
 
 
-async def failure_groups(
-    settings: Settings, query: StateQuery, step: str | None, after: ListCursor | None
-) -> list[FailureGroup]:
-    """Every matching order's failure, grouped by error kind and message fingerprint."""
-    store = await open_store(settings)
-    try:
-        return group_failures([record async for record in matching(store, query, step, after)])
-    finally:
-        await store.close()
-
-
-def order_summary(r: StateRecord, now: datetime) -> dict[str, Any]:
+def order_summary(r: StateRecord, now: datetime) -> OrderSummary:
     """An order's line in a listing."""
-    return {
-        "order_id": r.order_id,
-        "state": r.process_state.value,
-        "step": current_step(r),
-        "attempt": r.attempt,
-        "failures": r.failure_count,
-        "error": None
+    return OrderSummary(
+        order_id=r.order_id,
+        state=r.process_state.value,
+        step=current_step(r),
+        attempt=r.attempt,
+        failures=r.failure_count,
+        error=None
         if r.error is None
-        else {"kind": r.error.kind.value, "message": r.error.message},
-        "updated_at": r.updated_at.isoformat(),
-        "cursor": cursor_text(r),
-    }
+        else ErrorBrief(kind=r.error.kind.value, message=r.error.message),
+        updated_at=r.updated_at.isoformat(),
+        cursor=cursor_text(r),
+    )
 
 
-async def order_view(settings: Settings, order_id: str) -> dict[str, Any]:
+async def order_view(store: StateStore, settings: Settings, order_id: str) -> OrderView:
     """An order: its data (the payment token by its start only), state, steps, retry budget,
-    lease, undo log and what happens next."""
-    store = await open_store(settings)
-    try:
-        return await order_view_in(store, settings, order_id)
-    finally:
-        await store.close()
-
-
-async def order_view_in(store: StateStore, settings: Settings, order_id: str) -> dict[str, Any]:
-    """`order_view` on a store already open."""
+    lease, undo log and what happens next; NotFound when the store has none of it."""
     record = await store.get_state(order_id)
     order = await store.get_order(order_id)
     log = await store.read_compensation(order_id)
     if record is None and order is None:
-        raise BadInput(f"no order {order_id} in hub {settings.hub}{purged_note(settings)}")
+        raise NotFound(f"no order {order_id} in hub {settings.hub}{purged_note(settings)}")
     now = utcnow()
-    return {
-        "order_id": order_id,
-        "order": None if order is None else order_data_view(order.data),
-        "received_at": None if order is None else order.received_at.isoformat(),
-        "state": None if record is None else state_view(record, settings, now),
-        "compensation": [
-            {
-                "step": u.step,
-                "undo": u.operation,
-                "idempotency_key": u.idempotency_key,
-                "status": u.status.value,
-            }
+    return OrderView(
+        order_id=order_id,
+        order=None if order is None else order_data_view(order.data),
+        received_at=None if order is None else order.received_at.isoformat(),
+        state=None if record is None else state_view(record, settings, now),
+        compensation=[
+            UndoRow(
+                step=u.step,
+                undo=u.operation,
+                idempotency_key=u.idempotency_key,
+                status=u.status.value,
+            )
             for u in undo_plan(log)
         ],
-    }
+    )
 
 
 def order_data_view(data: OrderData) -> dict[str, Any]:
@@ -194,70 +166,62 @@ def order_data_view(data: OrderData) -> dict[str, Any]:
     return data.model_dump(mode="json") | {"payment_token": short_token(data.payment_token)}
 
 
-def state_view(r: StateRecord, settings: Settings, now: datetime) -> dict[str, Any]:
-    return {
-        "process_state": r.process_state.value,
-        "workflow": f"{r.workflow} v{r.workflow_version}",
-        "attempt": r.attempt,
-        "locked_by": r.locked_by,
-        "owner": r.owner,
-        "complete_by": r.complete_by.isoformat() if r.complete_by else None,
-        "next_attempt_at": r.next_attempt_at.isoformat(),
-        "failure_count": r.failure_count,
-        "failure_threshold": settings.failure_threshold,
-        "retry_budget": {
-            "limit": r.retry_budget.limit,
-            "used": r.retry_budget.used,
-            "remaining": r.retry_budget.remaining,
-        },
-        "reply_to": r.reply_to,
-        "error": None
-        if r.error is None
-        else {"kind": r.error.kind.value, "message": r.error.message, "at": r.error.at.isoformat()},
-        "created_at": r.created_at.isoformat(),
-        "updated_at": r.updated_at.isoformat(),
-        "steps": step_rows(r),
-        "next": next_action(r, settings, now),
-    }
+def state_view(r: StateRecord, settings: Settings, now: datetime) -> StateView:
+    error = r.error
+    return StateView(
+        process_state=r.process_state.value,
+        workflow=f"{r.workflow} v{r.workflow_version}",
+        attempt=r.attempt,
+        locked_by=r.locked_by,
+        owner=r.owner,
+        complete_by=r.complete_by.isoformat() if r.complete_by else None,
+        next_attempt_at=r.next_attempt_at.isoformat(),
+        failure_count=r.failure_count,
+        failure_threshold=settings.failure_threshold,
+        retry_budget=RetryBudget(
+            limit=r.retry_budget.limit, used=r.retry_budget.used, remaining=r.retry_budget.remaining
+        ),
+        reply_to=r.reply_to,
+        error=None
+        if error is None
+        else ErrorAt(kind=error.kind.value, message=error.message, at=error.at.isoformat()),
+        created_at=r.created_at.isoformat(),
+        updated_at=r.updated_at.isoformat(),
+        steps=step_rows(r),
+        next=next_action(r, settings, now),
+    )
 
 
-async def order_timeline(settings: Settings, order_id: str) -> list[dict[str, Any]]:
+async def order_timeline(
+    store: StateStore, settings: Settings, order_id: str
+) -> list[TimelineEvent]:
     """The order's history events, oldest first, each with the time since the first and since
-    the one before; BadInput when there are none (an expired journal says so)."""
-    store = await open_store(settings)
-    try:
-        return await timeline_in(store, settings, order_id)
-    finally:
-        await store.close()
-
-
-async def timeline_in(store: StateStore, settings: Settings, order_id: str) -> list[dict[str, Any]]:
-    """`order_timeline` on a store already open."""
+    the one before; NotFound when there are none (an expired journal says so)."""
     events, state = await store.read_history(order_id), await store.get_state(order_id)
     if not events:
         if state is not None and state.process_state.is_terminal:
-            raise BadInput(
+            raise NotFound(
                 f"order {order_id} finished ({state.process_state.value} at "
                 f"{state.updated_at.isoformat()}); its history has expired "
                 f"(retention {settings.retention_s:g} s)"
             )
-        raise BadInput(
+        raise NotFound(
             f"no history for order {order_id} in hub {settings.hub}{purged_note(settings)}"
         )
     start = previous = events[0].at
-    rows: list[dict[str, Any]] = []
+    rows: list[TimelineEvent] = []
     for e in events:
         rows.append(
-            {
-                "at": e.at.isoformat(),
-                "since_start_s": (e.at - start).total_seconds(),
-                "since_previous_s": (e.at - previous).total_seconds(),
-                "event": e.type.value,
-                "attempt": e.attempt,
-                "instance_id": e.instance_id,
-                "step": e.step,
-                "data": e.data,
-            }
+            TimelineEvent(
+                at=e.at.isoformat(),
+                since_start_s=(e.at - start).total_seconds(),
+                since_previous_s=(e.at - previous).total_seconds(),
+                event=e.type.value,
+                attempt=e.attempt,
+                instance_id=e.instance_id,
+                step=e.step,
+                data=e.data,
+            )
         )
         previous = e.at
     return rows

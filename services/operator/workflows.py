@@ -10,10 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from shared.config import Settings
 from shared.domain.states import TERMINAL_STATES
 from shared.domain.workflow import WORKFLOWS, current_workflow
-from shared.store.factory import open_store
 from shared.store.port import WorkflowUse
 
 
@@ -78,13 +76,3 @@ def version_reports(usage: list[WorkflowUse], current_version: int | None) -> li
     for key, states in counts.items():
         reports[key].states = dict(sorted(states.items()))
     return [reports[k] for k in sorted(reports)]
-
-
-async def workflow_reports(settings: Settings) -> list[VersionReport]:
-    """The versions, with the orders on each as the store counts them now."""
-    store = await open_store(settings)
-    try:
-        usage = await store.workflow_usage()
-    finally:
-        await store.close()
-    return version_reports(usage, settings.workflow_version)

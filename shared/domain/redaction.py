@@ -318,3 +318,20 @@ def redact_body(body: bytes) -> tuple[bytes, bool]:
     if raw is not None:
         out = _redact_json(raw, again) or out
     return out, True
+
+
+BODY_SHOWN = 4000
+"""The most characters of a dead letter's body an operator is shown."""
+
+
+def shown_body(body: bytes) -> str:
+    """A dead letter's body as an operator sees it (`dlq show`, `GET /ops/dead-letter`): pretty
+    JSON (every control escaped by `json.dumps`; payment tokens shortened, as `orders show`
+    does), or else decoded with replacement characters. Not escaped yet: JSON output must keep
+    it as it is; the human view escapes it."""
+    body = redact_body(body)[0]  # a message the broker dead-lettered itself is not redacted yet
+    try:
+        text = json.dumps(shorten_tokens(json.loads(body)), indent=2)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        text = body.decode("utf-8", errors="replace")
+    return text if len(text) <= BODY_SHOWN else text[:BODY_SHOWN] + f"… ({len(text)} chars)"

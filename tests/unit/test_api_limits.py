@@ -26,8 +26,7 @@ from services.api.limits import (
     FailedAuth,
     Streams,
 )
-from services.api.models import NewOrder
-from services.api.operations import BulkResubmit, Replay
+from services.api.models import BulkResubmit, NewOrder, Replay
 from shared.config import Settings
 from shared.errors import ServiceUnavailable
 

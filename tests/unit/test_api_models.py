@@ -12,8 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.api.context import BUILT_IN_CATALOGUE, load_catalogue
-from services.api.models import NewOrder
-from services.api.operations import BulkResubmit, Replay, ResubmitOne
+from services.api.models import BulkResubmit, NewOrder, Replay, ResubmitOne
 from shared.config import Settings
 from shared.errors import ConfigurationError
 from tests.support.factories import order_data

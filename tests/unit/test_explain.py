@@ -84,7 +84,7 @@ def test_failures_group_by_kind_and_fingerprint_biggest_first() -> None:
         ("permanent", "declined", 1),
     ]
     assert groups[0].order_ids == ["o-1", "o-2"]
-    assert groups[0].to_json()["states"] == {"Error": 2}
+    assert groups[0].view().states == {"Error": 2}
 
 
 def test_the_current_step_is_the_first_not_completed() -> None:

@@ -25,6 +25,7 @@ from services.cli.order_actions import report
 from services.cli.orders import _print_groups, _print_show
 from services.cli.render import PlainFormatter, plain, plain_console, shown
 from services.operator.explain import group_failures
+from services.operator.results import OrderView, Stats
 from shared.domain.models import ErrorInfo
 from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.text import unsafe_characters
@@ -137,38 +138,57 @@ def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")
 
 
-def _show_result() -> dict[str, Any]:
+def _show_result() -> OrderView:
     """`orders show`'s data for the human view, with hostile text wherever data goes."""
     error = {"kind": "permanent", "message": f"declined {HOSTILE}", "at": "2026-12-01T00:00:00"}
-    step = {"step": f"ship{RLO}", "status": "Failed", "attempts": 1, "seconds": None}
-    return {
-        "order_id": "o-1",
-        "received_at": "2026-12-01T00:00:00+00:00",
-        "order": {
-            "customer_id": f"c-{HOSTILE}",
-            "lines": [{"quantity": 1, "unit_price_cents": 100}],
-            "currency": f"EU{CSI8}",
-            "payment_token": "tok_abcd…",
-            "shipping_address": {"country": "GB", "postal_code": f"SW1{CLEAR}"},
-        },
-        "state": {
-            "process_state": "Error",
-            "workflow": f"order{TITLE} v1",
-            "attempt": 1,
-            "failure_count": 1,
-            "failure_threshold": 3,
-            "retry_budget": {"used": 1, "limit": 10},
-            "locked_by": f"o-1:1{TITLE}",
-            "owner": f"scheduler{LINK}",
-            "complete_by": None,
-            "error": error,
-            "steps": [step | {"error": error}],
-            "next": f"parked for an operator: {HOSTILE}",
-        },
-        "compensation": [
-            {"step": "ship", "undo": f"cancel{CLEAR}", "status": "Pending", "idempotency_key": LINK}
-        ],
+    step = {
+        "step": f"ship{RLO}",
+        "status": "Failed",
+        "attempts": 1,
+        "allowance": 1,
+        "started_at": None,
+        "completed_at": None,
+        "seconds": None,
     }
+    return OrderView.model_validate(
+        {
+            "order_id": "o-1",
+            "received_at": "2026-12-01T00:00:00+00:00",
+            "order": {
+                "customer_id": f"c-{HOSTILE}",
+                "lines": [{"quantity": 1, "unit_price_cents": 100}],
+                "currency": f"EU{CSI8}",
+                "payment_token": "tok_abcd…",
+                "shipping_address": {"country": "GB", "postal_code": f"SW1{CLEAR}"},
+            },
+            "state": {
+                "process_state": "Error",
+                "workflow": f"order{TITLE} v1",
+                "attempt": 1,
+                "failure_count": 1,
+                "failure_threshold": 3,
+                "retry_budget": {"used": 1, "limit": 10, "remaining": 9},
+                "locked_by": f"o-1:1{TITLE}",
+                "owner": f"scheduler{LINK}",
+                "complete_by": None,
+                "next_attempt_at": "2026-12-01T00:00:00+00:00",
+                "reply_to": None,
+                "error": error,
+                "created_at": "2026-12-01T00:00:00+00:00",
+                "updated_at": "2026-12-01T00:00:00+00:00",
+                "steps": [step | {"error": error}],
+                "next": f"parked for an operator: {HOSTILE}",
+            },
+            "compensation": [
+                {
+                    "step": "ship",
+                    "undo": f"cancel{CLEAR}",
+                    "status": "Pending",
+                    "idempotency_key": LINK,
+                }
+            ],
+        }
+    )
 
 
 @pytest.mark.usefixtures("terminal")
@@ -195,21 +215,25 @@ def test_failure_groups_write_no_control_of_the_data(capsys: pytest.CaptureFixtu
 
 @pytest.mark.usefixtures("terminal")
 def test_stats_write_no_control_of_the_data(capsys: pytest.CaptureFixture[str]) -> None:
-    result = {
-        "hub": "shop",
-        "by_state": {"Error": 1},
-        "queues": {f"shop.orders{RLO}": 0},
-        "processes": [
-            {"name": f"s-1{TITLE}", "kind": LINK, "seen": "1s ago", "data": {"note": CLEAR}}
-        ],
-        "leader": f"s-1{CSI8}",
-        "open_breakers": [f"s-1: inventory.reserve{LINK}"],
-        "stuck_pending": [f"o-1{RLO}"],
-        "stuck_pending_capped": False,
-        "overdue": [],
-        "overdue_capped": False,
-        "count_cap": 1000,
-    }
+    result = Stats(
+        **{
+            "hub": "shop",
+            "at": "2026-12-01T00:00:00+00:00",
+            "by_state": {"Error": 1},
+            "queues": {f"shop.orders{RLO}": 0},
+            "processes": [
+                {"name": f"s-1{TITLE}", "kind": LINK, "seen": "1s ago", "data": {"note": CLEAR}}
+            ],
+            "leader": f"s-1{CSI8}",
+            "open_breakers": [f"s-1: inventory.reserve{LINK}"],
+            "stuck_pending": [f"o-1{RLO}"],
+            "stuck_pending_capped": False,
+            "overdue": [],
+            "overdue_capped": False,
+            "count_cap": 1000,
+            "intake": [],
+        }
+    )
     plain_console().print(render_stats(result))
     out = capsys.readouterr().out
     assert_harmless(out, styled=True)
@@ -296,8 +320,8 @@ def test_a_dead_letter_the_broker_made_itself_is_described_by_the_broker_not_its
     sender's `x-orderflow-…` headers are not taken for ours, and its card data is masked."""
     from types import SimpleNamespace
 
-    from services.cli import dlq
     from shared.broker import dead_letters
+    from shared.domain.redaction import shown_body
 
     at = utcnow()
     message = SimpleNamespace(
@@ -314,4 +338,4 @@ def test_a_dead_letter_the_broker_made_itself_is_described_by_the_broker_not_its
     row = dead_letters.describe("h.orders", message, utcnow())  # type: ignore[arg-type]
     assert row["reason"] == "broker-expired" and row["source_queue"] == "h.orders"
     assert "nothing wrong" not in str(row) and row["dead_lettered_at"] == at.isoformat()
-    assert "4111 1111" not in dlq.body_text(message.body)
+    assert "4111 1111" not in shown_body(message.body)
