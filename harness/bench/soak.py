@@ -11,7 +11,6 @@ windows and the rate, not the number of orders.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from harness.bench.load import Progress, raise_if_failed
 from shared.bootstrap import open_broker
-from shared.broker.topology import Names
+from shared.broker.topology import Names, queue_depths
 from shared.config import Settings
 from shared.domain.states import SETTLED_STATES, ProcessState
 from shared.domain.timing import utcnow
@@ -62,20 +61,6 @@ async def retention_totals(store: StateStore) -> dict[str, dict[str, int]]:
     return totals
 
 
-async def queue_depths(connection: AbstractRobustConnection, names: Names) -> dict[str, int]:
-    """Messages ready in every durable queue of the hub."""
-    depths = {}
-    channel = await connection.channel()
-    try:
-        for queue in names.durable_queues():
-            declared = await channel.declare_queue(queue, passive=True, robust=False)
-            depths[queue] = int(declared.declaration_result.message_count or 0)
-    finally:
-        with contextlib.suppress(Exception):
-            await channel.close()
-    return depths
-
-
 @dataclass
 class Sizes:
     """Row counts and queue depths: the last sample and the largest of each."""
@@ -104,7 +89,13 @@ class Soak:
 
     async def sample(self, connection: AbstractRobustConnection) -> None:
         self.sizes.add(
-            await self._store.record_counts(), await queue_depths(connection, self._names)
+            await self._store.record_counts(),
+            {
+                queue: depth or 0
+                for queue, depth in (
+                    await queue_depths(connection, self._names.durable_queues())
+                ).items()
+            },
         )
 
     async def wait(

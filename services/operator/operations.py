@@ -33,7 +33,7 @@ from services.operator.results import (
     TimelineEvent,
     UndeliveredAlert,
 )
-from services.operator.stats import hub_stats, process_stats, queue_depths
+from services.operator.stats import hub_stats, process_stats
 from services.operator.views import OrderPage, matching, order_page, order_timeline, order_view
 from services.operator.workflows import VersionReport, version_reports
 from shared.bootstrap import open_broker, open_publisher
@@ -41,7 +41,7 @@ from shared.broker import dead_letters
 from shared.broker.connection import login_user
 from shared.broker.publisher import Publishing
 from shared.broker.senders import Senders
-from shared.broker.topology import Names
+from shared.broker.topology import Names, queue_depths
 from shared.config import Settings
 from shared.domain.journal import Alert, AlertAction, AlertState
 from shared.domain.redaction import shown_body
@@ -135,7 +135,7 @@ class Operations:
         return await process_stats(self.store, now=utcnow())
 
     async def queue_depths(self) -> dict[str, int | None]:
-        return await queue_depths(self.broker, self.names)
+        return await queue_depths(self.broker, self.names.watched_queues())
 
     async def workflows(self) -> list[VersionReport]:
         """The versions, with the orders on each as the store counts them now."""

@@ -12,7 +12,7 @@ from typing import Any
 from aio_pika.abc import AbstractConnection
 
 from services.operator.results import Processes, ProcessRow, Stats
-from shared.broker.topology import Names
+from shared.broker.topology import Names, queue_depths
 from shared.config import Settings
 from shared.domain.coordination import SUPERVISOR_LEASE, ComponentStatus
 from shared.domain.durations import human_age
@@ -55,7 +55,7 @@ async def hub_stats(
         open_breakers=running.open_breakers,
         leader=running.leader,
         intake=running.intake,
-        queues=await queue_depths(connection, names),
+        queues=await queue_depths(connection, names.watched_queues()),
     )
 
 
@@ -74,24 +74,6 @@ async def process_stats(store: StateStore, *, now: datetime) -> Processes:
         leader=leader,
         intake=intake_of(components),
     )
-
-
-async def queue_depths(connection: AbstractConnection, names: Names) -> dict[str, int | None]:
-    """Messages in each input queue, its dead-letter queue and its retry queue; None for a
-    queue not declared (run `orderflow init`)."""
-    queues: dict[str, int | None] = {}
-    for base in names.input_queues():
-        for queue in (base, names.dlq(base), names.retry(base)):
-            channel = await connection.channel()
-            try:
-                declared = await channel.declare_queue(queue, passive=True)
-                queues[queue] = declared.declaration_result.message_count
-            except Exception:
-                queues[queue] = None  # not declared: run `orderflow init`
-            finally:
-                if not channel.is_closed:
-                    await channel.close()
-    return queues
 
 
 def processes(components: list[ComponentStatus], now: datetime) -> list[ProcessRow]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractQueue
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractQueue
 
 from shared.domain.workflow import AGENTS
 from shared.errors import ConfigurationError
@@ -183,6 +184,11 @@ class Names:
                 for exchange in (self.retry(q), self.dlq(q), self.replay(q))
             ),
         ]
+
+    def watched_queues(self, agents: tuple[str, ...] = AGENTS) -> list[str]:
+        """Each input queue followed by its DLQ and its retry queue, as `stats` shows them."""
+        inputs = self.input_queues(agents)
+        return [q for base in inputs for q in (base, self.dlq(base), self.retry(base))]
 
     def durable_queues(self, agents: tuple[str, ...] = AGENTS) -> list[str]:
         """Every queue `declare_topology` declares: the input queues, their DLQs and retry
@@ -364,3 +370,23 @@ async def existing_queue(channel: AbstractChannel, name: str) -> AbstractQueue:
         return await channel.declare_queue(name, passive=True)
     except aiormq.exceptions.ChannelNotFoundEntity:
         raise ConfigurationError(f"queue {name} does not exist: run `orderflow init`") from None
+
+
+async def queue_depths(
+    connection: AbstractConnection, queues: Iterable[str]
+) -> dict[str, int | None]:
+    """Messages ready in each of `queues`; None for a queue that could not be read (not
+    declared: `orderflow init` makes them). A passive declare each, on a channel of its own: a
+    missing queue closes it."""
+    depths: dict[str, int | None] = {}
+    for queue in queues:
+        channel = await connection.channel()
+        try:
+            declared = await channel.declare_queue(queue, passive=True)
+            depths[queue] = declared.declaration_result.message_count
+        except Exception:
+            depths[queue] = None
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+    return depths
