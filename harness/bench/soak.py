@@ -88,14 +88,13 @@ class Soak:
         self.sizes = Sizes()
 
     async def sample(self, connection: AbstractRobustConnection) -> None:
+        depths = await queue_depths(connection, self._names.durable_queues())
+        unread = [queue for queue, depth in depths.items() if depth is None]
+        if unread:  # a zero would hide the growth the soak is there to see
+            raise RuntimeError(f"the soak could not read the depth of {', '.join(unread)}")
         self.sizes.add(
             await self._store.record_counts(),
-            {
-                queue: depth or 0
-                for queue, depth in (
-                    await queue_depths(connection, self._names.durable_queues())
-                ).items()
-            },
+            {queue: depth for queue, depth in depths.items() if depth is not None},
         )
 
     async def wait(

@@ -16,8 +16,9 @@ from rich.table import Table
 from services.cli.operations import run_operations
 from services.cli.render import add_columns, echo_json, plain, plain_console, shown
 from services.cli.settings import pass_settings
-from services.operator.operations import Operations, operator_senders
+from services.operator.operations import Operations
 from services.operator.results import DeadLetters, ReplayResult, ShownDeadLetters
+from shared.broker.dead_letters import source_queues
 from shared.broker.topology import Names
 from shared.config import Settings
 from shared.errors import BadInput
@@ -25,7 +26,12 @@ from shared.errors import BadInput
 T = TypeVar("T")
 
 
-def _on_broker(settings: Settings, action: Callable[[Operations], Awaitable[T]]) -> T:
+def _on_broker(
+    settings: Settings, queue: str | None, action: Callable[[Operations], Awaitable[T]]
+) -> T:
+    """`action` on the broker, once `queue` is known to name an input queue (a bad name is
+    refused before anything connects)."""
+    source_queues(Names(settings.hub), queue)
     return run_operations(settings, action, name="orderflow-dlq", store=False, broker=True)
 
 
@@ -43,7 +49,7 @@ def dlq() -> None:
 @pass_settings()
 def list_cmd(settings: Settings, queue: str | None, as_json: bool) -> None:
     """Dead-lettered messages with their reasons (the messages stay where they are)."""
-    rows = _on_broker(settings, lambda ops: ops.dead_letters(queue))
+    rows = _on_broker(settings, queue, lambda ops: ops.dead_letters(queue))
     if as_json:
         echo_json(DeadLetters(messages=rows).model_dump(mode="json"))
         return
@@ -68,7 +74,7 @@ def list_cmd(settings: Settings, queue: str | None, as_json: bool) -> None:
 @pass_settings()
 def show_cmd(settings: Settings, message_id: str, queue: str | None, as_json: bool) -> None:
     """One dead-lettered message: its reason, headers and body."""
-    found = _on_broker(settings, lambda ops: ops.dead_letter(message_id, queue))
+    found = _on_broker(settings, queue, lambda ops: ops.dead_letter(message_id, queue))
     if as_json:
         echo_json(ShownDeadLetters(messages=found).model_dump(mode="json"))
         return
@@ -99,7 +105,7 @@ def replay_cmd(
     if bool(message_ids) == replay_all:
         raise BadInput("name the messages to replay, or give --all")
     wanted = None if replay_all else set(message_ids)
-    outcome = _on_broker(settings, lambda ops: ops.replay(wanted, queue, by=by))
+    outcome = _on_broker(settings, queue, lambda ops: ops.replay(wanted, queue, by=by))
     _report_replay(outcome, as_json=as_json)
     if outcome.not_found or outcome.unsealed:
         raise SystemExit(1)
@@ -134,12 +140,11 @@ def _report_replay(outcome: ReplayResult, *, as_json: bool) -> None:
 @pass_settings()
 def purge_cmd(settings: Settings, queue: str | None, yes: bool, as_json: bool) -> None:
     """Delete dead-lettered messages for good (asks first, on stderr, unless --yes)."""
-    offline = Operations(settings, Names(settings.hub), operator_senders(settings))  # names only
-    dlqs = offline.dead_letter_queues(queue)
+    dlqs = [Names.dlq(source) for source in source_queues(Names(settings.hub), queue)]
     if not yes:
         # The question goes to stderr: stdout stays the report (JSON with --json).
         click.confirm(f"Delete every message in {', '.join(dlqs)} for good?", abort=True, err=True)
-    purged = _on_broker(settings, lambda ops: ops.purge(queue))
+    purged = _on_broker(settings, queue, lambda ops: ops.purge(queue))
     if as_json:
         echo_json({"purged": purged})
         return

@@ -114,14 +114,17 @@ async def _stats(ops: Operations) -> Stats:
 async def stats_every(
     settings: Settings, interval: float, count: int | None
 ) -> AsyncIterator[Stats]:
-    """A snapshot every `interval` seconds, `count` of them (None: until the caller stops)."""
-    async with open_operations(settings, name="orderflow-stats", broker=True) as ops:
-        n = 0
-        while count is None or n < count:
-            if n:
-                await asyncio.sleep(interval)
-            yield await ops.stats()
-            n += 1
+    """A snapshot every `interval` seconds, `count` of them (None: until the caller stops),
+    each over connections of its own: a server that goes away ends the watch with the reason
+    (exit 3), where a kept connection would wait for it and show a stale view."""
+    n = 0
+    while count is None or n < count:
+        if n:
+            await asyncio.sleep(interval)
+        async with open_operations(settings, name="orderflow-stats", broker=True) as ops:
+            snapshot = await ops.stats()
+        yield snapshot
+        n += 1
 
 
 @click.command()
@@ -202,9 +205,10 @@ def _mark(settings: Settings, alert_ids: tuple[str, ...], action: AlertAction, b
 
     async def mark_each(ops: Operations) -> dict[str, AlertState | None]:
         states: dict[str, AlertState | None] = {}
+        at = utcnow()  # one command, one moment for all its alerts
         for alert_id in alert_ids:
             try:
-                states[alert_id] = await ops.mark_alert(alert_id, action, by=by)
+                states[alert_id] = await ops.mark_alert(alert_id, action, by=by, at=at)
             except NotFound:
                 states[alert_id] = None  # said once all are marked
         return states

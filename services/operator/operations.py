@@ -150,9 +150,12 @@ class Operations:
         states = await self.store.alert_states([a.alert_id for a in found])
         return [(a, states.get(a.alert_id) or AlertState(alert_id=a.alert_id)) for a in found]
 
-    async def mark_alert(self, alert_id: str, action: AlertAction, *, by: str) -> AlertState:
-        """Record that `by` took `action` on the alert (the first record stands)."""
-        state = await self.store.mark_alert(alert_id, action, by=by, at=utcnow())
+    async def mark_alert(
+        self, alert_id: str, action: AlertAction, *, by: str, at: datetime | None = None
+    ) -> AlertState:
+        """Record that `by` took `action` on the alert at `at` (default: now); the first
+        record stands."""
+        state = await self.store.mark_alert(alert_id, action, by=by, at=at or utcnow())
         if state is None:
             raise NotFound(f"no alert {alert_id!r}")
         return state
@@ -172,10 +175,6 @@ class Operations:
         return [UndeliveredAlert.model_validate(row) for row in rows]
 
     # -- dead letters
-
-    def dead_letter_queues(self, queue: str | None) -> list[str]:
-        """The dead-letter queues of one input queue (None: of all)."""
-        return [Names.dlq(source) for source in self._sources(queue)]
 
     async def dead_letters(self, queue: str | None) -> list[DeadLetter]:
         """Every dead letter of one input queue (`orders`, `payment`, …; None: all)."""

@@ -399,6 +399,18 @@ async def test_bad_input_and_unreachable_servers_give_one_line_and_an_exit_code(
         ),
         3,
     )
+    # A bad queue name is refused before anything connects, the broker down or not.
+    for command in ("list", "purge"):
+        refused = topo.cli(
+            "--rabbitmq-url",
+            "amqp://guest:guest@127.0.0.1:1/",
+            "dlq",
+            command,
+            "--queue",
+            "nope",
+            ORDERFLOW_CONNECT_TIMEOUT_S="2",
+        )
+        assert "no input queue" in one_line_error(refused, 1)
 
 
 async def test_cancel_a_pending_order_at_once_and_a_processing_one_by_compensation(
