@@ -144,7 +144,7 @@ def _result(outcome: Outcome) -> ActionResult:
 
 
 CONFLICT: dict[int | str, dict[str, Any]] = {
-    409: {"model": ActionResult, "description": "Refused: the order is not in a state for it."}
+    409: {"model": ErrorBody, "description": "Refused: the order is not in a state for it."}
 }
 
 
