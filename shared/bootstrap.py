@@ -53,48 +53,50 @@ def queue_policy(settings: Settings, connection: AbstractRobustConnection) -> Qu
         )
     return QueuePolicy(
         quorum=True,
-        delivery_limit=settings.redelivery_limit,
-        orders_max_length=settings.orders_queue_max_length,
-        alerts_max_length=settings.alerts_queue_max_length,
+        delivery_limit=settings.broker.redelivery_limit,
+        orders_max_length=settings.broker.orders_queue_max_length,
+        alerts_max_length=settings.broker.alerts_queue_max_length,
     )
 
 
 def consumer_policy(settings: Settings) -> ConsumerPolicy:
     return ConsumerPolicy(
-        prefetch=settings.prefetch,
-        redelivery_limit=settings.redelivery_limit,
-        max_message_bytes=settings.max_message_bytes,
-        dedupe_window=timedelta(seconds=settings.inbox_ttl_s),
-        claim_ttl=timedelta(seconds=settings.inbox_claim_ttl_s),
-        handler_timeout=settings.handler_timeout_s,
-        delayed_retries=settings.delayed_retries,
-        retry_delay=settings.retry_delay_s,
-        outage_patience=settings.outage_patience_s,
-        clock_skew=timedelta(seconds=settings.clock_skew_s),
-        own_user=login_user(settings.rabbitmq_url),
-        user_prefix=settings.broker_user_prefix,
+        prefetch=settings.broker.prefetch,
+        redelivery_limit=settings.broker.redelivery_limit,
+        max_message_bytes=settings.broker.max_message_bytes,
+        dedupe_window=timedelta(seconds=settings.broker.inbox_ttl_s),
+        claim_ttl=timedelta(seconds=settings.broker.inbox_claim_ttl_s),
+        handler_timeout=settings.broker.handler_timeout_s,
+        delayed_retries=settings.broker.delayed_retries,
+        retry_delay=settings.broker.retry_delay_s,
+        outage_patience=settings.broker.outage_patience_s,
+        clock_skew=timedelta(seconds=settings.process.clock_skew_s),
+        own_user=login_user(settings.broker.rabbitmq_url),
+        user_prefix=settings.broker.broker_user_prefix,
         seal_key=seal_key(settings),
     )
 
 
 async def open_broker(settings: Settings, *, name: str) -> AbstractRobustConnection:
-    return await connect(settings.rabbitmq_url, timeout=settings.connect_timeout_s, name=name)
+    return await connect(
+        settings.broker.rabbitmq_url, timeout=settings.process.connect_timeout_s, name=name
+    )
 
 
 def fault_drills(settings: Settings) -> Drills:
     """The fault drills the settings ask for (none by default)."""
     return Drills(
-        duplicate_rate=settings.fault_duplicate_rate,
-        reply_delay_rate=settings.fault_reply_delay_rate,
-        reply_delay_s=settings.fault_reply_delay_ms / 1000,
-        seed=settings.fault_seed,
+        duplicate_rate=settings.drills.fault_duplicate_rate,
+        reply_delay_rate=settings.drills.fault_reply_delay_rate,
+        reply_delay_s=settings.drills.fault_reply_delay_ms / 1000,
+        seed=settings.drills.fault_seed,
     )
 
 
 async def open_publisher(settings: Settings, connection: AbstractConnection) -> Publishing:
     """A confirming publisher on `connection`, wrapped in the fault drills (shared/broker/
     drills.py) only when a drill's setting is non-zero."""
-    publisher = await Publisher.open(connection, timeout=settings.publish_timeout_s)
+    publisher = await Publisher.open(connection, timeout=settings.broker.publish_timeout_s)
     return drilled(publisher, fault_drills(settings))
 
 
@@ -124,7 +126,9 @@ class Runtime:
             await store.close()
             raise
         try:
-            metrics = await serve_metrics(settings.metrics_port, settings.metrics_host)
+            metrics = await serve_metrics(
+                settings.observability.metrics_port, settings.observability.metrics_host
+            )
             return await cls.on(settings, name, store, connection, metrics=metrics)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -166,7 +170,7 @@ class Runtime:
         return checks
 
     async def refresh_intake(self) -> None:
-        stall = self.settings.intake_stall_s
+        stall = self.settings.broker.intake_stall_s
         self.intake = [await self._intake_of(c, stall) for c in self.consumers]
         for status in self.intake:
             if status["state"] not in INTAKE_HEALTHY:
@@ -226,8 +230,8 @@ class Runtime:
         """Who this process, of kind `role`, tells apart (shared/broker/senders.py)."""
         return Senders.of(
             self.settings.hub,
-            self.settings.broker_user_prefix,
-            login_user(self.settings.rabbitmq_url),
+            self.settings.broker.broker_user_prefix,
+            login_user(self.settings.broker.rabbitmq_url),
             role,
         )
 
@@ -245,8 +249,8 @@ class Runtime:
             self.store,
             name=self.name,
             kind=kind,
-            every_s=self.settings.heartbeat_s,
-            metrics_port=self.settings.metrics_port,
+            every_s=self.settings.observability.heartbeat_s,
+            metrics_port=self.settings.observability.metrics_port,
             data=status,
             checks=checks,
             prepare=self.refresh_intake if self.consumers else None,
@@ -272,7 +276,9 @@ class Runtime:
             dead_letter_publisher=self.publisher,
             policy=consumer_policy(self.settings),
             holder=self.name,
-            on_poison=PoisonAlerts(reporter, queue, window_s=self.settings.poison_alert_window_s),
+            on_poison=PoisonAlerts(
+                reporter, queue, window_s=self.settings.broker.poison_alert_window_s
+            ),
             along=along,
         )
         self.consumers.append(consumer)

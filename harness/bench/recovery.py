@@ -54,7 +54,7 @@ async def run_recovery(run: Run, plan: Plan) -> dict[str, Any]:
         finally:
             await cleanup(settings, store, plan.keep)
             await store.close()
-    bound = settings.step_timeout_s + settings.supervisor_interval_s + 1
+    bound = settings.workflow.step_timeout_s + settings.supervisor.supervisor_interval_s + 1
     return {
         "killed": victim.name,
         "orphaned_orders": len(orphans),
@@ -62,8 +62,8 @@ async def run_recovery(run: Run, plan: Plan) -> dict[str, Any]:
         "kill_to_first_completion_s": round(recovered_s, 3),
         "bound_s": bound,
         "within_bound": recovered_s <= bound,
-        "step_timeout_s": settings.step_timeout_s,
-        "supervisor_interval_s": settings.supervisor_interval_s,
+        "step_timeout_s": settings.workflow.step_timeout_s,
+        "supervisor_interval_s": settings.supervisor.supervisor_interval_s,
     }
 
 

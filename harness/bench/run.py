@@ -69,7 +69,7 @@ def new_run(settings: Settings, plan: Plan) -> Run:
     schedulers = max(2, plan.schedulers) if plan.recovery else plan.schedulers
     config: dict[str, Any] = {
         "hub": run_settings.hub,
-        "store": run_settings.store_url.split("://")[0],
+        "store": run_settings.store.store_url.split("://")[0],
         "schedulers": schedulers if not plan.attach else "attached",
         "agents_per_step": plan.agents if not plan.attach else "attached",
         "transient_error_rate": plan.transient_error_rate,
@@ -99,12 +99,12 @@ async def _attached(
     store: StateStore, run: Run, plan: Plan, progress: Progress | None
 ) -> dict[str, Any]:
     statuses = await wait_ready(store, 1, None, timeout=10)
-    counted = await store_transactions(run.settings.store_url)
+    counted = await store_transactions(run.settings.store.store_url)
     result = await measure(store, run, statuses, plan, progress)
     if counted is not None:
         # Processes that stay up publish their counts up to 10 s late (when idle).
         await asyncio.sleep(STATS_FLUSH_S)
-    return await with_transactions(result, counted, run.settings.store_url)
+    return await with_transactions(result, counted, run.settings.store.store_url)
 
 
 async def _started(
@@ -119,7 +119,7 @@ async def _started(
         expected = processes(plan.schedulers, plan.agents)
         statuses = await wait_ready(store, expected, up, timeout=60)
         remote = remote_processes(up)
-        counted = await store_transactions(settings.store_url)
+        counted = await store_transactions(settings.store.store_url)
         soaking = Soak(settings, store) if plan.soak else None
         try:
             result = await measure(store, run, statuses, plan, progress, remote, soaking)
@@ -128,7 +128,7 @@ async def _started(
         except Exception as exc:
             raise BenchFailed(f"{exc!r}; the topology said:\n{last_words(workdir)}") from exc
     # Stopped: every backend of the topology published its counts as it exited.
-    return await with_transactions(result, counted, settings.store_url)
+    return await with_transactions(result, counted, settings.store.store_url)
 
 
 async def measure(

@@ -103,13 +103,13 @@ class Faults:
     @classmethod
     def from_settings(cls, s: Settings) -> Faults:
         return cls(
-            transient_error_rate=s.remote_transient_error_rate,
-            latency_ms=s.remote_latency_ms,
-            hang_rate=s.remote_hang_rate,
-            hang_s=s.remote_hang_s,
-            decline_rate=s.remote_decline_rate,
-            outage=s.remote_outage,
-            fail_operations=[op for op in s.remote_fail_operations.split(",") if op],
+            transient_error_rate=s.stand_in.remote_transient_error_rate,
+            latency_ms=s.stand_in.remote_latency_ms,
+            hang_rate=s.stand_in.remote_hang_rate,
+            hang_s=s.stand_in.remote_hang_s,
+            decline_rate=s.stand_in.remote_decline_rate,
+            outage=s.stand_in.remote_outage,
+            fail_operations=[op for op in s.stand_in.remote_fail_operations.split(",") if op],
         )
 
     def update(self, changes: dict[str, Any]) -> None:

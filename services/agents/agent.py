@@ -70,13 +70,13 @@ class Agent:
         self._settings = settings
         self._replies = Names(settings.hub).replies
         self._breakers = Breakers(
-            fail_max=settings.breaker_fail_max, reset_s=settings.breaker_reset_s
+            fail_max=settings.agents.breaker_fail_max, reset_s=settings.agents.breaker_reset_s
         )
         self._calls = StepCalls(
-            name, client, self._breakers, http_timeout_s=settings.agent_http_timeout_s
+            name, client, self._breakers, http_timeout_s=settings.agents.agent_http_timeout_s
         )
         self._alerted: set[str] = set()
-        self._ticket_keep = timedelta(seconds=settings.inbox_ttl_s)
+        self._ticket_keep = timedelta(seconds=settings.broker.inbox_ttl_s)
 
     def breaker(self, operation: str) -> pybreaker.CircuitBreaker:
         return self._breakers.get(operation)
@@ -94,7 +94,7 @@ class Agent:
 
     async def alert_open_circuits(self, report: Reporter, *, now: datetime) -> None:
         """Raise one `circuit-open` alert per opening that lasts beyond the threshold."""
-        after = timedelta(seconds=self._settings.circuit_alert_after_s)
+        after = timedelta(seconds=self._settings.observability.circuit_alert_after_s)
         for operation, opened_at in self._breakers.open_longer_than(after, now=now).items():
             since = opened_at.isoformat(timespec="microseconds")
             alert_id = f"circuit-open:{operation}:{since}:{report.source}"[:128]
@@ -184,15 +184,15 @@ async def serve_agent(
     `ORDERFLOW_REMOTE_URL`)."""
     settings = runtime.settings
     if client is None:
-        key = settings.remote_account_key
+        key = settings.remote.remote_account_key
         if key is None:
             log.warning(
                 "ORDERFLOW_REMOTE_ACCOUNT_KEY is not set: the remote service refuses calls "
                 "without the account's key"
             )
         client = RemoteClient.open(
-            settings.remote_url,
-            pool=max(10, settings.prefetch * 2),
+            settings.remote.remote_url,
+            pool=max(10, settings.broker.prefetch * 2),
             account=settings.hub,
             account_key=None if key is None else key.get_secret_value(),
             trace_configs=aiohttp_trace_configs(),
@@ -216,6 +216,6 @@ async def serve_agent(
             try:
                 await stop.wait()
             finally:
-                await consumer.stop(drain_timeout=settings.drain_timeout_s)
+                await consumer.stop(drain_timeout=settings.process.drain_timeout_s)
     finally:
         await client.close()

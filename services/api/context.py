@@ -44,8 +44,8 @@ TEST_TOKENS = {
 def load_catalogue(settings: Settings) -> Catalogue:
     """The shop's catalogue: `ORDERFLOW_API_CATALOGUE_PATH`, or the built-in one."""
     items = BUILT_IN_CATALOGUE
-    if settings.api_catalogue_path:
-        path = Path(settings.api_catalogue_path)
+    if settings.api.api_catalogue_path:
+        path = Path(settings.api.api_catalogue_path)
         try:
             loaded = json.loads(path.read_text())
             items = [CatalogueItem.model_validate(item) for item in loaded]
@@ -131,7 +131,9 @@ class ApiContext:
 
     def __post_init__(self) -> None:
         s = self.settings
-        self.streams = Streams(s.api_streams_max, s.api_streams_per_token, s.api_stream_max_s)
+        self.streams = Streams(
+            s.api.api_streams_max, s.api.api_streams_per_token, s.api.api_stream_max_s
+        )
 
     def app_order_id(self, shop: str, shop_order_id: str) -> str:
         """The id the API submits a shop's order under: the shop's name, then its own id."""

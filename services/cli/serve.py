@@ -114,15 +114,15 @@ def traced(settings: Settings, kind: str, name: str) -> None:
         hub=settings.hub,
         service=kind,
         instance=name,
-        otlp_endpoint=settings.otlp_endpoint,
-        trace_file=settings.trace_file,
-        sample_ratio=settings.trace_sample_ratio,
+        otlp_endpoint=settings.observability.otlp_endpoint,
+        trace_file=settings.observability.trace_file,
+        sample_ratio=settings.observability.trace_sample_ratio,
     )
 
 
 def _serve(settings: Settings, kind: str, name: str | None, service: Service) -> None:
     pname = process_name(kind, name)
-    configure_logging(level=settings.log_level, process=pname, hub=settings.hub)
+    configure_logging(level=settings.observability.log_level, process=pname, hub=settings.hub)
     traced(settings, kind, pname)
     run_loop(_run(settings, kind, pname, service))
 
@@ -187,7 +187,9 @@ def agent(settings: Settings, agent_name: str, name: str | None, burst: bool) ->
 def remote(settings: Settings, name: str | None) -> None:
     """Run the simulated remote service (inventory, payment, shipping) on ORDERFLOW_REMOTE_URL."""
     configure_logging(
-        level=settings.log_level, process=process_name("remote", name), hub=settings.hub
+        level=settings.observability.log_level,
+        process=process_name("remote", name),
+        hub=settings.hub,
     )
 
     from harness.remote.serve import serve_remote  # noqa: PLC0415 - a harness: this command's own

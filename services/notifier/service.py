@@ -64,8 +64,8 @@ class Notifier:
         )
         self._senders = Senders.of(
             runtime.settings.hub,
-            runtime.settings.broker_user_prefix,
-            login_user(runtime.settings.rabbitmq_url),
+            runtime.settings.broker.broker_user_prefix,
+            login_user(runtime.settings.broker.rabbitmq_url),
             "notifier",
         )
         self._told: set[str] = set()
@@ -81,7 +81,7 @@ class Notifier:
     async def run(self, stop: asyncio.Event, *, burst: bool = False) -> None:
         names = self._rt.names
         channel = await self._rt.connection.channel()
-        await channel.set_qos(prefetch_count=self._rt.settings.prefetch)
+        await channel.set_qos(prefetch_count=self._rt.settings.broker.prefetch)
         queue = await existing_queue(channel, names.alert_feed)
         if burst:
             while (message := await queue.get(no_ack=False, fail=False)) is not None:
@@ -114,7 +114,7 @@ class Notifier:
                 await queue.cancel(tag)
             if self._handling:
                 _, late = await asyncio.wait(
-                    set(self._handling), timeout=self._rt.settings.drain_timeout_s
+                    set(self._handling), timeout=self._rt.settings.process.drain_timeout_s
                 )
                 for task in late:
                     task.cancel()
@@ -136,7 +136,7 @@ class Notifier:
 
     async def _handle_one(self, message: AbstractIncomingMessage, stop: asyncio.Event) -> None:
         settings = self._rt.settings
-        read = read_notification(message, self._senders, settings.max_message_bytes)
+        read = read_notification(message, self._senders, settings.broker.max_message_bytes)
         if isinstance(read, str):
             log.warning("feed message dead-lettered", extra={"reason": read})
             try:
@@ -185,13 +185,13 @@ class Notifier:
             except Exception as exc:
                 log.warning("alert changes not read", extra={"error": one_line(exc)})
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._rt.settings.notify_poll_s)
+                await asyncio.wait_for(stop.wait(), self._rt.settings.notifier.notify_poll_s)
 
     async def tell_changes(self) -> int:
         """Tell the targets of the alerts acknowledged or resolved lately (within half the
         inbox's window, so that each one is still remembered as sent when it is looked at
         again); how many notices were delivered or set aside now."""
-        window = timedelta(seconds=self._rt.settings.inbox_ttl_s / 2)
+        window = timedelta(seconds=self._rt.settings.broker.inbox_ttl_s / 2)
         since, after = utcnow() - window, None
         told = 0
         while True:

@@ -55,14 +55,14 @@ def _given(value: SecretStr | None) -> SecretStr | None:
 def targets_of(settings: Settings) -> list[Target]:
     """Every target the settings name; a URL that is not http(s) is a configuration error."""
     found: list[Target] = []
-    webhook = _given(settings.notify_webhook_url)
-    slack = _given(settings.notify_slack_url)
-    routing_key = _given(settings.notify_pagerduty_routing_key)
+    webhook = _given(settings.notifier.notify_webhook_url)
+    slack = _given(settings.notifier.notify_slack_url)
+    routing_key = _given(settings.notifier.notify_pagerduty_routing_key)
     if webhook is not None:
         found.append(Target(TargetKind.WEBHOOK, _checked(TargetKind.WEBHOOK, webhook)))
     if slack is not None:
         found.append(Target(TargetKind.SLACK, _checked(TargetKind.SLACK, slack)))
     if routing_key is not None:
-        url = _checked(TargetKind.PAGERDUTY, SecretStr(settings.notify_pagerduty_url))
+        url = _checked(TargetKind.PAGERDUTY, SecretStr(settings.notifier.notify_pagerduty_url))
         found.append(Target(TargetKind.PAGERDUTY, url, routing_key))
     return found

@@ -64,13 +64,13 @@ async def follow_alerts(
     `senders`: who may raise them, as the operator's user sees it."""
     channel = await connection.channel()
     try:
-        await channel.set_qos(prefetch_count=settings.prefetch)
+        await channel.set_qos(prefetch_count=settings.broker.prefetch)
         queue = await existing_queue(channel, names.alert_feed)
         taken = 0
 
         async def one(message: AbstractIncomingMessage) -> None:
             nonlocal taken
-            alert = read_notification(message, senders, settings.max_message_bytes)
+            alert = read_notification(message, senders, settings.broker.max_message_bytes)
             if isinstance(alert, str):
                 feed.refused(alert)
                 await message.reject(requeue=False)

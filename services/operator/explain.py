@@ -113,7 +113,7 @@ def group_failures(records: list[StateRecord]) -> list[FailureGroup]:
 def next_action(record: StateRecord, settings: Settings, now: datetime) -> str:
     """What the system will do with this order next, and when; or what the operator can do."""
     state = record.process_state
-    threshold = settings.failure_threshold
+    threshold = settings.supervisor.failure_threshold
     oid = record.order_id
     if state is ProcessState.PENDING:
         if record.next_attempt_at <= now:
@@ -145,7 +145,8 @@ def next_action(record: StateRecord, settings: Settings, now: datetime) -> str:
             )
         return (
             f"deadline passed {human_age(record.complete_by, now)}: the supervisor will {then} "
-            f"on its next round (every {settings.supervisor_interval_s:g}s; if this stays, "
+            f"on its next round (every {settings.supervisor.supervisor_interval_s:g}s; "
+            "if this stays, "
             "check that a supervisor runs: `orderflow stats`)"
         )
     if state is ProcessState.ERROR:

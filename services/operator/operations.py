@@ -140,7 +140,7 @@ class Operations:
     async def workflows(self) -> list[VersionReport]:
         """The versions, with the orders on each as the store counts them now."""
         usage = await self.store.workflow_usage()
-        return version_reports(usage, self.settings.workflow_version)
+        return version_reports(usage, self.settings.workflow.workflow_version)
 
     # -- alerts
 
@@ -203,7 +203,7 @@ class Operations:
             message_ids,
             by=by,
             senders=self.senders,
-            publish_timeout_s=self.settings.publish_timeout_s,
+            publish_timeout_s=self.settings.broker.publish_timeout_s,
         )
         return ReplayResult(
             replayed=done.replayed, unsealed=done.unsealed, not_found=done.not_found
@@ -218,8 +218,8 @@ class Operations:
 
 def operator_senders(settings: Settings) -> Senders:
     """Who the operator's commands publish as: the user of ORDERFLOW_RABBITMQ_URL."""
-    user = login_user(settings.rabbitmq_url)
-    return Senders.of(settings.hub, settings.broker_user_prefix, user, "operator")
+    user = login_user(settings.broker.rabbitmq_url)
+    return Senders.of(settings.hub, settings.broker.broker_user_prefix, user, "operator")
 
 
 @asynccontextmanager

@@ -34,10 +34,10 @@ async def hub_stats(
     by_state = await store.count_by_state()
     # One more than the cap, to tell "exactly the cap" from "more than the cap".
     stuck = await store.find_stuck_pending(
-        due_before=now - timedelta(seconds=settings.stuck_pending_s), limit=COUNT_CAP + 1
+        due_before=now - timedelta(seconds=settings.supervisor.stuck_pending_s), limit=COUNT_CAP + 1
     )
     overdue = await store.scan_expired(
-        now=now - timedelta(seconds=settings.step_timeout_s),
+        now=now - timedelta(seconds=settings.workflow.step_timeout_s),
         states=LIVE_STATES,
         limit=COUNT_CAP + 1,
     )

@@ -177,7 +177,7 @@ def state_view(r: StateRecord, settings: Settings, now: datetime) -> StateView:
         complete_by=r.complete_by.isoformat() if r.complete_by else None,
         next_attempt_at=r.next_attempt_at.isoformat(),
         failure_count=r.failure_count,
-        failure_threshold=settings.failure_threshold,
+        failure_threshold=settings.supervisor.failure_threshold,
         retry_budget=RetryBudget(
             limit=r.retry_budget.limit, used=r.retry_budget.used, remaining=r.retry_budget.remaining
         ),
@@ -203,7 +203,7 @@ async def order_timeline(
             raise NotFound(
                 f"order {order_id} finished ({state.process_state.value} at "
                 f"{state.updated_at.isoformat()}); its history has expired "
-                f"(retention {settings.retention_s:g} s)"
+                f"(retention {settings.retention.retention_s:g} s)"
             )
         raise NotFound(
             f"no history for order {order_id} in hub {settings.hub}{purged_note(settings)}"
@@ -229,7 +229,7 @@ async def order_timeline(
 
 def purged_note(settings: Settings) -> str:
     """What an operator looking for a missing order should know: finished orders go."""
-    kept = settings.order_retention_s
+    kept = settings.retention.order_retention_s
     span = f"{kept / 86_400:g} days" if kept >= 86_400 else f"{kept:g} s"
     return (
         f" (a finished order, Processed, Compensated or Cancelled, is deleted {span} after it "

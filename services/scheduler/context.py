@@ -27,6 +27,7 @@ from shared.domain.updates import RecoveryPolicy, Update, extend_deadline
 from shared.domain.workflow import WORKFLOWS
 from shared.errors import PublishError, Superseded
 from shared.metrics import STEP_OUTCOMES, STEP_SECONDS
+from shared.policies import recovery_policy
 from shared.remote.fencing import fence_signature
 from shared.reporting import Reporter
 from shared.store.port import StateStore, UndoMark
@@ -72,7 +73,7 @@ class AttemptContext:
     def __post_init__(self) -> None:
         # The attempts of one claimed batch start together: one read for all their orders.
         self._orders = GroupCommit(self.store.get_orders, max_batch=ORDER_READ_BATCH)
-        key = self.settings.remote_fence_key
+        key = self.settings.remote.remote_fence_key
         self._fence_key = None if key is None else key.get_secret_value().encode()
 
     def signature(self, fencing_token: str) -> str | None:
@@ -90,7 +91,7 @@ class AttemptContext:
     def policy(self) -> RecoveryPolicy:
         """How long a released order rests before it may be claimed again, as the supervisor's
         recoveries do, and what happens at the failure threshold."""
-        return self.settings.recovery_policy()
+        return recovery_policy(self.settings.supervisor, self.settings.workflow)
 
     def event(
         self, record: StateRecord, type_: HistoryEventType, instance_id: str, **data: Any
@@ -130,7 +131,10 @@ class AttemptContext:
 
         async def renew() -> datetime:
             update = extend_deadline(
-                record, instance=instance_id, now=utcnow(), timeout=self.settings.step_timeout
+                record,
+                instance=instance_id,
+                now=utcnow(),
+                timeout=self.settings.workflow.step_timeout,
             )
             after = await self.write(record.order_id, update)
             assert after.complete_by is not None
@@ -201,7 +205,7 @@ class AttemptContext:
         (once); a request the broker cannot route (its queue is missing: no outage) is given
         up then, for the supervisor to recover."""
         loop = asyncio.get_running_loop()
-        patience = loop.time() + self.settings.outage_patience_s
+        patience = loop.time() + self.settings.broker.outage_patience_s
         told = False
         pauses = Backoff(first=0.2, cap=2.0)
         signature = self.signature(str(fields["fencing_token"]))

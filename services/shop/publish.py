@@ -40,7 +40,7 @@ FINAL = {
 def app_name(settings: Settings, app: str | None) -> str:
     """The submitting application's name, which prefixes its status queues: `--app`, or else
     the user name in ORDERFLOW_RABBITMQ_URL (the RabbitMQ user is the application)."""
-    name = app or urlsplit(first_url(settings.rabbitmq_url)).username or ""
+    name = app or urlsplit(first_url(settings.broker.rabbitmq_url)).username or ""
     if not APP_NAME.fullmatch(name):
         raise ConfigurationError(
             f"application name {name!r} (--app, or the user in ORDERFLOW_RABBITMQ_URL) must "
@@ -61,7 +61,10 @@ class StatusFollower:
         self._tell = tell
         self._finished = asyncio.Event()
         self._senders = Senders.of(
-            settings.hub, settings.broker_user_prefix, login_user(settings.rabbitmq_url), APP
+            settings.hub,
+            settings.broker.broker_user_prefix,
+            login_user(settings.broker.rabbitmq_url),
+            APP,
         )
 
     def on_status(self, contract: Contract, message: AbstractIncomingMessage) -> None:
@@ -114,7 +117,10 @@ async def submit_orders(
     try:
         if status_queue is not None:
             replies = PrivateQueue(
-                connection, status_queue, follower.on_status, max_bytes=settings.max_message_bytes
+                connection,
+                status_queue,
+                follower.on_status,
+                max_bytes=settings.broker.max_message_bytes,
             )
             await replies.start()
         publisher = await open_publisher(settings, connection)

@@ -92,7 +92,7 @@ class Retention:
                 await self._run(purge)
 
     async def _run(self, purge: Purge) -> None:
-        limit = self._s.retention_batch
+        limit = self._s.retention.retention_batch
         total: dict[str, int] = {}
         self.counts.passes[purge.name] = self.counts.passes.get(purge.name, 0) + 1
         for _ in range(BATCHES_PER_ROUND):
@@ -104,7 +104,7 @@ class Retention:
                 self.counts.deleted[kind] = self.counts.deleted.get(kind, 0) + n
                 RETENTION_DELETED.labels(kind).inc(n)
             if all(deleted.get(kind, 0) < limit for kind in (purge.unit, *purge.also)):
-                purge.due = self._clock() + self._s.retention_interval_s
+                purge.due = self._clock() + self._s.retention.retention_interval_s
                 break
         # Otherwise every batch was full: a backlog, which the next round goes on with.
         if any(total.values()):
@@ -112,16 +112,16 @@ class Retention:
 
     async def _inbox(self, limit: int) -> dict[str, int]:
         # An entry's expiry was set by its consumer's clock: judge it by that clock at worst.
-        now = utcnow() - timedelta(seconds=self._s.clock_skew_s)
+        now = utcnow() - timedelta(seconds=self._s.process.clock_skew_s)
         return {"inbox": await self._store.inbox_purge(now=now, limit=limit)}
 
     async def _journal(self, limit: int) -> dict[str, int]:
-        cutoff = utcnow() - timedelta(seconds=self._s.retention_s)
+        cutoff = utcnow() - timedelta(seconds=self._s.retention.retention_s)
         purged = await self._store.purge_journal(finished_before=cutoff, limit=limit)
         return {"history": purged.history, "compensation_log": purged.compensation}
 
     async def _orders(self, limit: int) -> dict[str, int]:
-        cutoff = utcnow() - timedelta(seconds=self._s.order_retention_s)
+        cutoff = utcnow() - timedelta(seconds=self._s.retention.order_retention_s)
         purged = await self._store.purge_orders(finished_before=cutoff, limit=limit)
         return {
             "orders": purged.orders,
@@ -130,5 +130,5 @@ class Retention:
         }
 
     async def _alerts(self, limit: int) -> dict[str, int]:
-        cutoff = utcnow() - timedelta(seconds=self._s.alert_retention_s)
+        cutoff = utcnow() - timedelta(seconds=self._s.retention.alert_retention_s)
         return {"alerts": await self._store.purge_alerts(raised_before=cutoff, limit=limit)}

@@ -16,10 +16,10 @@ async def open_store(settings: Settings) -> StateStore:
     """Connect to the store `ORDERFLOW_STORE_URL` names, in the hub's schema or database.
     Only its adapter is imported: a process on PostgreSQL never loads PyMongo, nor the other
     way round."""
-    url, hub = settings.store_url, settings.hub
-    pool_size, timeout = settings.store_pool_size, settings.connect_timeout_s
-    command_timeout = settings.store_command_timeout_s
-    if settings.store_kind != "postgresql":
+    url, hub = settings.store.store_url, settings.hub
+    pool_size, timeout = settings.store.store_pool_size, settings.process.connect_timeout_s
+    command_timeout = settings.store.store_command_timeout_s
+    if settings.store.store_kind != "postgresql":
         from shared.store.mongo import MongoStore  # noqa: PLC0415 - only its own adapter
 
         return await MongoStore.connect(
@@ -44,6 +44,6 @@ def claim_drill(settings: Settings) -> BeforeClaimCommit | None:
     process inside it once the scheduler armed the drill (`crash.arm`, as it starts) and its
     count is reached; in any other process it does nothing. Otherwise there is no hook and a
     claim is one autocommitted statement, as in production."""
-    if settings.fault_crash_at != "claim-uncommitted":
+    if settings.drills.fault_crash_at != "claim-uncommitted":
         return None
     return crash.claim_uncommitted
