@@ -8,10 +8,11 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustConnection
 
+from shared import crash
 from shared.broker.connection import connect, login_user, quorum_available, server_version
 from shared.broker.consumer import Consumer, ConsumerPolicy, Delivery, Handler
 from shared.broker.dedupe import AlongClaim
@@ -26,13 +27,16 @@ from shared.broker.topology import (
     declare_topology,
     retire_unbounded_alerts_queue,
 )
-from shared.config import Settings
+from shared.config import DrillSettings, Settings
 from shared.errors import ConfigurationError
 from shared.heartbeat import Check, Heartbeat, StatusData
 from shared.metrics import MetricsEndpoint, serve_metrics
 from shared.reporting import PoisonAlerts, Reporter
 from shared.store.factory import open_store
 from shared.store.port import StateStore
+
+if TYPE_CHECKING:
+    from shared.store.postgres import BeforeClaimCommit
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +77,36 @@ def consumer_policy(settings: Settings) -> ConsumerPolicy:
         clock_skew=timedelta(seconds=settings.process.clock_skew_s),
         own_user=login_user(settings.broker.rabbitmq_url),
         user_prefix=settings.broker.broker_user_prefix,
-        seal_key=seal_key(settings),
+        seal_key=seal_key(settings.broker),
     )
+
+
+async def connect_store(settings: Settings) -> StateStore:
+    """The store the settings name, with the crash drill's hook in its claims when asked."""
+    return await open_store(
+        settings.store,
+        settings.hub,
+        connect_timeout_s=settings.process.connect_timeout_s,
+        before_claim_commit=claim_drill(settings.drills),
+    )
+
+
+def claim_drill(drills: DrillSettings) -> BeforeClaimCommit | None:
+    """The crash drill's hook in a PostgreSQL claim, when the drills ask for it.
+
+    Only for `claim-uncommitted`: the claim then runs in a transaction, and the hook exits the
+    process inside it once the scheduler process armed the drill (`arm_crash_drill`, as it
+    starts) and its count is reached; in any other process it does nothing. Otherwise there is
+    no hook and a claim is one autocommitted statement, as in production."""
+    if drills.fault_crash_at != "claim-uncommitted":
+        return None
+    return crash.claim_uncommitted
+
+
+def arm_crash_drill(drills: DrillSettings) -> None:
+    """Arm the scheduler's crash drill (shared/crash.py) as the drills ask: only a scheduler
+    process calls this, as it starts; every other process leaves the drill inert."""
+    crash.arm(drills.fault_crash_at, drills.fault_crash_after)
 
 
 async def open_broker(settings: Settings, *, name: str) -> AbstractRobustConnection:
@@ -83,13 +115,13 @@ async def open_broker(settings: Settings, *, name: str) -> AbstractRobustConnect
     )
 
 
-def fault_drills(settings: Settings) -> Drills:
-    """The fault drills the settings ask for (none by default)."""
+def fault_drills(drills: DrillSettings) -> Drills:
+    """The publisher's fault drills the settings ask for (none by default)."""
     return Drills(
-        duplicate_rate=settings.drills.fault_duplicate_rate,
-        reply_delay_rate=settings.drills.fault_reply_delay_rate,
-        reply_delay_s=settings.drills.fault_reply_delay_ms / 1000,
-        seed=settings.drills.fault_seed,
+        duplicate_rate=drills.fault_duplicate_rate,
+        reply_delay_rate=drills.fault_reply_delay_rate,
+        reply_delay_s=drills.fault_reply_delay_ms / 1000,
+        seed=drills.fault_seed,
     )
 
 
@@ -97,7 +129,7 @@ async def open_publisher(settings: Settings, connection: AbstractConnection) -> 
     """A confirming publisher on `connection`, wrapped in the fault drills (shared/broker/
     drills.py) only when a drill's setting is non-zero."""
     publisher = await Publisher.open(connection, timeout=settings.broker.publish_timeout_s)
-    return drilled(publisher, fault_drills(settings))
+    return drilled(publisher, fault_drills(settings.drills))
 
 
 @dataclass
@@ -119,7 +151,7 @@ class Runtime:
 
     @classmethod
     async def open(cls, settings: Settings, name: str) -> Runtime:
-        store = await open_store(settings)
+        store = await connect_store(settings)
         try:
             connection = await open_broker(settings, name=name)
         except BaseException:
@@ -306,7 +338,7 @@ class InitReport:
 
 async def initialise(settings: Settings) -> InitReport:
     """Create the store's schema and indexes and declare the hub's topology. Idempotent."""
-    store: StateStore = await open_store(settings)
+    store: StateStore = await connect_store(settings)
     try:
         await store.init()
     finally:

@@ -16,11 +16,10 @@ from harness.bench.load import Run, publish, wait_settled
 from harness.bench.run import Plan
 from harness.bench.topology import cleanup, processes, topology, topology_env, wait_ready
 from services.operator.views import all_states
-from shared.bootstrap import initialise
+from shared.bootstrap import connect_store, initialise
 from shared.domain.journal import HistoryEventType
 from shared.domain.states import ProcessState
 from shared.errors import BenchFailed
-from shared.store.factory import open_store
 from shared.store.port import StateStore
 
 IN_FLIGHT = 5
@@ -34,7 +33,7 @@ async def run_recovery(run: Run, plan: Plan) -> dict[str, Any]:
     faults = {"ORDERFLOW_REMOTE_LATENCY_MS": "100"}  # so that steps are in flight when it dies
     with tempfile.TemporaryDirectory(prefix="orderflow-bench-") as tmp:
         workdir = Path(tmp)
-        store = await open_store(settings)
+        store = await connect_store(settings)
         try:
             await initialise(settings)
             env = topology_env(settings, faults, workdir)

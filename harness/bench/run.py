@@ -25,11 +25,10 @@ from harness.bench.topology import (
     wait_ready,
 )
 from services.operator.views import all_states
-from shared.bootstrap import initialise
+from shared.bootstrap import connect_store, initialise
 from shared.config import Settings
 from shared.domain.coordination import ComponentStatus
 from shared.errors import BenchFailed
-from shared.store.factory import open_store
 from shared.store.port import StateStore
 
 
@@ -85,7 +84,7 @@ def new_run(settings: Settings, plan: Plan) -> Run:
 async def run_bench(run: Run, plan: Plan, progress: Progress | None = None) -> dict[str, Any]:
     """The figures of the run, its hub dropped afterwards unless `plan.keep`."""
     with tempfile.TemporaryDirectory(prefix="orderflow-bench-") as tmp:
-        store = await open_store(run.settings)
+        store = await connect_store(run.settings)
         try:
             if plan.attach:
                 return await _attached(store, run, plan, progress)

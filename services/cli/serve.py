@@ -26,7 +26,7 @@ from services.cli.settings import pass_settings
 from services.scheduler.service import serve_scheduler
 from services.submission.service import serve_submission
 from services.supervisor.service import serve_supervisor
-from shared.bootstrap import Runtime
+from shared.bootstrap import Runtime, arm_crash_drill
 from shared.config import Settings
 from shared.domain.workflow import AGENTS
 from shared.errors import ServiceUnavailable
@@ -155,6 +155,7 @@ def submission(settings: Settings, name: str | None, burst: bool) -> None:
 @pass_settings()
 def scheduler(settings: Settings, name: str | None, burst: bool) -> None:
     """Claim orders and run their workflows."""
+    arm_crash_drill(settings.drills)  # the scheduler process's drill, chosen at its bootstrap
     _serve(settings, "scheduler", name, functools.partial(serve_scheduler, burst=burst))
 
 

@@ -36,7 +36,7 @@ from services.operator.results import (
 from services.operator.stats import hub_stats, process_stats, queue_depths
 from services.operator.views import OrderPage, matching, order_page, order_timeline, order_view
 from services.operator.workflows import VersionReport, version_reports
-from shared.bootstrap import open_broker, open_publisher
+from shared.bootstrap import connect_store, open_broker, open_publisher
 from shared.broker import dead_letters
 from shared.broker.connection import login_user
 from shared.broker.publisher import Publishing
@@ -48,7 +48,6 @@ from shared.domain.redaction import shown_body
 from shared.domain.timing import utcnow
 from shared.errors import ConfigurationError, NotFound
 from shared.reporting import Reporter
-from shared.store.factory import open_store
 from shared.store.port import ListCursor, StateQuery, StateStore
 
 
@@ -236,7 +235,7 @@ async def open_operations(
     async with AsyncExitStack() as stack:
         opened = None
         if store:
-            opened = await open_store(settings)
+            opened = await connect_store(settings)
             stack.push_async_callback(opened.close)
         connection = None
         if broker or publisher:

@@ -14,7 +14,6 @@ from services.scheduler.compensator import Compensator
 from services.scheduler.context import AttemptContext, step_series_from_the_start
 from services.scheduler.leader_watch import LeaderWatch
 from services.scheduler.runner import OrderRunner
-from shared import crash
 from shared.backoff import Backoff
 from shared.bootstrap import Runtime
 from shared.broker.private import PrivateQueue, ReplyRouter
@@ -83,7 +82,6 @@ class Scheduler:
     async def run(self, stop: asyncio.Event, *, burst: bool = False) -> None:
         """Claim and run orders until `stop`; in `burst` mode, until none is due and every
         attempt started has ended."""
-        crash.arm(self._settings.drills.fault_crash_at, self._settings.drills.fault_crash_after)
         await self._replies.start()
         ctx = AttemptContext(
             store=self._rt.store,

@@ -72,10 +72,10 @@ def test_settings_name_the_variable_and_never_the_password(setting: str) -> None
 def test_the_user_and_seal_of_a_list_are_those_of_each_url() -> None:
     assert first_url(f"{A} ,{B}") == A
     assert login_user(f"{A},{B}") == "app"
-    one = seal_key(load_settings(rabbitmq_url=A))
+    one = seal_key(load_settings(rabbitmq_url=A).broker)
     assert one is not None
-    assert seal_key(load_settings(rabbitmq_url=f"{A},{B},{C}")) == one
-    assert seal_key(load_settings(rabbitmq_url=f"{B},{A}")) == one
+    assert seal_key(load_settings(rabbitmq_url=f"{A},{B},{C}").broker) == one
+    assert seal_key(load_settings(rabbitmq_url=f"{B},{A}").broker) == one
 
 
 def test_rotation_starts_at_random_then_goes_round() -> None:
