@@ -156,7 +156,8 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
         # allowed onto the status exchange and trusted by the applications for them.
         tells = await Publisher.open(operator, timeout=settings.broker.publish_timeout_s)
     ctx = ApiContext(
-        settings=settings,
+        settings=settings.api,
+        max_message_bytes=settings.broker.max_message_bytes,
         store=runtime.store,
         connection=runtime.connection,
         publisher=runtime.publisher,
@@ -164,7 +165,7 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
         app=app_name,
         status_queue=status_queue,
         bridge=bridge,
-        catalogue=load_catalogue(settings),
+        catalogue=load_catalogue(settings.api),
         ops=Operations(
             settings,
             runtime.names,

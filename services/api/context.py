@@ -21,7 +21,7 @@ from shared.broker.envelope import user_of
 from shared.broker.publisher import Publishing
 from shared.broker.senders import STATUS_SENDERS, Senders
 from shared.broker.topology import Names
-from shared.config import Settings
+from shared.config import ApiSettings
 from shared.domain.messages import Contract, OrderStatusUpdate
 from shared.domain.models import scoped
 from shared.errors import ConfigurationError
@@ -41,11 +41,11 @@ TEST_TOKENS = {
 }
 
 
-def load_catalogue(settings: Settings) -> Catalogue:
+def load_catalogue(settings: ApiSettings) -> Catalogue:
     """The shop's catalogue: `ORDERFLOW_API_CATALOGUE_PATH`, or the built-in one."""
     items = BUILT_IN_CATALOGUE
-    if settings.api.api_catalogue_path:
-        path = Path(settings.api.api_catalogue_path)
+    if settings.api_catalogue_path:
+        path = Path(settings.api_catalogue_path)
         try:
             loaded = json.loads(path.read_text())
             items = [CatalogueItem.model_validate(item) for item in loaded]
@@ -107,7 +107,9 @@ class BulkJob:
 
 @dataclass
 class ApiContext:
-    settings: Settings
+    settings: ApiSettings
+    max_message_bytes: int
+    """The broker's bound on a message, which bounds a request's body too."""
     store: StateStore
     connection: AbstractRobustConnection
     publisher: Publishing
@@ -131,9 +133,7 @@ class ApiContext:
 
     def __post_init__(self) -> None:
         s = self.settings
-        self.streams = Streams(
-            s.api.api_streams_max, s.api.api_streams_per_token, s.api.api_stream_max_s
-        )
+        self.streams = Streams(s.api_streams_max, s.api_streams_per_token, s.api_stream_max_s)
 
     def app_order_id(self, shop: str, shop_order_id: str) -> str:
         """The id the API submits a shop's order under: the shop's name, then its own id."""

@@ -162,7 +162,7 @@ async def _recorded(
     """The order once submission recorded it (its Received status wakes this), or None when
     `api_record_wait_s` passed first."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + ctx.settings.api.api_record_wait_s
+    deadline = loop.time() + ctx.settings.api_record_wait_s
     while True:
         found = await _find(ctx, app_id)
         left = deadline - loop.time()
@@ -241,9 +241,9 @@ async def _events(
 ) -> AsyncIterator[str]:
     """The order now, then again whenever a status message about it arrives or a look every
     `api_stream_poll_s` finds it changed; ends once it rests, or after `api_stream_max_s`."""
-    poll = ctx.settings.api.api_stream_poll_s
+    poll = ctx.settings.api_stream_poll_s
     loop = asyncio.get_running_loop()
-    ends_at = loop.time() + ctx.settings.api.api_stream_max_s
+    ends_at = loop.time() + ctx.settings.api_stream_max_s
     yield f"retry: {RECONNECT_MS}\n\n"
     with ctx.bridge.watch(app_id) as woken:
         last: ShopOrderView | None = None

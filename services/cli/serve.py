@@ -224,5 +224,5 @@ def notifier(settings: Settings, name: str | None, burst: bool) -> None:
         serve_notifier,
     )
 
-    required_targets(settings)  # a configuration error before any server is asked
+    required_targets(settings.notifier)  # a configuration error before any server is asked
     _serve(settings, "notifier", name, functools.partial(serve_notifier, burst=burst))

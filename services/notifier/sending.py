@@ -40,7 +40,7 @@ from services.notifier.formats import Notice
 from services.notifier.targets import Target
 from shared import clock
 from shared.backoff import stop_after
-from shared.config import Settings
+from shared.config import NotifierSettings
 from shared.domain.coordination import InboxOutcome
 from shared.domain.timing import utcnow
 from shared.errors import TargetRefused, TargetUnavailable, one_line
@@ -104,7 +104,10 @@ def inbox_queue(hub: str, target: Target) -> str:
 class Sender:
     """Delivers notices for one notifier process (`holder`)."""
 
-    settings: Settings
+    settings: NotifierSettings
+    hub: str
+    inbox_ttl_s: float
+    """How long a delivered notice is remembered (the broker's dedupe window)."""
     session: aiohttp.ClientSession
     inbox: Inbox
     holder: str
@@ -114,7 +117,7 @@ class Sender:
     def _claim_ttl(self) -> timedelta:
         # Longer than one try and the longest pause after it: renewed before every try.
         s = self.settings
-        return timedelta(seconds=s.notifier.notify_timeout_s + s.notifier.notify_retry_max_s + 30)
+        return timedelta(seconds=s.notify_timeout_s + s.notify_retry_max_s + 30)
 
     async def _claim(self, queue: str, notice: Notice) -> InboxOutcome:
         claim = InboxClaim(notice.key, self.holder, utcnow() + self._claim_ttl)
@@ -124,7 +127,7 @@ class Sender:
     async def deliver(self, target: Target, notice: Notice) -> Outcome:
         """Deliver `notice` to `target` unless it was; what became of it. A store failure
         raises (the notice is then not marked, and comes again)."""
-        queue = inbox_queue(self.settings.hub, target)
+        queue = inbox_queue(self.hub, target)
         claimed = await self._claim(queue, notice)
         if claimed is not InboxOutcome.CLAIMED:
             outcome = Outcome.DUPLICATE if claimed is InboxOutcome.DUPLICATE else Outcome.BUSY
@@ -139,7 +142,7 @@ class Sender:
                 log.warning("inbox claim not released", extra={"error": one_line(exc)})
             raise
         if outcome is not Outcome.BUSY:
-            keep = utcnow() + timedelta(seconds=self.settings.broker.inbox_ttl_s)
+            keep = utcnow() + timedelta(seconds=self.inbox_ttl_s)
             await self.inbox.inbox_complete_many(queue, [InboxDone(notice.key, self.holder, keep)])
         return self._counted(target, notice, outcome)
 
@@ -157,7 +160,7 @@ class Sender:
         return outcome
 
     async def _send(self, queue: str, target: Target, notice: Notice) -> Outcome:
-        give_up = self.settings.notifier.notify_give_up_after_s
+        give_up = self.settings.notify_give_up_after_s
         deadline = clock.monotonic() + give_up
         retrying = AsyncRetrying(
             stop=stop_after(give_up),
@@ -184,9 +187,7 @@ class Sender:
         return Outcome.DELIVERED
 
     def _pause(self, deadline: float) -> Callable[[RetryCallState], float]:
-        backoff = wait_exponential_jitter(
-            multiplier=0.5, max=self.settings.notifier.notify_retry_max_s
-        )
+        backoff = wait_exponential_jitter(multiplier=0.5, max=self.settings.notify_retry_max_s)
 
         def pause(state: RetryCallState) -> float:
             error = state.outcome.exception() if state.outcome is not None else None
@@ -199,7 +200,7 @@ class Sender:
 
     async def _post(self, target: Target, notice: Notice) -> None:
         url = target.url.get_secret_value()
-        timeout = aiohttp.ClientTimeout(total=self.settings.notifier.notify_timeout_s)
+        timeout = aiohttp.ClientTimeout(total=self.settings.notify_timeout_s)
         try:
             async with self.session.post(
                 url, json=target.body(notice), timeout=timeout, allow_redirects=False
@@ -210,7 +211,7 @@ class Sender:
         except TimeoutError:
             self._failed(target, "timeout")
             raise TargetUnavailable(
-                f"{target.shown} did not answer within {self.settings.notifier.notify_timeout_s:g}s"
+                f"{target.shown} did not answer within {self.settings.notify_timeout_s:g}s"
             ) from None
         except (aiohttp.ClientError, OSError) as exc:
             self._failed(target, "unreachable")

@@ -39,7 +39,7 @@ from shared.broker.envelope import (
 )
 from shared.broker.senders import Senders
 from shared.broker.topology import existing_queue
-from shared.config import Settings
+from shared.config import NotifierSettings
 from shared.domain.journal import Alert, AlertState
 from shared.domain.redaction import redact_shown
 from shared.domain.text import cut
@@ -59,8 +59,15 @@ class Notifier:
     def __init__(self, runtime: Runtime, targets: list[Target], session: aiohttp.ClientSession):
         self._rt = runtime
         self._targets = targets
+        settings = runtime.settings
         self._sender = Sender(
-            runtime.settings, session, runtime.store, runtime.name, self._dead_letter
+            settings.notifier,
+            settings.hub,
+            settings.broker.inbox_ttl_s,
+            session,
+            runtime.store,
+            runtime.name,
+            self._dead_letter,
         )
         self._senders = Senders.of(
             runtime.settings.hub,
@@ -253,7 +260,7 @@ class Notifier:
         )
 
 
-def required_targets(settings: Settings) -> list[Target]:
+def required_targets(settings: NotifierSettings) -> list[Target]:
     """The configured targets; none is a configuration error (checked before connecting)."""
     targets = targets_of(settings)
     if not targets:
@@ -265,7 +272,7 @@ def required_targets(settings: Settings) -> list[Target]:
 
 
 async def serve_notifier(runtime: Runtime, stop: asyncio.Event, *, burst: bool = False) -> None:
-    targets = required_targets(runtime.settings)
+    targets = required_targets(runtime.settings.notifier)
     log.info("delivering alerts", extra={"targets": [t.shown for t in targets]})
     async with aiohttp.ClientSession() as session:
         notifier = Notifier(runtime, targets, session)

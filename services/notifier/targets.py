@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from pydantic import SecretStr
 
 from services.notifier.formats import Notice, TargetKind, body
-from shared.config import Settings
+from shared.config import NotifierSettings
 from shared.errors import ConfigurationError
 
 
@@ -52,17 +52,17 @@ def _given(value: SecretStr | None) -> SecretStr | None:
     return SecretStr(text) if text else None
 
 
-def targets_of(settings: Settings) -> list[Target]:
+def targets_of(settings: NotifierSettings) -> list[Target]:
     """Every target the settings name; a URL that is not http(s) is a configuration error."""
     found: list[Target] = []
-    webhook = _given(settings.notifier.notify_webhook_url)
-    slack = _given(settings.notifier.notify_slack_url)
-    routing_key = _given(settings.notifier.notify_pagerduty_routing_key)
+    webhook = _given(settings.notify_webhook_url)
+    slack = _given(settings.notify_slack_url)
+    routing_key = _given(settings.notify_pagerduty_routing_key)
     if webhook is not None:
         found.append(Target(TargetKind.WEBHOOK, _checked(TargetKind.WEBHOOK, webhook)))
     if slack is not None:
         found.append(Target(TargetKind.SLACK, _checked(TargetKind.SLACK, slack)))
     if routing_key is not None:
-        url = _checked(TargetKind.PAGERDUTY, SecretStr(settings.notifier.notify_pagerduty_url))
+        url = _checked(TargetKind.PAGERDUTY, SecretStr(settings.notify_pagerduty_url))
         found.append(Target(TargetKind.PAGERDUTY, url, routing_key))
     return found

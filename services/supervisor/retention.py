@@ -28,7 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 from shared import clock
-from shared.config import Settings
+from shared.config import RetentionSettings
 from shared.domain.timing import utcnow
 from shared.metrics import RETENTION_BATCHES, RETENTION_DELETED
 from shared.store.port import Purges
@@ -70,12 +70,14 @@ class Retention:
     def __init__(
         self,
         store: Purges,
-        settings: Settings,
+        settings: RetentionSettings,
         *,
+        clock_skew_s: float,
         clock: Callable[[], float] = clock.monotonic,
     ) -> None:
         self._store = store
         self._s = settings
+        self._skew = timedelta(seconds=clock_skew_s)
         self._clock = clock
         self.counts = RetentionCounts()
         self.purges = [
@@ -92,7 +94,7 @@ class Retention:
                 await self._run(purge)
 
     async def _run(self, purge: Purge) -> None:
-        limit = self._s.retention.retention_batch
+        limit = self._s.retention_batch
         total: dict[str, int] = {}
         self.counts.passes[purge.name] = self.counts.passes.get(purge.name, 0) + 1
         for _ in range(BATCHES_PER_ROUND):
@@ -104,7 +106,7 @@ class Retention:
                 self.counts.deleted[kind] = self.counts.deleted.get(kind, 0) + n
                 RETENTION_DELETED.labels(kind).inc(n)
             if all(deleted.get(kind, 0) < limit for kind in (purge.unit, *purge.also)):
-                purge.due = self._clock() + self._s.retention.retention_interval_s
+                purge.due = self._clock() + self._s.retention_interval_s
                 break
         # Otherwise every batch was full: a backlog, which the next round goes on with.
         if any(total.values()):
@@ -112,16 +114,16 @@ class Retention:
 
     async def _inbox(self, limit: int) -> dict[str, int]:
         # An entry's expiry was set by its consumer's clock: judge it by that clock at worst.
-        now = utcnow() - timedelta(seconds=self._s.process.clock_skew_s)
+        now = utcnow() - self._skew
         return {"inbox": await self._store.inbox_purge(now=now, limit=limit)}
 
     async def _journal(self, limit: int) -> dict[str, int]:
-        cutoff = utcnow() - timedelta(seconds=self._s.retention.retention_s)
+        cutoff = utcnow() - timedelta(seconds=self._s.retention_s)
         purged = await self._store.purge_journal(finished_before=cutoff, limit=limit)
         return {"history": purged.history, "compensation_log": purged.compensation}
 
     async def _orders(self, limit: int) -> dict[str, int]:
-        cutoff = utcnow() - timedelta(seconds=self._s.retention.order_retention_s)
+        cutoff = utcnow() - timedelta(seconds=self._s.order_retention_s)
         purged = await self._store.purge_orders(finished_before=cutoff, limit=limit)
         return {
             "orders": purged.orders,
@@ -130,5 +132,5 @@ class Retention:
         }
 
     async def _alerts(self, limit: int) -> dict[str, int]:
-        cutoff = utcnow() - timedelta(seconds=self._s.retention.alert_retention_s)
+        cutoff = utcnow() - timedelta(seconds=self._s.alert_retention_s)
         return {"alerts": await self._store.purge_alerts(raised_before=cutoff, limit=limit)}

@@ -60,7 +60,11 @@ class Supervisor:
         self._wait = self._s.supervisor.supervisor_interval_s
         """Until the next round: the interval, or less for a standby whose leader's lease
         expires sooner, so a dead leader is replaced as its lease runs out."""
-        self._retention = Retention(runtime.store, runtime.settings)
+        self._retention = Retention(
+            runtime.store,
+            runtime.settings.retention,
+            clock_skew_s=runtime.settings.process.clock_skew_s,
+        )
         """What the leader deletes once it expired (services/supervisor/retention.py)."""
         self._gauges = LeaderGauges(runtime.store, runtime.connection, runtime.names)
         SUPERVISOR_LEADER.set(0)

@@ -284,11 +284,10 @@ def test_a_store_outage_during_the_bulk_allowance_is_a_503() -> None:
         async def token_use(self, *_: Any, **__: Any) -> None:
             raise ServiceUnavailable("store down")
 
-    limits = SimpleNamespace(
-        broker=SimpleNamespace(max_message_bytes=65_536),
-        api=SimpleNamespace(api_read_timeout_s=10.0),
+    limits = SimpleNamespace(api_read_timeout_s=10.0)
+    ctx = SimpleNamespace(
+        settings=limits, max_message_bytes=65_536, store=Down(), failed_auth=FailedAuth()
     )
-    ctx = SimpleNamespace(settings=limits, store=Down(), failed_auth=FailedAuth())
     app = create_app(None)
     app.state.context = ctx
     app.add_middleware(BodyLimit, allowance=body_allowance(ctx))  # type: ignore[arg-type]
