@@ -36,7 +36,7 @@ from shared.broker.consumer import Delivery
 from shared.broker.dedupe import AlongClaim, inbox_key
 from shared.broker.publisher import Publishing
 from shared.broker.topology import Names
-from shared.config import Settings
+from shared.config import AgentSettings
 from shared.domain.coordination import InboxOutcome
 from shared.domain.journal import AlertKind, Severity
 from shared.domain.messages import StepRequest
@@ -56,27 +56,30 @@ class Agent:
         name: str,
         client: RemoteCalls,
         publisher: Publishing,
-        settings: Settings,
+        settings: AgentSettings,
         *,
+        hub: str,
+        ticket_keep_s: float,
         tickets: Tickets,
         ticket_queue: str | None = None,
     ) -> None:
         """`ticket_queue`: the inbox queue of `tickets` when they are inbox claims, so the
-        first can be taken along with a request's own inbox claim (decision 132)."""
+        first can be taken along with a request's own inbox claim (decision 132);
+        `ticket_keep_s`: how long a ticket is kept (the broker's dedupe window)."""
         self.name = name
         self._tickets = tickets
         self._ticket_queue = ticket_queue
         self._publisher = publisher
         self._settings = settings
-        self._replies = Names(settings.hub).replies
+        self._replies = Names(hub).replies
         self._breakers = Breakers(
-            fail_max=settings.agents.breaker_fail_max, reset_s=settings.agents.breaker_reset_s
+            fail_max=settings.breaker_fail_max, reset_s=settings.breaker_reset_s
         )
         self._calls = StepCalls(
-            name, client, self._breakers, http_timeout_s=settings.agents.agent_http_timeout_s
+            name, client, self._breakers, http_timeout_s=settings.agent_http_timeout_s
         )
         self._alerted: set[str] = set()
-        self._ticket_keep = timedelta(seconds=settings.broker.inbox_ttl_s)
+        self._ticket_keep = timedelta(seconds=ticket_keep_s)
 
     def breaker(self, operation: str) -> pybreaker.CircuitBreaker:
         return self._breakers.get(operation)
@@ -94,7 +97,7 @@ class Agent:
 
     async def alert_open_circuits(self, report: Reporter, *, now: datetime) -> None:
         """Raise one `circuit-open` alert per opening that lasts beyond the threshold."""
-        after = timedelta(seconds=self._settings.observability.circuit_alert_after_s)
+        after = timedelta(seconds=self._settings.circuit_alert_after_s)
         for operation, opened_at in self._breakers.open_longer_than(after, now=now).items():
             since = opened_at.isoformat(timespec="microseconds")
             alert_id = f"circuit-open:{operation}:{since}:{report.source}"[:128]
@@ -199,7 +202,14 @@ async def serve_agent(
         )
     tickets = InboxTickets(runtime.store, runtime.names.agent(name))
     agent = Agent(
-        name, client, runtime.publisher, settings, tickets=tickets, ticket_queue=tickets.queue
+        name,
+        client,
+        runtime.publisher,
+        settings.agents,
+        hub=settings.hub,
+        ticket_keep_s=settings.broker.inbox_ttl_s,
+        tickets=tickets,
+        ticket_queue=tickets.queue,
     )
     report = runtime.reporter()
 

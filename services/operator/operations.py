@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from aio_pika.abc import AbstractRobustConnection
 
@@ -91,10 +91,15 @@ class Operations:
         return group_failures([r async for r in matching(self.store, query, step, after)])
 
     async def order(self, order_id: str) -> OrderView:
-        return await order_view(self.store, self.settings, order_id)
+        s = self.settings
+        return await order_view(
+            self.store, order_id, hub=s.hub, supervisor=s.supervisor, retention=s.retention
+        )
 
     async def timeline(self, order_id: str) -> list[TimelineEvent]:
-        return await order_timeline(self.store, self.settings, order_id)
+        return await order_timeline(
+            self.store, order_id, hub=self.settings.hub, retention=self.settings.retention
+        )
 
     async def select(self, choose: actions.Chooser) -> actions.Selection:
         return await choose(self.store)
@@ -128,7 +133,13 @@ class Operations:
     # -- the hub
 
     async def stats(self) -> Stats:
-        return await hub_stats(self.store, self.broker, self.settings, self.names)
+        return await hub_stats(
+            self.store,
+            self.broker,
+            self.names,
+            stuck_after=timedelta(seconds=self.settings.supervisor.stuck_pending_s),
+            overdue_after=self.settings.workflow.step_timeout,
+        )
 
     async def processes(self) -> Processes:
         return await process_stats(self.store, now=utcnow())
@@ -162,7 +173,13 @@ class Operations:
         """Hand each alert notification of `<hub>.alerts.feed` to `feed` (services/operator/
         alerts.py); with `burst`, until the queue is empty, else until `stop`."""
         return await follow_alerts(
-            self.broker, self.names, self.senders, self.settings, feed, burst=burst, stop=stop
+            self.broker,
+            self.names,
+            self.senders,
+            self.settings.broker,
+            feed,
+            burst=burst,
+            stop=stop,
         )
 
     async def undelivered_alerts(self) -> list[UndeliveredAlert]:

@@ -103,7 +103,7 @@ class SupervisorSettings(Section):
 
 
 class AgentSettings(Section):
-    """The agents: their calls to the remote service and its circuit breakers."""
+    """The agents: their calls to the remote service, its circuit breakers and their alerts."""
 
     agent_attempts_per_request: int = Field(default=3, ge=1, le=100)
     """Remote attempts one step request may spend (never more than the order's budget left)."""
@@ -114,6 +114,9 @@ class AgentSettings(Section):
     (high enough that a 20% error rate does not trip it: 0.2^10 is one in ten million)."""
     breaker_reset_s: float = Field(default=5.0, gt=0)
     """How long an open circuit fails fast before it lets one trial call through."""
+    circuit_alert_after_s: float = Field(default=30.0, gt=0)
+    """An agent raises a `circuit-open` alert when a circuit breaker has stayed open (failing
+    trial calls included) longer than this; one alert per opening."""
 
 
 class SchedulerSettings(Section):

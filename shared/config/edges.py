@@ -21,9 +21,6 @@ class ObservabilitySettings(Section):
     heartbeat_s: float = Field(default=5.0, gt=0, le=3600)
     """How often a process reports its status (heartbeat); a status expires after three missed
     beats, and a clean stop removes it."""
-    circuit_alert_after_s: float = Field(default=30.0, gt=0)
-    """An agent raises a `circuit-open` alert when a circuit breaker has stayed open (failing
-    trial calls included) longer than this; one alert per opening."""
     no_leader_alert_after_s: float = Field(default=60.0, gt=0)
     """Schedulers raise a `no-leader` alert when no supervisor has held the leader lease for
     longer than this; one alert per leaderless period."""
