@@ -18,7 +18,6 @@ from shared.domain.states import ErrorKind, ProcessState
 from shared.domain.timing import utcnow
 from shared.domain.updates import Update
 from shared.domain.workflow import Workflow
-from shared.policies import compensates
 
 # The attempt's lines, under the runner's name whichever part of it writes them.
 log = logging.getLogger("services.scheduler.runner")
@@ -130,9 +129,7 @@ class Failures:
     ) -> StateRecord:
         """Park the order in Error (and alert), or move it to Compensating, per the workflow."""
         ctx = self._ctx
-        compensate = workflow is not None and compensates(
-            ctx.settings.workflow, workflow, error.kind
-        )
+        compensate = workflow is not None and ctx.rules.compensates(workflow, error.kind)
         update = updates.fail(
             record,
             step or next(iter(record.steps)),
@@ -140,7 +137,7 @@ class Failures:
             now=utcnow(),
             error=error,
             attempts_used=attempts_used,
-            compensate_within=ctx.settings.workflow.step_timeout if compensate else None,
+            compensate_within=ctx.rules.step_timeout if compensate else None,
         )
         events = [
             ctx.event(

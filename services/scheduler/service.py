@@ -11,7 +11,11 @@ from datetime import timedelta
 from typing import Any
 
 from services.scheduler.compensator import Compensator
-from services.scheduler.context import AttemptContext, step_series_from_the_start
+from services.scheduler.context import (
+    AttemptContext,
+    attempt_rules,
+    step_series_from_the_start,
+)
 from services.scheduler.leader_watch import LeaderWatch
 from services.scheduler.runner import OrderRunner
 from shared.backoff import Backoff
@@ -90,7 +94,7 @@ class Scheduler:
             router=self._router,
             reply_queue=self._replies.name,
             report=self._rt.reporter(),
-            settings=self._settings,
+            rules=attempt_rules(self._settings),
         )
         compensator = Compensator(ctx)
         runner = OrderRunner(ctx, compensator)

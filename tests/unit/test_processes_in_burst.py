@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from harness.simulation.shop import Placed
 from services.scheduler.compensator import Compensator
-from services.scheduler.context import AttemptContext
+from services.scheduler.context import AttemptContext, attempt_rules
 from services.scheduler.runner import OrderRunner
 from services.shop.orders import message_id_of
 from services.supervisor.service import serve_supervisor
@@ -210,7 +210,7 @@ async def _runner(hub: MemoryHub) -> OrderRunner:
         router=router,
         reply_queue=replies.name,
         report=runtime.reporter(),
-        settings=runtime.settings,
+        rules=attempt_rules(runtime.settings),
     )
     return OrderRunner(ctx, Compensator(ctx))
 
