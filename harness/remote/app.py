@@ -52,7 +52,7 @@ from harness.remote.accounts import (
 )
 from harness.remote.admin import admin_guard
 from harness.remote.ledger import UNANSWERED, Effect, Ledger
-from shared.config import Settings
+from shared.config import RemoteStandInSettings
 from shared.errors import StaleFencingToken, Undone
 from shared.remote.client import ACCOUNT_HEADER
 from shared.remote.payments import DECLINED_TEST_TOKEN
@@ -101,15 +101,15 @@ class Faults:
     the key) until cleared; set at run time only (`PUT /admin/faults`)."""
 
     @classmethod
-    def from_settings(cls, s: Settings) -> Faults:
+    def from_settings(cls, s: RemoteStandInSettings) -> Faults:
         return cls(
-            transient_error_rate=s.stand_in.remote_transient_error_rate,
-            latency_ms=s.stand_in.remote_latency_ms,
-            hang_rate=s.stand_in.remote_hang_rate,
-            hang_s=s.stand_in.remote_hang_s,
-            decline_rate=s.stand_in.remote_decline_rate,
-            outage=s.stand_in.remote_outage,
-            fail_operations=[op for op in s.stand_in.remote_fail_operations.split(",") if op],
+            transient_error_rate=s.remote_transient_error_rate,
+            latency_ms=s.remote_latency_ms,
+            hang_rate=s.remote_hang_rate,
+            hang_s=s.remote_hang_s,
+            decline_rate=s.remote_decline_rate,
+            outage=s.remote_outage,
+            fail_operations=[op for op in s.remote_fail_operations.split(",") if op],
         )
 
     def update(self, changes: dict[str, Any]) -> None:

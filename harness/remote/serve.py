@@ -37,7 +37,7 @@ async def serve_remote(settings: Settings, stop: asyncio.Event) -> None:
     ledger = Ledger(settings.stand_in.remote_ledger_path)
     service = RemoteService(
         ledger,
-        Faults.from_settings(settings),
+        Faults.from_settings(settings.stand_in),
         random.Random(settings.stand_in.remote_seed),
         admin_token=admin_token(),
         accounts=remote_accounts(),
