@@ -1,6 +1,6 @@
 """`.env.example` and the settings every orderflow container takes from it.
 
-Every field of `shared.config.Settings` appears in `.env.example` as `ORDERFLOW_<NAME>`, commented
+Every setting (`shared.config.FIELDS`) appears in `.env.example` as `ORDERFLOW_<NAME>`, commented
 out with its default and its documentation: uncommenting a line overrides the code's default.
 Compose reads `.env` for interpolation only; each orderflow container gets the settings through
 `infra/compose/settings.yml` (every setting, without a value: compose passes it on only when
@@ -10,11 +10,9 @@ files (deployment/secretfiles.py, `infra/secrets.sh`).
 
 from __future__ import annotations
 
-import inspect
-import re
 from typing import Any
 
-from shared.config import Settings
+from shared.config import FIELDS
 
 SET_BY_COMPOSE = {
     "rabbitmq_url": "each service's own RabbitMQ user, the secret file rabbitmq_<user>_url",
@@ -44,21 +42,198 @@ NOT_SETTINGS = {
 def passed_settings() -> list[str]:
     """The `ORDERFLOW_*` variables every orderflow container takes from `.env` or the shell."""
     return [
-        f"ORDERFLOW_{name.upper()}" for name in Settings.model_fields if name not in SET_BY_COMPOSE
+        f"ORDERFLOW_{name.upper()}"
+        for _, names in LAYOUT
+        for name in names
+        if name not in SET_BY_COMPOSE
     ]
 
 
-def _sections() -> dict[str, str]:
-    """Field name -> the `# -- section` comment it sits under in shared/config.py."""
-    section, found = "", {}
-    for line in inspect.getsource(Settings).splitlines():
-        heading = re.match(r"\s*# -- (.+)", line)
-        field = re.match(r"\s{4}(\w+): ", line)
-        if heading:
-            section = heading.group(1).strip()
-        elif field and field.group(1) in Settings.model_fields:
-            found[field.group(1)] = section
-    return found
+LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "where things are",
+        (
+            "rabbitmq_url",
+            "store_url",
+            "hub",
+            "remote_url",
+            "remote_port",
+            "remote_account_key",
+            "remote_fence_key",
+            "broker_user_prefix",
+            "seal_key",
+        ),
+    ),
+    (
+        "timeouts of every external call",
+        (
+            "connect_timeout_s",
+            "store_command_timeout_s",
+            "publish_timeout_s",
+            "store_pool_size",
+        ),
+    ),
+    (
+        "the workflow",
+        (
+            "step_timeout_s",
+            "retry_budget",
+            "compensate_on",
+            "workflow_version",
+            "undo_attempts",
+        ),
+    ),
+    (
+        "the supervisor",
+        (
+            "supervisor_interval_s",
+            "supervisor_scan_limit",
+            "lease_ttl_s",
+            "failure_threshold",
+            "backoff_base_s",
+            "backoff_cap_s",
+            "cooldown_after",
+            "cooldown_s",
+        ),
+    ),
+    (
+        "messaging",
+        (
+            "prefetch",
+            "redelivery_limit",
+            "max_message_bytes",
+            "orders_queue_max_length",
+            "inbox_ttl_s",
+            "inbox_claim_ttl_s",
+            "handler_timeout_s",
+            "delayed_retries",
+            "poison_alert_window_s",
+            "intake_stall_s",
+            "retry_delay_s",
+            "outage_patience_s",
+            "clock_skew_s",
+        ),
+    ),
+    (
+        "the agents",
+        (
+            "agent_attempts_per_request",
+            "agent_http_timeout_s",
+            "breaker_fail_max",
+            "breaker_reset_s",
+        ),
+    ),
+    (
+        "the scheduler",
+        (
+            "scheduler_inflight",
+            "claim_batch",
+            "poll_interval_s",
+            "drain_timeout_s",
+        ),
+    ),
+    (
+        "the submission process",
+        (
+            "backlog_threshold",
+            "backlog_check_s",
+        ),
+    ),
+    (
+        "data retention",
+        (
+            "retention_s",
+            "order_retention_s",
+            "alert_retention_s",
+            "retention_interval_s",
+            "retention_batch",
+            "alerts_queue_max_length",
+        ),
+    ),
+    (
+        "the supervisor (reporting)",
+        ("stuck_pending_s",),
+    ),
+    (
+        "observability: metrics, heartbeats, runtime alerts",
+        (
+            "metrics_port",
+            "metrics_host",
+            "heartbeat_s",
+            "circuit_alert_after_s",
+            "no_leader_alert_after_s",
+        ),
+    ),
+    (
+        "traces (shared/tracing.py): one per order, across processes; off unless exported",
+        (
+            "otlp_endpoint",
+            "trace_file",
+            "trace_sample_ratio",
+        ),
+    ),
+    (
+        "the notifier (`orderflow serve notifier`): alerts delivered to webhooks",
+        (
+            "notify_webhook_url",
+            "notify_slack_url",
+            "notify_pagerduty_routing_key",
+            "notify_pagerduty_url",
+            "notify_timeout_s",
+            "notify_retry_max_s",
+            "notify_give_up_after_s",
+            "notify_poll_s",
+        ),
+    ),
+    (
+        "the HTTP API (`orderflow serve api`): the shop, the console, their API",
+        (
+            "api_host",
+            "api_port",
+            "api_record_wait_s",
+            "api_stream_poll_s",
+            "api_stream_max_s",
+            "api_streams_per_token",
+            "api_streams_max",
+            "api_max_connections",
+            "api_read_timeout_s",
+            "api_rabbitmq_url",
+            "api_operator_rabbitmq_url",
+            "api_catalogue_path",
+        ),
+    ),
+    (
+        "the simulated remote service",
+        (
+            "remote_transient_error_rate",
+            "remote_latency_ms",
+            "remote_hang_rate",
+            "remote_hang_s",
+            "remote_decline_rate",
+            "remote_outage",
+            "remote_fail_operations",
+            "remote_seed",
+            "remote_ledger_path",
+        ),
+    ),
+    (
+        "fault injection (tests and drills; all off by default)",
+        (
+            "fault_duplicate_rate",
+            "fault_reply_delay_rate",
+            "fault_reply_delay_ms",
+            "fault_seed",
+            "fault_crash_at",
+            "fault_crash_after",
+        ),
+    ),
+    (
+        "logging",
+        ("log_level",),
+    ),
+)
+"""`.env.example`'s headings and, under each, its settings in order (every field of
+`shared.config.FIELDS` once: tests/unit/test_config.py checks it)."""
 
 
 def _value(default: Any) -> str:
@@ -94,18 +269,16 @@ def env_example() -> str:
         "",
         "# -- every orderflow setting, with its default: uncomment a line to change it",
     ]
-    sections = _sections()
-    section = None
-    for name, field in Settings.model_fields.items():
-        if sections.get(name) != section:
-            section = sections.get(name)
-            lines += ["", f"# -- {section}"]
-        lines += _comment(field.description or "")
-        variable = f"ORDERFLOW_{name.upper()}"
-        if name in SET_BY_COMPOSE:
-            lines.append(f"# {variable}: set by docker-compose.yml ({SET_BY_COMPOSE[name]})")
-        else:
-            lines.append(f"# {variable}={_value(field.default)}")
+    for heading, names in LAYOUT:
+        lines += ["", f"# -- {heading}"]
+        for name in names:
+            field = FIELDS[name]
+            lines += _comment(field.description or "")
+            variable = f"ORDERFLOW_{name.upper()}"
+            if name in SET_BY_COMPOSE:
+                lines.append(f"# {variable}: set by docker-compose.yml ({SET_BY_COMPOSE[name]})")
+            else:
+                lines.append(f"# {variable}={_value(field.default)}")
     return "\n".join(lines) + "\n"
 
 

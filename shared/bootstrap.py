@@ -8,10 +8,11 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustConnection
 
+from shared import crash
 from shared.broker.connection import connect, login_user, quorum_available, server_version
 from shared.broker.consumer import Consumer, ConsumerPolicy, Delivery, Handler
 from shared.broker.dedupe import AlongClaim
@@ -26,13 +27,16 @@ from shared.broker.topology import (
     declare_topology,
     retire_unbounded_alerts_queue,
 )
-from shared.config import Settings
+from shared.config import DrillSettings, Settings
 from shared.errors import ConfigurationError
 from shared.heartbeat import Check, Heartbeat, StatusData
 from shared.metrics import MetricsEndpoint, serve_metrics
 from shared.reporting import PoisonAlerts, Reporter
 from shared.store.factory import open_store
 from shared.store.port import StateStore
+
+if TYPE_CHECKING:
+    from shared.store.postgres import BeforeClaimCommit
 
 log = logging.getLogger(__name__)
 
@@ -53,49 +57,79 @@ def queue_policy(settings: Settings, connection: AbstractRobustConnection) -> Qu
         )
     return QueuePolicy(
         quorum=True,
-        delivery_limit=settings.redelivery_limit,
-        orders_max_length=settings.orders_queue_max_length,
-        alerts_max_length=settings.alerts_queue_max_length,
+        delivery_limit=settings.broker.redelivery_limit,
+        orders_max_length=settings.broker.orders_queue_max_length,
+        alerts_max_length=settings.broker.alerts_queue_max_length,
     )
 
 
 def consumer_policy(settings: Settings) -> ConsumerPolicy:
     return ConsumerPolicy(
-        prefetch=settings.prefetch,
-        redelivery_limit=settings.redelivery_limit,
-        max_message_bytes=settings.max_message_bytes,
-        dedupe_window=timedelta(seconds=settings.inbox_ttl_s),
-        claim_ttl=timedelta(seconds=settings.inbox_claim_ttl_s),
-        handler_timeout=settings.handler_timeout_s,
-        delayed_retries=settings.delayed_retries,
-        retry_delay=settings.retry_delay_s,
-        outage_patience=settings.outage_patience_s,
-        clock_skew=timedelta(seconds=settings.clock_skew_s),
-        own_user=login_user(settings.rabbitmq_url),
-        user_prefix=settings.broker_user_prefix,
-        seal_key=seal_key(settings),
+        prefetch=settings.broker.prefetch,
+        redelivery_limit=settings.broker.redelivery_limit,
+        max_message_bytes=settings.broker.max_message_bytes,
+        dedupe_window=timedelta(seconds=settings.broker.inbox_ttl_s),
+        claim_ttl=timedelta(seconds=settings.broker.inbox_claim_ttl_s),
+        handler_timeout=settings.broker.handler_timeout_s,
+        delayed_retries=settings.broker.delayed_retries,
+        retry_delay=settings.broker.retry_delay_s,
+        outage_patience=settings.broker.outage_patience_s,
+        clock_skew=timedelta(seconds=settings.process.clock_skew_s),
+        own_user=login_user(settings.broker.rabbitmq_url),
+        user_prefix=settings.broker.broker_user_prefix,
+        seal_key=seal_key(settings.broker),
     )
 
 
+async def connect_store(settings: Settings) -> StateStore:
+    """The store the settings name, with the crash drill's hook in its claims when asked."""
+    return await open_store(
+        settings.store,
+        settings.hub,
+        connect_timeout_s=settings.process.connect_timeout_s,
+        before_claim_commit=claim_drill(settings.drills),
+    )
+
+
+def claim_drill(drills: DrillSettings) -> BeforeClaimCommit | None:
+    """The crash drill's hook in a PostgreSQL claim, when the drills ask for it.
+
+    Only for `claim-uncommitted`: the claim then runs in a transaction, and the hook exits the
+    process inside it once the scheduler process armed the drill (`arm_crash_drill`, as it
+    starts) and its count is reached; in any other process it does nothing. Otherwise there is
+    no hook and a claim is one autocommitted statement, as in production."""
+    if drills.fault_crash_at != "claim-uncommitted":
+        return None
+    return crash.claim_uncommitted
+
+
+def arm_crash_drill(drills: DrillSettings) -> None:
+    """Arm the scheduler's crash drill (shared/crash.py) as the drills ask: only a scheduler
+    process calls this, as it starts; every other process leaves the drill inert."""
+    crash.arm(drills.fault_crash_at, drills.fault_crash_after)
+
+
 async def open_broker(settings: Settings, *, name: str) -> AbstractRobustConnection:
-    return await connect(settings.rabbitmq_url, timeout=settings.connect_timeout_s, name=name)
+    return await connect(
+        settings.broker.rabbitmq_url, timeout=settings.process.connect_timeout_s, name=name
+    )
 
 
-def fault_drills(settings: Settings) -> Drills:
-    """The fault drills the settings ask for (none by default)."""
+def fault_drills(drills: DrillSettings) -> Drills:
+    """The publisher's fault drills the settings ask for (none by default)."""
     return Drills(
-        duplicate_rate=settings.fault_duplicate_rate,
-        reply_delay_rate=settings.fault_reply_delay_rate,
-        reply_delay_s=settings.fault_reply_delay_ms / 1000,
-        seed=settings.fault_seed,
+        duplicate_rate=drills.fault_duplicate_rate,
+        reply_delay_rate=drills.fault_reply_delay_rate,
+        reply_delay_s=drills.fault_reply_delay_ms / 1000,
+        seed=drills.fault_seed,
     )
 
 
 async def open_publisher(settings: Settings, connection: AbstractConnection) -> Publishing:
     """A confirming publisher on `connection`, wrapped in the fault drills (shared/broker/
     drills.py) only when a drill's setting is non-zero."""
-    publisher = await Publisher.open(connection, timeout=settings.publish_timeout_s)
-    return drilled(publisher, fault_drills(settings))
+    publisher = await Publisher.open(connection, timeout=settings.broker.publish_timeout_s)
+    return drilled(publisher, fault_drills(settings.drills))
 
 
 @dataclass
@@ -117,14 +151,16 @@ class Runtime:
 
     @classmethod
     async def open(cls, settings: Settings, name: str) -> Runtime:
-        store = await open_store(settings)
+        store = await connect_store(settings)
         try:
             connection = await open_broker(settings, name=name)
         except BaseException:
             await store.close()
             raise
         try:
-            metrics = await serve_metrics(settings.metrics_port, settings.metrics_host)
+            metrics = await serve_metrics(
+                settings.observability.metrics_port, settings.observability.metrics_host
+            )
             return await cls.on(settings, name, store, connection, metrics=metrics)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -166,7 +202,7 @@ class Runtime:
         return checks
 
     async def refresh_intake(self) -> None:
-        stall = self.settings.intake_stall_s
+        stall = self.settings.broker.intake_stall_s
         self.intake = [await self._intake_of(c, stall) for c in self.consumers]
         for status in self.intake:
             if status["state"] not in INTAKE_HEALTHY:
@@ -226,8 +262,8 @@ class Runtime:
         """Who this process, of kind `role`, tells apart (shared/broker/senders.py)."""
         return Senders.of(
             self.settings.hub,
-            self.settings.broker_user_prefix,
-            login_user(self.settings.rabbitmq_url),
+            self.settings.broker.broker_user_prefix,
+            login_user(self.settings.broker.rabbitmq_url),
             role,
         )
 
@@ -245,8 +281,8 @@ class Runtime:
             self.store,
             name=self.name,
             kind=kind,
-            every_s=self.settings.heartbeat_s,
-            metrics_port=self.settings.metrics_port,
+            every_s=self.settings.observability.heartbeat_s,
+            metrics_port=self.settings.observability.metrics_port,
             data=status,
             checks=checks,
             prepare=self.refresh_intake if self.consumers else None,
@@ -272,7 +308,9 @@ class Runtime:
             dead_letter_publisher=self.publisher,
             policy=consumer_policy(self.settings),
             holder=self.name,
-            on_poison=PoisonAlerts(reporter, queue, window_s=self.settings.poison_alert_window_s),
+            on_poison=PoisonAlerts(
+                reporter, queue, window_s=self.settings.broker.poison_alert_window_s
+            ),
             along=along,
         )
         self.consumers.append(consumer)
@@ -300,7 +338,7 @@ class InitReport:
 
 async def initialise(settings: Settings) -> InitReport:
     """Create the store's schema and indexes and declare the hub's topology. Idempotent."""
-    store: StateStore = await open_store(settings)
+    store: StateStore = await connect_store(settings)
     try:
         await store.init()
     finally:

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 # A developer's `.env` (README "Run it") is for their shell, not for the tests: the tests, and
-# every process they start, read this empty file instead (shared/config.py `env_file`).
+# every process they start, read this empty file instead (shared/config/settings.py `env_file`).
 os.environ["ORDERFLOW_ENV_FILE"] = str(Path(__file__).parent / "support" / "empty.env")
 
 REQUIRE_SERVICES = os.environ.get("ORDERFLOW_REQUIRE_SERVICES") == "1"

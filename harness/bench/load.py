@@ -55,7 +55,7 @@ async def publish(settings: Settings, run: Run, *, seed: int, concurrency: int =
     loop = asyncio.get_running_loop()
     start = loop.time()
     try:
-        publisher = await Publisher.open(connection, timeout=settings.publish_timeout_s)
+        publisher = await Publisher.open(connection, timeout=settings.broker.publish_timeout_s)
 
         async def one(i: int) -> None:
             if run.rate:

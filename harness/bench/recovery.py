@@ -16,11 +16,10 @@ from harness.bench.load import Run, publish, wait_settled
 from harness.bench.run import Plan
 from harness.bench.topology import cleanup, processes, topology, topology_env, wait_ready
 from services.operator.views import all_states
-from shared.bootstrap import initialise
+from shared.bootstrap import connect_store, initialise
 from shared.domain.journal import HistoryEventType
 from shared.domain.states import ProcessState
 from shared.errors import BenchFailed
-from shared.store.factory import open_store
 from shared.store.port import StateStore
 
 IN_FLIGHT = 5
@@ -34,7 +33,7 @@ async def run_recovery(run: Run, plan: Plan) -> dict[str, Any]:
     faults = {"ORDERFLOW_REMOTE_LATENCY_MS": "100"}  # so that steps are in flight when it dies
     with tempfile.TemporaryDirectory(prefix="orderflow-bench-") as tmp:
         workdir = Path(tmp)
-        store = await open_store(settings)
+        store = await connect_store(settings)
         try:
             await initialise(settings)
             env = topology_env(settings, faults, workdir)
@@ -54,7 +53,7 @@ async def run_recovery(run: Run, plan: Plan) -> dict[str, Any]:
         finally:
             await cleanup(settings, store, plan.keep)
             await store.close()
-    bound = settings.step_timeout_s + settings.supervisor_interval_s + 1
+    bound = settings.workflow.step_timeout_s + settings.supervisor.supervisor_interval_s + 1
     return {
         "killed": victim.name,
         "orphaned_orders": len(orphans),
@@ -62,8 +61,8 @@ async def run_recovery(run: Run, plan: Plan) -> dict[str, Any]:
         "kill_to_first_completion_s": round(recovered_s, 3),
         "bound_s": bound,
         "within_bound": recovered_s <= bound,
-        "step_timeout_s": settings.step_timeout_s,
-        "supervisor_interval_s": settings.supervisor_interval_s,
+        "step_timeout_s": settings.workflow.step_timeout_s,
+        "supervisor_interval_s": settings.supervisor.supervisor_interval_s,
     }
 
 

@@ -25,11 +25,10 @@ from harness.bench.topology import (
     wait_ready,
 )
 from services.operator.views import all_states
-from shared.bootstrap import initialise
+from shared.bootstrap import connect_store, initialise
 from shared.config import Settings
 from shared.domain.coordination import ComponentStatus
 from shared.errors import BenchFailed
-from shared.store.factory import open_store
 from shared.store.port import StateStore
 
 
@@ -69,7 +68,7 @@ def new_run(settings: Settings, plan: Plan) -> Run:
     schedulers = max(2, plan.schedulers) if plan.recovery else plan.schedulers
     config: dict[str, Any] = {
         "hub": run_settings.hub,
-        "store": run_settings.store_url.split("://")[0],
+        "store": run_settings.store.store_url.split("://")[0],
         "schedulers": schedulers if not plan.attach else "attached",
         "agents_per_step": plan.agents if not plan.attach else "attached",
         "transient_error_rate": plan.transient_error_rate,
@@ -85,7 +84,7 @@ def new_run(settings: Settings, plan: Plan) -> Run:
 async def run_bench(run: Run, plan: Plan, progress: Progress | None = None) -> dict[str, Any]:
     """The figures of the run, its hub dropped afterwards unless `plan.keep`."""
     with tempfile.TemporaryDirectory(prefix="orderflow-bench-") as tmp:
-        store = await open_store(run.settings)
+        store = await connect_store(run.settings)
         try:
             if plan.attach:
                 return await _attached(store, run, plan, progress)
@@ -99,12 +98,12 @@ async def _attached(
     store: StateStore, run: Run, plan: Plan, progress: Progress | None
 ) -> dict[str, Any]:
     statuses = await wait_ready(store, 1, None, timeout=10)
-    counted = await store_transactions(run.settings.store_url)
+    counted = await store_transactions(run.settings.store.store_url)
     result = await measure(store, run, statuses, plan, progress)
     if counted is not None:
         # Processes that stay up publish their counts up to 10 s late (when idle).
         await asyncio.sleep(STATS_FLUSH_S)
-    return await with_transactions(result, counted, run.settings.store_url)
+    return await with_transactions(result, counted, run.settings.store.store_url)
 
 
 async def _started(
@@ -119,7 +118,7 @@ async def _started(
         expected = processes(plan.schedulers, plan.agents)
         statuses = await wait_ready(store, expected, up, timeout=60)
         remote = remote_processes(up)
-        counted = await store_transactions(settings.store_url)
+        counted = await store_transactions(settings.store.store_url)
         soaking = Soak(settings, store) if plan.soak else None
         try:
             result = await measure(store, run, statuses, plan, progress, remote, soaking)
@@ -128,7 +127,7 @@ async def _started(
         except Exception as exc:
             raise BenchFailed(f"{exc!r}; the topology said:\n{last_words(workdir)}") from exc
     # Stopped: every backend of the topology published its counts as it exited.
-    return await with_transactions(result, counted, settings.store_url)
+    return await with_transactions(result, counted, settings.store.store_url)
 
 
 async def measure(

@@ -37,11 +37,8 @@ def free_port() -> int:
 
 def private_settings(settings: Settings) -> Settings:
     """The settings with a task hub of the run's own and a free port for its remote service."""
-    return settings.model_copy(
-        update={
-            "hub": f"bench{uuid.uuid4().hex[:8]}",
-            "remote_url": f"http://127.0.0.1:{free_port()}",
-        }
+    return settings.replace(
+        hub=f"bench{uuid.uuid4().hex[:8]}", remote_url=f"http://127.0.0.1:{free_port()}"
     )
 
 
@@ -55,9 +52,9 @@ def topology_env(settings: Settings, faults: dict[str, str], workdir: Path) -> d
     """What `orderflow up` and its processes run with: the run's hub, servers and faults."""
     return {
         "ORDERFLOW_HUB": settings.hub,
-        "ORDERFLOW_STORE_URL": settings.store_url,
-        "ORDERFLOW_RABBITMQ_URL": settings.rabbitmq_url,
-        "ORDERFLOW_REMOTE_URL": settings.remote_url,
+        "ORDERFLOW_STORE_URL": settings.store.store_url,
+        "ORDERFLOW_RABBITMQ_URL": settings.broker.rabbitmq_url,
+        "ORDERFLOW_REMOTE_URL": settings.remote.remote_url,
         "ORDERFLOW_REMOTE_LEDGER_PATH": str(workdir / "ledger.sqlite3"),
         "ORDERFLOW_LOG_LEVEL": os.environ.get("ORDERFLOW_LOG_LEVEL", "WARNING"),
         **faults,
@@ -93,7 +90,7 @@ async def topology(
         if up.returncode is None:
             up.send_signal(signal.SIGTERM)
             try:
-                await asyncio.wait_for(up.wait(), timeout=settings.drain_timeout_s + 15)
+                await asyncio.wait_for(up.wait(), timeout=settings.process.drain_timeout_s + 15)
             except TimeoutError:
                 up.kill()
                 await up.wait()

@@ -141,7 +141,7 @@ def _entry(entry: str, number: int) -> tuple[str, str, str]:
 def hub_account(settings: Settings) -> Accounts:
     """The one account of a hub whose settings hold both its keys (a remote service in the
     same process as the hub's schedulers and agents: the simulation's, a test's)."""
-    key, fence_key = settings.remote_account_key, settings.remote_fence_key
+    key, fence_key = settings.remote.remote_account_key, settings.remote.remote_fence_key
     if key is None or fence_key is None:
         raise ConfigurationError("the hub's account needs both its key and its fence key")
     return Accounts.parse(f"{settings.hub}:{key.get_secret_value()}:{fence_key.get_secret_value()}")

@@ -52,7 +52,7 @@ from harness.remote.accounts import (
 )
 from harness.remote.admin import admin_guard
 from harness.remote.ledger import UNANSWERED, Effect, Ledger
-from shared.config import Settings
+from shared.config import RemoteStandInSettings
 from shared.errors import StaleFencingToken, Undone
 from shared.remote.client import ACCOUNT_HEADER
 from shared.remote.payments import DECLINED_TEST_TOKEN
@@ -101,7 +101,7 @@ class Faults:
     the key) until cleared; set at run time only (`PUT /admin/faults`)."""
 
     @classmethod
-    def from_settings(cls, s: Settings) -> Faults:
+    def from_settings(cls, s: RemoteStandInSettings) -> Faults:
         return cls(
             transient_error_rate=s.remote_transient_error_rate,
             latency_ms=s.remote_latency_ms,

@@ -24,21 +24,21 @@ log = logging.getLogger(__name__)
 
 def remote_port(settings: Settings) -> int:
     """The port the remote stand-in listens on: `ORDERFLOW_REMOTE_PORT`, else its URL's."""
-    url = urlsplit(settings.remote_url)
+    url = urlsplit(settings.remote.remote_url)
     default = 443 if url.scheme == "https" else 80
-    return settings.remote_port or url.port or default
+    return settings.stand_in.remote_port or url.port or default
 
 
 async def serve_remote(settings: Settings, stop: asyncio.Event) -> None:
     """Run the remote service on the host of `ORDERFLOW_REMOTE_URL` and its port (or
     `ORDERFLOW_REMOTE_PORT`) until `stop`; a port in use is a one-line `ConfigurationError`."""
-    url = urlsplit(settings.remote_url)
+    url = urlsplit(settings.remote.remote_url)
     host, port = url.hostname or "127.0.0.1", remote_port(settings)
-    ledger = Ledger(settings.remote_ledger_path)
+    ledger = Ledger(settings.stand_in.remote_ledger_path)
     service = RemoteService(
         ledger,
-        Faults.from_settings(settings),
-        random.Random(settings.remote_seed),
+        Faults.from_settings(settings.stand_in),
+        random.Random(settings.stand_in.remote_seed),
         admin_token=admin_token(),
         accounts=remote_accounts(),
     )
@@ -64,7 +64,9 @@ async def serve_remote(settings: Settings, stop: asyncio.Event) -> None:
     )
     try:
         # Only the process's own metrics (the calls are in the ledger and `GET /admin/faults`).
-        metrics = await serve_metrics(settings.metrics_port, settings.metrics_host)
+        metrics = await serve_metrics(
+            settings.observability.metrics_port, settings.observability.metrics_host
+        )
         try:
             await stop.wait()
         finally:

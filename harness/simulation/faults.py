@@ -124,7 +124,8 @@ class Striker:
             return await self._duplicates(fault)
         if kind is Kind.LATE_REPLIES:
             user = self._world.user_of(f"agent-{(fault.target or '').removesuffix('-1')}")
-            self._wire.late[user] = self._world.settings.step_timeout_s + 1.0  # past the deadline
+            late = self._world.settings.workflow.step_timeout_s + 1.0  # past the deadline
+            self._wire.late[user] = late
             return lambda: _forget(self._wire.late, user)
         if kind is Kind.POISON:
             await self._poison(int(fault.amount))

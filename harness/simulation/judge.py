@@ -111,9 +111,9 @@ async def judge(world: World, shop: Shop, outcome: Outcome) -> None:
         store,
         effects,
         now=clock.utcnow(),
-        grace=timedelta(seconds=world.settings.clock_skew_s * 2 + 1),
+        grace=timedelta(seconds=world.settings.process.clock_skew_s * 2 + 1),
         attempts=attempts,
-        undo_attempts=world.settings.undo_attempts,
+        undo_attempts=world.settings.workflow.undo_attempts,
     )
     outcome.violations += _zombies(world)
     for process in world.processes.values():

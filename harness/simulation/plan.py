@@ -96,7 +96,7 @@ class Plan:
         cancels = random.Random(f"cancels:{seed}").choice((0, 1, 2, 3)) if orders else 0
         conditions = dataclasses.replace(conditions, cancels=cancels)
         schedule = draw(
-            rng, faults, span_s=FAULT_SPAN_S, clock_skew_s=settings.clock_skew_s,
+            rng, faults, span_s=FAULT_SPAN_S, clock_skew_s=settings.process.clock_skew_s,
             longest_s=LONGEST_FAULT_S,
         )  # fmt: skip
         schedule += kills(rng, conditions.kills)

@@ -222,9 +222,9 @@ async def initialise(world: World) -> None:
     s = world.settings
     policy = QueuePolicy(
         quorum=True,
-        delivery_limit=s.redelivery_limit,
-        orders_max_length=s.orders_queue_max_length,
-        alerts_max_length=s.alerts_queue_max_length,
+        delivery_limit=s.broker.redelivery_limit,
+        orders_max_length=s.broker.orders_queue_max_length,
+        alerts_max_length=s.broker.alerts_queue_max_length,
     )
     await declare_topology(await connection.channel(), Names(HUB), policy)  # type: ignore[arg-type]
     await connection.close()

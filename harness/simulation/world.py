@@ -230,7 +230,7 @@ class World:
         """The settings of a kind of process: the world's, logging in as its own user."""
         if kind not in self._settings:
             url = f"amqp://{self.user_of(kind)}@memory/"
-            self._settings[kind] = self.settings.model_copy(update={"rabbitmq_url": url})
+            self._settings[kind] = self.settings.replace(rabbitmq_url=url)
         return self._settings[kind]
 
     def serve_of(self, kind: str) -> Serve:

@@ -36,7 +36,7 @@ from shared.broker.consumer import Delivery
 from shared.broker.dedupe import AlongClaim, inbox_key
 from shared.broker.publisher import Publishing
 from shared.broker.topology import Names
-from shared.config import Settings
+from shared.config import AgentSettings
 from shared.domain.coordination import InboxOutcome
 from shared.domain.journal import AlertKind, Severity
 from shared.domain.messages import StepRequest
@@ -56,19 +56,22 @@ class Agent:
         name: str,
         client: RemoteCalls,
         publisher: Publishing,
-        settings: Settings,
+        settings: AgentSettings,
         *,
+        hub: str,
+        ticket_keep_s: float,
         tickets: Tickets,
         ticket_queue: str | None = None,
     ) -> None:
         """`ticket_queue`: the inbox queue of `tickets` when they are inbox claims, so the
-        first can be taken along with a request's own inbox claim (decision 132)."""
+        first can be taken along with a request's own inbox claim (decision 132);
+        `ticket_keep_s`: how long a ticket is kept (the broker's dedupe window)."""
         self.name = name
         self._tickets = tickets
         self._ticket_queue = ticket_queue
         self._publisher = publisher
         self._settings = settings
-        self._replies = Names(settings.hub).replies
+        self._replies = Names(hub).replies
         self._breakers = Breakers(
             fail_max=settings.breaker_fail_max, reset_s=settings.breaker_reset_s
         )
@@ -76,7 +79,7 @@ class Agent:
             name, client, self._breakers, http_timeout_s=settings.agent_http_timeout_s
         )
         self._alerted: set[str] = set()
-        self._ticket_keep = timedelta(seconds=settings.inbox_ttl_s)
+        self._ticket_keep = timedelta(seconds=ticket_keep_s)
 
     def breaker(self, operation: str) -> pybreaker.CircuitBreaker:
         return self._breakers.get(operation)
@@ -184,22 +187,29 @@ async def serve_agent(
     `ORDERFLOW_REMOTE_URL`)."""
     settings = runtime.settings
     if client is None:
-        key = settings.remote_account_key
+        key = settings.remote.remote_account_key
         if key is None:
             log.warning(
                 "ORDERFLOW_REMOTE_ACCOUNT_KEY is not set: the remote service refuses calls "
                 "without the account's key"
             )
         client = RemoteClient.open(
-            settings.remote_url,
-            pool=max(10, settings.prefetch * 2),
+            settings.remote.remote_url,
+            pool=max(10, settings.broker.prefetch * 2),
             account=settings.hub,
             account_key=None if key is None else key.get_secret_value(),
             trace_configs=aiohttp_trace_configs(),
         )
     tickets = InboxTickets(runtime.store, runtime.names.agent(name))
     agent = Agent(
-        name, client, runtime.publisher, settings, tickets=tickets, ticket_queue=tickets.queue
+        name,
+        client,
+        runtime.publisher,
+        settings.agents,
+        hub=settings.hub,
+        ticket_keep_s=settings.broker.inbox_ttl_s,
+        tickets=tickets,
+        ticket_queue=tickets.queue,
     )
     report = runtime.reporter()
 
@@ -216,6 +226,6 @@ async def serve_agent(
             try:
                 await stop.wait()
             finally:
-                await consumer.stop(drain_timeout=settings.drain_timeout_s)
+                await consumer.stop(drain_timeout=settings.process.drain_timeout_s)
     finally:
         await client.close()

@@ -120,13 +120,13 @@ OPERATOR_URL_REFUSED = (
 
 def api_app(settings: Any) -> str:
     """The API's application name: its broker user, which prefixes its status queue."""
-    return login_user(settings.rabbitmq_url) or ""
+    return login_user(settings.broker.rabbitmq_url) or ""
 
 
 async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
     """Serve the API on `api_host:api_port` until `stop`."""
     settings = runtime.settings
-    if settings.api_operator_rabbitmq_url:
+    if settings.api.api_operator_rabbitmq_url:
         raise ConfigurationError(OPERATOR_URL_REFUSED)
     app_name = api_app(settings)
     try:
@@ -136,24 +136,28 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
             f"the API's broker user {app_name!r} cannot name a status queue: {exc}"
         ) from None
     bridge = StatusBridge(
-        Senders.of(settings.hub, settings.broker_user_prefix, app_name or None, APP)
+        Senders.of(settings.hub, settings.broker.broker_user_prefix, app_name or None, APP)
     )
     statuses = PrivateQueue(
-        runtime.connection, status_queue, bridge.on_status, max_bytes=settings.max_message_bytes
+        runtime.connection,
+        status_queue,
+        bridge.on_status,
+        max_bytes=settings.broker.max_message_bytes,
     )
     await statuses.start()
     operator, tells = runtime.connection, runtime.publisher
-    if settings.api_rabbitmq_url:
+    if settings.api.api_rabbitmq_url:
         operator = await connect(
-            settings.api_rabbitmq_url,
-            timeout=settings.connect_timeout_s,
+            settings.api.api_rabbitmq_url,
+            timeout=settings.process.connect_timeout_s,
             name=f"{runtime.name}-operator",
         )
         # The statuses the API sends itself (a cancellation's) go as its own user, the one
         # allowed onto the status exchange and trusted by the applications for them.
-        tells = await Publisher.open(operator, timeout=settings.publish_timeout_s)
+        tells = await Publisher.open(operator, timeout=settings.broker.publish_timeout_s)
     ctx = ApiContext(
-        settings=settings,
+        settings=settings.api,
+        max_message_bytes=settings.broker.max_message_bytes,
         store=runtime.store,
         connection=runtime.connection,
         publisher=runtime.publisher,
@@ -161,15 +165,15 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
         app=app_name,
         status_queue=status_queue,
         bridge=bridge,
-        catalogue=load_catalogue(settings),
+        catalogue=load_catalogue(settings.api),
         ops=Operations(
             settings,
             runtime.names,
             # A replay's sender: the API's own broker user.
             Senders.of(
                 settings.hub,
-                settings.broker_user_prefix,
-                login_user(settings.api_rabbitmq_url or settings.rabbitmq_url),
+                settings.broker.broker_user_prefix,
+                login_user(settings.api.api_rabbitmq_url or settings.broker.rabbitmq_url),
                 "api",
             ),
             runtime.store,
@@ -179,8 +183,8 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
     )
     config = uvicorn.Config(
         create_app(ctx),
-        host=settings.api_host,
-        port=settings.api_port,
+        host=settings.api.api_host,
+        port=settings.api.api_port,
         log_config=None,  # the process's own JSON logging
         access_log=False,
         lifespan="off",
@@ -191,13 +195,13 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
         # It starts only once a response is sent: a connection that never sends a whole head
         # is closed by the read timeout instead.
         timeout_keep_alive=75,
-        http=h11_with_read_timeout(settings.api_read_timeout_s),
-        limit_concurrency=settings.api_max_connections,
+        http=h11_with_read_timeout(settings.api.api_read_timeout_s),
+        limit_concurrency=settings.api.api_max_connections,
     )
     server = uvicorn.Server(config)
 
     def status() -> dict[str, Any]:
-        return {"port": settings.api_port, "streams": ctx.streams.count, "jobs": len(ctx.jobs)}
+        return {"port": settings.api.api_port, "streams": ctx.streams.count, "jobs": len(ctx.jobs)}
 
     async with runtime.heartbeat("api", status):
         serving = asyncio.create_task(server.serve())
@@ -207,7 +211,7 @@ async def serve_api(runtime: Runtime, stop: asyncio.Event) -> None:
             if serving in done and not server.started:
                 serving.result()  # raise what stopped it
                 raise ConfigurationError(
-                    f"the API could not listen on {settings.api_host}:{settings.api_port}"
+                    f"the API could not listen on {settings.api.api_host}:{settings.api.api_port}"
                 )
             log.info("api stopping")
         finally:

@@ -104,7 +104,7 @@ def body_allowance(ctx: ApiContext) -> Callable[[Scope], Awaitable[Allowance]]:
     """What a request's body may be (services/api/limits.py `BodyLimit`): `max_message_bytes`
     within `api_read_timeout_s`, or the bulk allowance for an operator's token on `BULK_BODIES`
     (looked up only there, and not for an address refused for unknown tokens)."""
-    ordinary = Allowance(ctx.settings.max_message_bytes, ctx.settings.api_read_timeout_s)
+    ordinary = Allowance(ctx.max_message_bytes, ctx.settings.api_read_timeout_s)
     bulk = Allowance(BULK_BODY_BYTES, BULK_BODY_S)
 
     async def allowance(scope: Scope) -> Allowance:

@@ -21,7 +21,7 @@ from shared.broker.envelope import user_of
 from shared.broker.publisher import Publishing
 from shared.broker.senders import STATUS_SENDERS, Senders
 from shared.broker.topology import Names
-from shared.config import Settings
+from shared.config import ApiSettings
 from shared.domain.messages import Contract, OrderStatusUpdate
 from shared.domain.models import scoped
 from shared.errors import ConfigurationError
@@ -41,7 +41,7 @@ TEST_TOKENS = {
 }
 
 
-def load_catalogue(settings: Settings) -> Catalogue:
+def load_catalogue(settings: ApiSettings) -> Catalogue:
     """The shop's catalogue: `ORDERFLOW_API_CATALOGUE_PATH`, or the built-in one."""
     items = BUILT_IN_CATALOGUE
     if settings.api_catalogue_path:
@@ -107,7 +107,9 @@ class BulkJob:
 
 @dataclass
 class ApiContext:
-    settings: Settings
+    settings: ApiSettings
+    max_message_bytes: int
+    """The broker's bound on a message, which bounds a request's body too."""
     store: StateStore
     connection: AbstractRobustConnection
     publisher: Publishing

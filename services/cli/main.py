@@ -15,7 +15,7 @@ import click
 from services.cli.render import PlainFormatter, plain
 from services.cli.settings import LoadedSettings, settings_of
 from services.cli.uninitialised import not_initialised
-from shared.config import Settings
+from shared.config import FIELDS
 from shared.errors import ConfigurationError, OrderflowError, ServiceUnavailable, one_line
 from shared.masking import mask_credentials
 
@@ -104,9 +104,9 @@ def _fail(message: str, code: int) -> None:
 def _store_hint(ctx: click.Context, exc: ServiceUnavailable) -> str:
     """How to select PostgreSQL, when the store that is unreachable is MongoDB (the default)."""
     settings = settings_of(ctx)
-    if settings is None or settings.store_kind != "mongodb" or "MongoDB" not in str(exc):
+    if settings is None or settings.store.store_kind != "mongodb" or "MongoDB" not in str(exc):
         return ""
-    chosen = settings.store_url != Settings.model_fields["store_url"].default
+    chosen = settings.store.store_url != FIELDS["store_url"].default
     why = "ORDERFLOW_STORE_URL selects MongoDB" if chosen else "MongoDB is the default store"
     return (
         f" ({why}; to use PostgreSQL instead set "

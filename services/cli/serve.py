@@ -26,7 +26,7 @@ from services.cli.settings import pass_settings
 from services.scheduler.service import serve_scheduler
 from services.submission.service import serve_submission
 from services.supervisor.service import serve_supervisor
-from shared.bootstrap import Runtime
+from shared.bootstrap import Runtime, arm_crash_drill
 from shared.config import Settings
 from shared.domain.workflow import AGENTS
 from shared.errors import ServiceUnavailable
@@ -114,15 +114,15 @@ def traced(settings: Settings, kind: str, name: str) -> None:
         hub=settings.hub,
         service=kind,
         instance=name,
-        otlp_endpoint=settings.otlp_endpoint,
-        trace_file=settings.trace_file,
-        sample_ratio=settings.trace_sample_ratio,
+        otlp_endpoint=settings.observability.otlp_endpoint,
+        trace_file=settings.observability.trace_file,
+        sample_ratio=settings.observability.trace_sample_ratio,
     )
 
 
 def _serve(settings: Settings, kind: str, name: str | None, service: Service) -> None:
     pname = process_name(kind, name)
-    configure_logging(level=settings.log_level, process=pname, hub=settings.hub)
+    configure_logging(level=settings.observability.log_level, process=pname, hub=settings.hub)
     traced(settings, kind, pname)
     run_loop(_run(settings, kind, pname, service))
 
@@ -155,6 +155,7 @@ def submission(settings: Settings, name: str | None, burst: bool) -> None:
 @pass_settings()
 def scheduler(settings: Settings, name: str | None, burst: bool) -> None:
     """Claim orders and run their workflows."""
+    arm_crash_drill(settings.drills)  # the scheduler process's drill, chosen at its bootstrap
     _serve(settings, "scheduler", name, functools.partial(serve_scheduler, burst=burst))
 
 
@@ -187,7 +188,9 @@ def agent(settings: Settings, agent_name: str, name: str | None, burst: bool) ->
 def remote(settings: Settings, name: str | None) -> None:
     """Run the simulated remote service (inventory, payment, shipping) on ORDERFLOW_REMOTE_URL."""
     configure_logging(
-        level=settings.log_level, process=process_name("remote", name), hub=settings.hub
+        level=settings.observability.log_level,
+        process=process_name("remote", name),
+        hub=settings.hub,
     )
 
     from harness.remote.serve import serve_remote  # noqa: PLC0415 - a harness: this command's own
@@ -221,5 +224,5 @@ def notifier(settings: Settings, name: str | None, burst: bool) -> None:
         serve_notifier,
     )
 
-    required_targets(settings)  # a configuration error before any server is asked
+    required_targets(settings.notifier)  # a configuration error before any server is asked
     _serve(settings, "notifier", name, functools.partial(serve_notifier, burst=burst))

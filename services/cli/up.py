@@ -91,13 +91,15 @@ def listening_ports(
     if "remote" in labels:
         from harness.remote.serve import remote_port  # noqa: PLC0415 - a harness, run by `up` only
 
-        host = urlsplit(settings.remote_url).hostname or "127.0.0.1"
+        host = urlsplit(settings.remote.remote_url).hostname or "127.0.0.1"
         wanted.append((host, remote_port(settings), "the remote service, ORDERFLOW_REMOTE_PORT"))
     if "api" in labels:
-        wanted.append((settings.api_host, settings.api_port, "the API, ORDERFLOW_API_PORT"))
+        wanted.append((settings.api.api_host, settings.api.api_port, "the API, ORDERFLOW_API_PORT"))
     for label, port in ports.items():
         if port:
-            wanted.append((settings.metrics_host, port, f"{label}'s metrics, --metrics-port"))
+            wanted.append(
+                (settings.observability.metrics_host, port, f"{label}'s metrics, --metrics-port")
+            )
     return wanted
 
 
@@ -119,7 +121,7 @@ def check_ports_free(wanted: list[tuple[str, int, str]]) -> None:
 
 def children_env(settings: Settings, remote: bool) -> dict[str, str]:
     """What every child is told (the group's options and `.env` are read by `up` alone)."""
-    remote_url = settings.remote_url
+    remote_url = settings.remote.remote_url
     if remote:
         from harness.remote.serve import remote_port  # noqa: PLC0415 - a harness, run by `up` only
 
@@ -129,8 +131,8 @@ def children_env(settings: Settings, remote: bool) -> dict[str, str]:
         remote_url = parts._replace(netloc=f"{host}:{remote_port(settings)}").geturl()
     return {
         "ORDERFLOW_HUB": settings.hub,
-        "ORDERFLOW_STORE_URL": settings.store_url,
-        "ORDERFLOW_RABBITMQ_URL": settings.rabbitmq_url,
+        "ORDERFLOW_STORE_URL": settings.store.store_url,
+        "ORDERFLOW_RABBITMQ_URL": settings.broker.rabbitmq_url,
         "ORDERFLOW_REMOTE_URL": remote_url,
     }
 
@@ -142,8 +144,8 @@ def account_env(settings: Settings, remote: bool) -> dict[str, str]:
     `ORDERFLOW_REMOTE_ACCOUNTS` is set). Against a remote service of its own (`--no-remote`),
     only what is set: keys made up here would match nothing there."""
     keys = {
-        "ORDERFLOW_REMOTE_ACCOUNT_KEY": settings.remote_account_key,
-        "ORDERFLOW_REMOTE_FENCE_KEY": settings.remote_fence_key,
+        "ORDERFLOW_REMOTE_ACCOUNT_KEY": settings.remote.remote_account_key,
+        "ORDERFLOW_REMOTE_FENCE_KEY": settings.remote.remote_fence_key,
     }
     env = {name: key.get_secret_value() for name, key in keys.items() if key is not None}
     if not remote:
@@ -214,7 +216,7 @@ async def run_up(
     await asyncio.wait([stopping, all_exited], return_when=asyncio.FIRST_COMPLETED)
     alive = sum(c.returncode is None for c in children.values())
     click.echo(f"{'up':<{width}} | stopping {alive} process(es)")
-    await _stop_all(children, timeout=settings.drain_timeout_s + GRACE_S)
+    await _stop_all(children, timeout=settings.process.drain_timeout_s + GRACE_S)
     stopping.cancel()
     all_exited.cancel()
     await asyncio.gather(*pumps, *watchers, return_exceptions=True)
@@ -283,7 +285,7 @@ def up(
 ) -> None:
     """Initialise, then run the whole topology as separate processes until Ctrl-C/SIGTERM."""
     procs = topology(schedulers, supervisors, agents, remote, api=api)
-    ports = metrics_ports(procs, settings.metrics_port)
+    ports = metrics_ports(procs, settings.observability.metrics_port)
     check_ports_free(listening_ports(settings, procs, ports))
     report = asyncio.run(initialise(settings))
     click.echo(
@@ -296,7 +298,7 @@ def up(
             )
         )
     if api:
-        base = f"http://{settings.api_host}:{settings.api_port}"
+        base = f"http://{settings.api.api_host}:{settings.api.api_port}"
         click.echo(
             f"up: the shop at {base}/, the console at {base}/console, the API's document at "
             f"{base}/docs (tokens: `orderflow tokens create --role shop|viewer|operator --name N`)"

@@ -40,7 +40,7 @@ from services.notifier.formats import Notice
 from services.notifier.targets import Target
 from shared import clock
 from shared.backoff import stop_after
-from shared.config import Settings
+from shared.config import NotifierSettings
 from shared.domain.coordination import InboxOutcome
 from shared.domain.timing import utcnow
 from shared.errors import TargetRefused, TargetUnavailable, one_line
@@ -104,7 +104,10 @@ def inbox_queue(hub: str, target: Target) -> str:
 class Sender:
     """Delivers notices for one notifier process (`holder`)."""
 
-    settings: Settings
+    settings: NotifierSettings
+    hub: str
+    inbox_ttl_s: float
+    """How long a delivered notice is remembered (the broker's dedupe window)."""
     session: aiohttp.ClientSession
     inbox: Inbox
     holder: str
@@ -124,7 +127,7 @@ class Sender:
     async def deliver(self, target: Target, notice: Notice) -> Outcome:
         """Deliver `notice` to `target` unless it was; what became of it. A store failure
         raises (the notice is then not marked, and comes again)."""
-        queue = inbox_queue(self.settings.hub, target)
+        queue = inbox_queue(self.hub, target)
         claimed = await self._claim(queue, notice)
         if claimed is not InboxOutcome.CLAIMED:
             outcome = Outcome.DUPLICATE if claimed is InboxOutcome.DUPLICATE else Outcome.BUSY
@@ -139,7 +142,7 @@ class Sender:
                 log.warning("inbox claim not released", extra={"error": one_line(exc)})
             raise
         if outcome is not Outcome.BUSY:
-            keep = utcnow() + timedelta(seconds=self.settings.inbox_ttl_s)
+            keep = utcnow() + timedelta(seconds=self.inbox_ttl_s)
             await self.inbox.inbox_complete_many(queue, [InboxDone(notice.key, self.holder, keep)])
         return self._counted(target, notice, outcome)
 

@@ -39,7 +39,7 @@ from shared.broker.envelope import (
 )
 from shared.broker.senders import Senders
 from shared.broker.topology import existing_queue
-from shared.config import Settings
+from shared.config import NotifierSettings
 from shared.domain.journal import Alert, AlertState
 from shared.domain.redaction import redact_shown
 from shared.domain.text import cut
@@ -59,13 +59,20 @@ class Notifier:
     def __init__(self, runtime: Runtime, targets: list[Target], session: aiohttp.ClientSession):
         self._rt = runtime
         self._targets = targets
+        settings = runtime.settings
         self._sender = Sender(
-            runtime.settings, session, runtime.store, runtime.name, self._dead_letter
+            settings.notifier,
+            settings.hub,
+            settings.broker.inbox_ttl_s,
+            session,
+            runtime.store,
+            runtime.name,
+            self._dead_letter,
         )
         self._senders = Senders.of(
             runtime.settings.hub,
-            runtime.settings.broker_user_prefix,
-            login_user(runtime.settings.rabbitmq_url),
+            runtime.settings.broker.broker_user_prefix,
+            login_user(runtime.settings.broker.rabbitmq_url),
             "notifier",
         )
         self._told: set[str] = set()
@@ -81,7 +88,7 @@ class Notifier:
     async def run(self, stop: asyncio.Event, *, burst: bool = False) -> None:
         names = self._rt.names
         channel = await self._rt.connection.channel()
-        await channel.set_qos(prefetch_count=self._rt.settings.prefetch)
+        await channel.set_qos(prefetch_count=self._rt.settings.broker.prefetch)
         queue = await existing_queue(channel, names.alert_feed)
         if burst:
             while (message := await queue.get(no_ack=False, fail=False)) is not None:
@@ -114,7 +121,7 @@ class Notifier:
                 await queue.cancel(tag)
             if self._handling:
                 _, late = await asyncio.wait(
-                    set(self._handling), timeout=self._rt.settings.drain_timeout_s
+                    set(self._handling), timeout=self._rt.settings.process.drain_timeout_s
                 )
                 for task in late:
                     task.cancel()
@@ -136,7 +143,7 @@ class Notifier:
 
     async def _handle_one(self, message: AbstractIncomingMessage, stop: asyncio.Event) -> None:
         settings = self._rt.settings
-        read = read_notification(message, self._senders, settings.max_message_bytes)
+        read = read_notification(message, self._senders, settings.broker.max_message_bytes)
         if isinstance(read, str):
             log.warning("feed message dead-lettered", extra={"reason": read})
             try:
@@ -185,13 +192,13 @@ class Notifier:
             except Exception as exc:
                 log.warning("alert changes not read", extra={"error": one_line(exc)})
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._rt.settings.notify_poll_s)
+                await asyncio.wait_for(stop.wait(), self._rt.settings.notifier.notify_poll_s)
 
     async def tell_changes(self) -> int:
         """Tell the targets of the alerts acknowledged or resolved lately (within half the
         inbox's window, so that each one is still remembered as sent when it is looked at
         again); how many notices were delivered or set aside now."""
-        window = timedelta(seconds=self._rt.settings.inbox_ttl_s / 2)
+        window = timedelta(seconds=self._rt.settings.broker.inbox_ttl_s / 2)
         since, after = utcnow() - window, None
         told = 0
         while True:
@@ -253,7 +260,7 @@ class Notifier:
         )
 
 
-def required_targets(settings: Settings) -> list[Target]:
+def required_targets(settings: NotifierSettings) -> list[Target]:
     """The configured targets; none is a configuration error (checked before connecting)."""
     targets = targets_of(settings)
     if not targets:
@@ -265,7 +272,7 @@ def required_targets(settings: Settings) -> list[Target]:
 
 
 async def serve_notifier(runtime: Runtime, stop: asyncio.Event, *, burst: bool = False) -> None:
-    targets = required_targets(runtime.settings)
+    targets = required_targets(runtime.settings.notifier)
     log.info("delivering alerts", extra={"targets": [t.shown for t in targets]})
     async with aiohttp.ClientSession() as session:
         notifier = Notifier(runtime, targets, session)

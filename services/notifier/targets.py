@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from pydantic import SecretStr
 
 from services.notifier.formats import Notice, TargetKind, body
-from shared.config import Settings
+from shared.config import NotifierSettings
 from shared.errors import ConfigurationError
 
 
@@ -52,7 +52,7 @@ def _given(value: SecretStr | None) -> SecretStr | None:
     return SecretStr(text) if text else None
 
 
-def targets_of(settings: Settings) -> list[Target]:
+def targets_of(settings: NotifierSettings) -> list[Target]:
     """Every target the settings name; a URL that is not http(s) is a configuration error."""
     found: list[Target] = []
     webhook = _given(settings.notify_webhook_url)

@@ -27,7 +27,7 @@ from shared.broker.dead_letters import describe, give_back, header_value
 from shared.broker.envelope import TARGET, user_of
 from shared.broker.senders import Senders, agent_role
 from shared.broker.topology import Names, existing_queue
-from shared.config import Settings
+from shared.config import BrokerSettings
 from shared.domain.journal import Alert
 from shared.domain.messages import AlertMessage, decode
 from shared.domain.timing import utcnow
@@ -53,7 +53,7 @@ async def follow_alerts(
     connection: AbstractRobustConnection,
     names: Names,
     senders: Senders,
-    settings: Settings,
+    broker: BrokerSettings,
     feed: Feed,
     *,
     burst: bool,
@@ -64,13 +64,13 @@ async def follow_alerts(
     `senders`: who may raise them, as the operator's user sees it."""
     channel = await connection.channel()
     try:
-        await channel.set_qos(prefetch_count=settings.prefetch)
+        await channel.set_qos(prefetch_count=broker.prefetch)
         queue = await existing_queue(channel, names.alert_feed)
         taken = 0
 
         async def one(message: AbstractIncomingMessage) -> None:
             nonlocal taken
-            alert = read_notification(message, senders, settings.max_message_bytes)
+            alert = read_notification(message, senders, broker.max_message_bytes)
             if isinstance(alert, str):
                 feed.refused(alert)
                 await message.reject(requeue=False)

@@ -16,7 +16,7 @@ from shared.remote.client import RemoteClient
 async def audit_hub(settings: Settings, grace: float) -> AuditReport:
     """The audit of the settings' hub: `grace` seconds a live attempt may be past its deadline
     before it counts as lost."""
-    client = RemoteClient.open(settings.remote_url, admin_token=admin_token())
+    client = RemoteClient.open(settings.remote.remote_url, admin_token=admin_token())
     try:
         effects = await client.ledger(account=settings.hub)  # this hub's effects only
         attempts = await client.attempts(account=settings.hub)
@@ -29,7 +29,7 @@ async def audit_hub(settings: Settings, grace: float) -> AuditReport:
             now=utcnow(),
             grace=timedelta(seconds=grace),
             attempts=attempts,
-            undo_attempts=settings.undo_attempts,
+            undo_attempts=settings.workflow.undo_attempts,
         )
         letters = await ops.dead_letters(None)
         check_dead_letters(report, [letter.model_dump() for letter in letters])

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from services.operator.results import ErrorBrief, FailureGroupView, StepRow
-from shared.config import Settings
+from shared.config import SupervisorSettings
 from shared.domain.durations import human_age
 from shared.domain.journal import CompensationEntry, UndoStatus
 from shared.domain.models import StateRecord
@@ -110,10 +110,10 @@ def group_failures(records: list[StateRecord]) -> list[FailureGroup]:
     return sorted(groups.values(), key=lambda g: (-g.count, g.kind, g.fingerprint))
 
 
-def next_action(record: StateRecord, settings: Settings, now: datetime) -> str:
+def next_action(record: StateRecord, supervisor: SupervisorSettings, now: datetime) -> str:
     """What the system will do with this order next, and when; or what the operator can do."""
     state = record.process_state
-    threshold = settings.failure_threshold
+    threshold = supervisor.failure_threshold
     oid = record.order_id
     if state is ProcessState.PENDING:
         if record.next_attempt_at <= now:
@@ -145,7 +145,8 @@ def next_action(record: StateRecord, settings: Settings, now: datetime) -> str:
             )
         return (
             f"deadline passed {human_age(record.complete_by, now)}: the supervisor will {then} "
-            f"on its next round (every {settings.supervisor_interval_s:g}s; if this stays, "
+            f"on its next round (every {supervisor.supervisor_interval_s:g}s; "
+            "if this stays, "
             "check that a supervisor runs: `orderflow stats`)"
         )
     if state is ProcessState.ERROR:

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from aio_pika.abc import AbstractRobustConnection
 
@@ -36,7 +36,7 @@ from services.operator.results import (
 from services.operator.stats import hub_stats, process_stats
 from services.operator.views import OrderPage, matching, order_page, order_timeline, order_view
 from services.operator.workflows import VersionReport, version_reports
-from shared.bootstrap import open_broker, open_publisher
+from shared.bootstrap import connect_store, open_broker, open_publisher
 from shared.broker import dead_letters
 from shared.broker.connection import login_user
 from shared.broker.publisher import Publishing
@@ -48,7 +48,6 @@ from shared.domain.redaction import shown_body
 from shared.domain.timing import utcnow
 from shared.errors import ConfigurationError, NotFound
 from shared.reporting import Reporter
-from shared.store.factory import open_store
 from shared.store.port import ListCursor, StateQuery, StateStore
 
 
@@ -92,10 +91,15 @@ class Operations:
         return group_failures([r async for r in matching(self.store, query, step, after)])
 
     async def order(self, order_id: str) -> OrderView:
-        return await order_view(self.store, self.settings, order_id)
+        s = self.settings
+        return await order_view(
+            self.store, order_id, hub=s.hub, supervisor=s.supervisor, retention=s.retention
+        )
 
     async def timeline(self, order_id: str) -> list[TimelineEvent]:
-        return await order_timeline(self.store, self.settings, order_id)
+        return await order_timeline(
+            self.store, order_id, hub=self.settings.hub, retention=self.settings.retention
+        )
 
     async def select(self, choose: actions.Chooser) -> actions.Selection:
         return await choose(self.store)
@@ -129,7 +133,13 @@ class Operations:
     # -- the hub
 
     async def stats(self) -> Stats:
-        return await hub_stats(self.store, self.broker, self.settings, self.names)
+        return await hub_stats(
+            self.store,
+            self.broker,
+            self.names,
+            stuck_after=timedelta(seconds=self.settings.supervisor.stuck_pending_s),
+            overdue_after=self.settings.workflow.step_timeout,
+        )
 
     async def processes(self) -> Processes:
         return await process_stats(self.store, now=utcnow())
@@ -140,7 +150,7 @@ class Operations:
     async def workflows(self) -> list[VersionReport]:
         """The versions, with the orders on each as the store counts them now."""
         usage = await self.store.workflow_usage()
-        return version_reports(usage, self.settings.workflow_version)
+        return version_reports(usage, self.settings.workflow.workflow_version)
 
     # -- alerts
 
@@ -166,7 +176,13 @@ class Operations:
         """Hand each alert notification of `<hub>.alerts.feed` to `feed` (services/operator/
         alerts.py); with `burst`, until the queue is empty, else until `stop`."""
         return await follow_alerts(
-            self.broker, self.names, self.senders, self.settings, feed, burst=burst, stop=stop
+            self.broker,
+            self.names,
+            self.senders,
+            self.settings.broker,
+            feed,
+            burst=burst,
+            stop=stop,
         )
 
     async def undelivered_alerts(self) -> list[UndeliveredAlert]:
@@ -202,7 +218,7 @@ class Operations:
             message_ids,
             by=by,
             senders=self.senders,
-            publish_timeout_s=self.settings.publish_timeout_s,
+            publish_timeout_s=self.settings.broker.publish_timeout_s,
         )
         return ReplayResult(
             replayed=done.replayed, unsealed=done.unsealed, not_found=done.not_found
@@ -217,8 +233,8 @@ class Operations:
 
 def operator_senders(settings: Settings) -> Senders:
     """Who the operator's commands publish as: the user of ORDERFLOW_RABBITMQ_URL."""
-    user = login_user(settings.rabbitmq_url)
-    return Senders.of(settings.hub, settings.broker_user_prefix, user, "operator")
+    user = login_user(settings.broker.rabbitmq_url)
+    return Senders.of(settings.hub, settings.broker.broker_user_prefix, user, "operator")
 
 
 @asynccontextmanager
@@ -235,7 +251,7 @@ async def open_operations(
     async with AsyncExitStack() as stack:
         opened = None
         if store:
-            opened = await open_store(settings)
+            opened = await connect_store(settings)
             stack.push_async_callback(opened.close)
         connection = None
         if broker or publisher:

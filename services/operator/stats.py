@@ -13,7 +13,6 @@ from aio_pika.abc import AbstractConnection
 
 from services.operator.results import Processes, ProcessRow, Stats
 from shared.broker.topology import Names, queue_depths
-from shared.config import Settings
 from shared.domain.coordination import SUPERVISOR_LEASE, ComponentStatus
 from shared.domain.durations import human_age
 from shared.domain.states import LIVE_STATES
@@ -25,25 +24,29 @@ COUNT_CAP = 1000
 
 
 async def hub_stats(
-    store: StateStore, connection: AbstractConnection, settings: Settings, names: Names
+    store: StateStore,
+    connection: AbstractConnection,
+    names: Names,
+    *,
+    stuck_after: timedelta,
+    overdue_after: timedelta,
 ) -> Stats:
     """Orders per state, stuck and overdue orders, queue depths, running processes, open
     circuit breakers and the supervisor leader: one snapshot for `stats`, `watch` and
-    `GET /ops/stats`."""
+    `GET /ops/stats`. Stuck: Pending and due for longer than `stuck_after`; overdue: a
+    deadline passed longer than `overdue_after` ago."""
     now = utcnow()
     by_state = await store.count_by_state()
     # One more than the cap, to tell "exactly the cap" from "more than the cap".
-    stuck = await store.find_stuck_pending(
-        due_before=now - timedelta(seconds=settings.stuck_pending_s), limit=COUNT_CAP + 1
-    )
+    stuck = await store.find_stuck_pending(due_before=now - stuck_after, limit=COUNT_CAP + 1)
     overdue = await store.scan_expired(
-        now=now - timedelta(seconds=settings.step_timeout_s),
+        now=now - overdue_after,
         states=LIVE_STATES,
         limit=COUNT_CAP + 1,
     )
     running = await process_stats(store, now=now)
     return Stats(
-        hub=settings.hub,
+        hub=names.hub,
         at=now.isoformat(),
         by_state={state.value: n for state, n in by_state.items()},
         stuck_pending=[r.order_id for r in stuck[:COUNT_CAP]],

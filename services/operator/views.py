@@ -24,7 +24,7 @@ from services.operator.results import (
     TimelineEvent,
     UndoRow,
 )
-from shared.config import Settings
+from shared.config import RetentionSettings, SupervisorSettings
 from shared.domain.models import OrderData, StateRecord
 from shared.domain.redaction import short_token
 from shared.domain.states import ErrorKind, ProcessState
@@ -134,20 +134,27 @@ def order_summary(r: StateRecord, now: datetime) -> OrderSummary:
     )
 
 
-async def order_view(store: StateStore, settings: Settings, order_id: str) -> OrderView:
+async def order_view(
+    store: StateStore,
+    order_id: str,
+    *,
+    hub: str,
+    supervisor: SupervisorSettings,
+    retention: RetentionSettings,
+) -> OrderView:
     """An order: its data (the payment token by its start only), state, steps, retry budget,
     lease, undo log and what happens next; NotFound when the store has none of it."""
     record = await store.get_state(order_id)
     order = await store.get_order(order_id)
     log = await store.read_compensation(order_id)
     if record is None and order is None:
-        raise NotFound(f"no order {order_id} in hub {settings.hub}{purged_note(settings)}")
+        raise NotFound(f"no order {order_id} in hub {hub}{purged_note(retention)}")
     now = utcnow()
     return OrderView(
         order_id=order_id,
         order=None if order is None else order_data_view(order.data),
         received_at=None if order is None else order.received_at.isoformat(),
-        state=None if record is None else state_view(record, settings, now),
+        state=None if record is None else state_view(record, supervisor, now),
         compensation=[
             UndoRow(
                 step=u.step,
@@ -166,7 +173,7 @@ def order_data_view(data: OrderData) -> dict[str, Any]:
     return data.model_dump(mode="json") | {"payment_token": short_token(data.payment_token)}
 
 
-def state_view(r: StateRecord, settings: Settings, now: datetime) -> StateView:
+def state_view(r: StateRecord, supervisor: SupervisorSettings, now: datetime) -> StateView:
     error = r.error
     return StateView(
         process_state=r.process_state.value,
@@ -177,7 +184,7 @@ def state_view(r: StateRecord, settings: Settings, now: datetime) -> StateView:
         complete_by=r.complete_by.isoformat() if r.complete_by else None,
         next_attempt_at=r.next_attempt_at.isoformat(),
         failure_count=r.failure_count,
-        failure_threshold=settings.failure_threshold,
+        failure_threshold=supervisor.failure_threshold,
         retry_budget=RetryBudget(
             limit=r.retry_budget.limit, used=r.retry_budget.used, remaining=r.retry_budget.remaining
         ),
@@ -188,12 +195,12 @@ def state_view(r: StateRecord, settings: Settings, now: datetime) -> StateView:
         created_at=r.created_at.isoformat(),
         updated_at=r.updated_at.isoformat(),
         steps=step_rows(r),
-        next=next_action(r, settings, now),
+        next=next_action(r, supervisor, now),
     )
 
 
 async def order_timeline(
-    store: StateStore, settings: Settings, order_id: str
+    store: StateStore, order_id: str, *, hub: str, retention: RetentionSettings
 ) -> list[TimelineEvent]:
     """The order's history events, oldest first, each with the time since the first and since
     the one before; NotFound when there are none (an expired journal says so)."""
@@ -203,11 +210,9 @@ async def order_timeline(
             raise NotFound(
                 f"order {order_id} finished ({state.process_state.value} at "
                 f"{state.updated_at.isoformat()}); its history has expired "
-                f"(retention {settings.retention_s:g} s)"
+                f"(retention {retention.retention_s:g} s)"
             )
-        raise NotFound(
-            f"no history for order {order_id} in hub {settings.hub}{purged_note(settings)}"
-        )
+        raise NotFound(f"no history for order {order_id} in hub {hub}{purged_note(retention)}")
     start = previous = events[0].at
     rows: list[TimelineEvent] = []
     for e in events:
@@ -227,9 +232,9 @@ async def order_timeline(
     return rows
 
 
-def purged_note(settings: Settings) -> str:
+def purged_note(retention: RetentionSettings) -> str:
     """What an operator looking for a missing order should know: finished orders go."""
-    kept = settings.order_retention_s
+    kept = retention.order_retention_s
     span = f"{kept / 86_400:g} days" if kept >= 86_400 else f"{kept:g} s"
     return (
         f" (a finished order, Processed, Compensated or Cancelled, is deleted {span} after it "

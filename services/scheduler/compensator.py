@@ -120,7 +120,7 @@ class Compensator:
                 entry.step,
                 instance=instance_id,
                 now=utcnow(),
-                timeout=ctx.settings.step_timeout,
+                timeout=ctx.rules.step_timeout,
             ),
         )
         assert running.complete_by is not None
@@ -135,7 +135,7 @@ class Compensator:
             fencing_token=instance_id,
             idempotency_key=entry.idempotency_key,
             complete_by=running.complete_by,
-            attempts_allowed=ctx.settings.undo_attempts,
+            attempts_allowed=ctx.rules.undo_attempts,
         )
         if reply is not None and reply.outcome is StepOutcome.OK:
             outcome = (reply.result or {}).get("outcome")

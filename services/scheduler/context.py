@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from shared.backoff import Backoff
@@ -22,11 +23,13 @@ from shared.crash import crash_point
 from shared.domain.journal import CompensationEntry, HistoryEvent, HistoryEventType
 from shared.domain.messages import StepAction, StepOutcome, StepReply, StepRequest
 from shared.domain.models import OrderRecord, StateRecord
+from shared.domain.states import ErrorKind
 from shared.domain.timing import utcnow
 from shared.domain.updates import RecoveryPolicy, Update, extend_deadline
-from shared.domain.workflow import WORKFLOWS
+from shared.domain.workflow import WORKFLOWS, Workflow
 from shared.errors import PublishError, Superseded
 from shared.metrics import STEP_OUTCOMES, STEP_SECONDS
+from shared.policies import compensates, recovery_policy
 from shared.remote.fencing import fence_signature
 from shared.reporting import Reporter
 from shared.store.port import StateStore, UndoMark
@@ -57,6 +60,38 @@ ORDER_READ_BATCH = 100
 """Order records one read fetches at most."""
 
 
+@dataclass(frozen=True)
+class AttemptRules:
+    """What the settings decide for every attempt, built once as the scheduler starts
+    (`attempt_rules`): the deadlines, the allowances, the fence key and the policies."""
+
+    step_timeout: timedelta
+    attempts_per_request: int
+    """Remote attempts one step request may spend (never more than the budget left)."""
+    undo_attempts: int
+    outage_patience_s: float
+    fence_key: bytes | None
+    recovery: RecoveryPolicy
+    """How long a released order rests, and what happens at the failure threshold."""
+    compensates: Callable[[Workflow, ErrorKind], bool]
+    """Whether a failure of a kind compensates a workflow (else the order is parked)."""
+
+
+def attempt_rules(settings: Settings) -> AttemptRules:
+    """The rules the settings choose: the scheduler's bootstrap of its attempts."""
+    key = settings.remote.remote_fence_key
+    workflow = settings.workflow
+    return AttemptRules(
+        step_timeout=workflow.step_timeout,
+        attempts_per_request=settings.agents.agent_attempts_per_request,
+        undo_attempts=workflow.undo_attempts,
+        outage_patience_s=settings.broker.outage_patience_s,
+        fence_key=None if key is None else key.get_secret_value().encode(),
+        recovery=recovery_policy(settings.supervisor, workflow),
+        compensates=functools.partial(compensates, workflow),
+    )
+
+
 @dataclass
 class AttemptContext:
     store: StateStore
@@ -65,22 +100,19 @@ class AttemptContext:
     router: ReplyRouter
     reply_queue: str
     report: Reporter
-    settings: Settings
+    rules: AttemptRules
     _orders: GroupCommit[str, OrderRecord | None] = field(init=False, repr=False)
-    _fence_key: bytes | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         # The attempts of one claimed batch start together: one read for all their orders.
         self._orders = GroupCommit(self.store.get_orders, max_batch=ORDER_READ_BATCH)
-        key = self.settings.remote_fence_key
-        self._fence_key = None if key is None else key.get_secret_value().encode()
 
     def signature(self, fencing_token: str) -> str | None:
         """This hub's signature of an attempt's fencing token, which the remote service asks
         of every call (shared/remote/fencing.py); None without a fence key."""
-        if self._fence_key is None:
+        if self.rules.fence_key is None:
             return None
-        return fence_signature(self._fence_key, self.settings.hub, fencing_token)
+        return fence_signature(self.rules.fence_key, self.names.hub, fencing_token)
 
     async def order(self, order_id: str) -> OrderRecord | None:
         """The order record (read together with those of other attempts starting now)."""
@@ -90,7 +122,7 @@ class AttemptContext:
     def policy(self) -> RecoveryPolicy:
         """How long a released order rests before it may be claimed again, as the supervisor's
         recoveries do, and what happens at the failure threshold."""
-        return self.settings.recovery_policy()
+        return self.rules.recovery
 
     def event(
         self, record: StateRecord, type_: HistoryEventType, instance_id: str, **data: Any
@@ -130,7 +162,10 @@ class AttemptContext:
 
         async def renew() -> datetime:
             update = extend_deadline(
-                record, instance=instance_id, now=utcnow(), timeout=self.settings.step_timeout
+                record,
+                instance=instance_id,
+                now=utcnow(),
+                timeout=self.rules.step_timeout,
             )
             after = await self.write(record.order_id, update)
             assert after.complete_by is not None
@@ -201,7 +236,7 @@ class AttemptContext:
         (once); a request the broker cannot route (its queue is missing: no outage) is given
         up then, for the supervisor to recover."""
         loop = asyncio.get_running_loop()
-        patience = loop.time() + self.settings.outage_patience_s
+        patience = loop.time() + self.rules.outage_patience_s
         told = False
         pauses = Backoff(first=0.2, cap=2.0)
         signature = self.signature(str(fields["fencing_token"]))

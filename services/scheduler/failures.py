@@ -129,7 +129,7 @@ class Failures:
     ) -> StateRecord:
         """Park the order in Error (and alert), or move it to Compensating, per the workflow."""
         ctx = self._ctx
-        compensate = workflow is not None and ctx.settings.compensates(workflow, error.kind)
+        compensate = workflow is not None and ctx.rules.compensates(workflow, error.kind)
         update = updates.fail(
             record,
             step or next(iter(record.steps)),
@@ -137,7 +137,7 @@ class Failures:
             now=utcnow(),
             error=error,
             attempts_used=attempts_used,
-            compensate_within=ctx.settings.step_timeout if compensate else None,
+            compensate_within=ctx.rules.step_timeout if compensate else None,
         )
         events = [
             ctx.event(

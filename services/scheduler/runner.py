@@ -132,13 +132,13 @@ class OrderRunner:
         ctx = self._ctx
         if record.retry_budget.remaining < 1:
             return None
-        allowance = min(ctx.settings.agent_attempts_per_request, record.retry_budget.remaining)
+        allowance = min(ctx.rules.attempts_per_request, record.retry_budget.remaining)
         update = start_step(
             record,
             step.name,
             instance=instance_id,
             now=utcnow(),
-            timeout=ctx.settings.step_timeout,
+            timeout=ctx.rules.step_timeout,
             allowance=allowance,
         )
         # The undo is logged with the step's start, before the effect can exist, so a crash can

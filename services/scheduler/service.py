@@ -11,10 +11,13 @@ from datetime import timedelta
 from typing import Any
 
 from services.scheduler.compensator import Compensator
-from services.scheduler.context import AttemptContext, step_series_from_the_start
+from services.scheduler.context import (
+    AttemptContext,
+    attempt_rules,
+    step_series_from_the_start,
+)
 from services.scheduler.leader_watch import LeaderWatch
 from services.scheduler.runner import OrderRunner
-from shared import crash
 from shared.backoff import Backoff
 from shared.bootstrap import Runtime
 from shared.broker.private import PrivateQueue, ReplyRouter
@@ -59,7 +62,7 @@ class Scheduler:
             runtime.connection,
             runtime.names.reply_queue(f"scheduler-{uuid.uuid4().hex[:6]}"),
             self._router.deliver,
-            max_bytes=self._settings.max_message_bytes,
+            max_bytes=self._settings.broker.max_message_bytes,
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self._report = runtime.reporter()
@@ -83,7 +86,6 @@ class Scheduler:
     async def run(self, stop: asyncio.Event, *, burst: bool = False) -> None:
         """Claim and run orders until `stop`; in `burst` mode, until none is due and every
         attempt started has ended."""
-        crash.arm(self._settings.fault_crash_at, self._settings.fault_crash_after)
         await self._replies.start()
         ctx = AttemptContext(
             store=self._rt.store,
@@ -92,7 +94,7 @@ class Scheduler:
             router=self._router,
             reply_queue=self._replies.name,
             report=self._rt.reporter(),
-            settings=self._settings,
+            rules=attempt_rules(self._settings),
         )
         compensator = Compensator(ctx)
         runner = OrderRunner(ctx, compensator)
@@ -108,8 +110,8 @@ class Scheduler:
     async def _starter(
         self, runner: OrderRunner, compensator: Compensator, stop: asyncio.Event, *, burst: bool
     ) -> None:
-        limit = self._settings.scheduler_inflight
-        batch = self._settings.claim_batch
+        limit = self._settings.scheduler.scheduler_inflight
+        batch = self._settings.scheduler.claim_batch
         # Under a backlog a full scheduler waits for room for `gather` orders before it claims:
         # one claim, one order read and one history append for several orders, however many
         # schedulers share the backlog. Without one, it claims whatever room it has at once.
@@ -118,8 +120,8 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         pauses = Backoff(first=0.4, cap=5.0)
         idle = Backoff(
-            first=min(QUICK_POLL_S, self._settings.poll_interval_s),
-            cap=self._settings.poll_interval_s,
+            first=min(QUICK_POLL_S, self._settings.scheduler.poll_interval_s),
+            cap=self._settings.scheduler.poll_interval_s,
             jitter=0.0,
         )
         while not stop.is_set():
@@ -127,7 +129,7 @@ class Scheduler:
             self._room_wanted = gather if backlog else 1
             if limit - len(self._tasks) < self._room_wanted:
                 self._room.clear()
-                await _wait_any(stop, self._room, timeout=self._settings.poll_interval_s)
+                await _wait_any(stop, self._room, timeout=self._settings.scheduler.poll_interval_s)
                 continue
             free = limit - len(self._tasks)
             try:
@@ -170,7 +172,7 @@ class Scheduler:
         """How long an idle starter waits for an arrival: the poll interval while a watch tells
         it of each one; without one, shorter while claims keep finding orders."""
         if self._watch is not None and self._watch.alive and self._watch.tells:
-            return self._settings.poll_interval_s
+            return self._settings.scheduler.poll_interval_s
         return idle.next()
 
     async def _claim_compensations(self, limit: int, *, burst: bool) -> list[StateRecord]:
@@ -180,7 +182,7 @@ class Scheduler:
         if not burst and loop.time() < self._undo_due:
             return []
         undo = await self._claim(limit, compensating=True)
-        self._undo_due = loop.time() + (0.0 if undo else self._settings.poll_interval_s)
+        self._undo_due = loop.time() + (0.0 if undo else self._settings.scheduler.poll_interval_s)
         return undo
 
     async def _keep_watching(self, now: float) -> None:
@@ -231,7 +233,7 @@ class Scheduler:
             now=now,
             limit=limit,
             owner=self.name,
-            complete_by=now + self._settings.step_timeout,
+            complete_by=now + self._settings.workflow.step_timeout,
             compensating=compensating,
         )
         CLAIMS.labels("compensation" if compensating else "forward").inc(len(claimed))
@@ -250,7 +252,7 @@ class Scheduler:
         self._tasks.discard(task)
         INFLIGHT.set(len(self._tasks))
         # Wake the starter only once there is the room it waits for, not at every finish.
-        if self._settings.scheduler_inflight - len(self._tasks) >= self._room_wanted:
+        if self._settings.scheduler.scheduler_inflight - len(self._tasks) >= self._room_wanted:
             self._room.set()
 
     async def _guarded(self, run: Attempt, record: StateRecord) -> None:
@@ -290,7 +292,7 @@ class Scheduler:
         if not self._tasks:
             return
         log.info("draining", extra={"inflight": len(self._tasks)})
-        _, pending = await asyncio.wait(self._tasks, timeout=self._settings.drain_timeout_s)
+        _, pending = await asyncio.wait(self._tasks, timeout=self._settings.process.drain_timeout_s)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
@@ -308,7 +310,7 @@ async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
 
 
 async def serve_scheduler(runtime: Runtime, stop: asyncio.Event, *, burst: bool = False) -> None:
-    if runtime.settings.remote_fence_key is None:
+    if runtime.settings.remote.remote_fence_key is None:
         log.warning(
             "ORDERFLOW_REMOTE_FENCE_KEY is not set: step requests go unsigned, and the remote "
             "service refuses an unsigned fencing token"
@@ -317,7 +319,7 @@ async def serve_scheduler(runtime: Runtime, stop: asyncio.Event, *, burst: bool 
     watch = LeaderWatch(
         runtime.store,
         runtime.reporter(),
-        after=timedelta(seconds=runtime.settings.no_leader_alert_after_s),
+        after=timedelta(seconds=runtime.settings.observability.no_leader_alert_after_s),
     )
     async with runtime.heartbeat("scheduler", scheduler.status, (watch.check,)):
         await scheduler.run(stop, burst=burst)

@@ -24,7 +24,7 @@ from shared.broker.publisher import Publishing
 from shared.broker.senders import APP, STATUS_SENDERS, Senders
 from shared.broker.topology import APP_NAME, Names
 from shared.broker.urls import first_url
-from shared.config import Settings
+from shared.config import BrokerSettings, Settings
 from shared.domain.messages import Contract, OrderStatus, OrderStatusUpdate, SubmitOrder
 from shared.domain.models import OrderData
 from shared.errors import ConfigurationError, PublishError, PublishRejected
@@ -37,10 +37,10 @@ FINAL = {
 }
 
 
-def app_name(settings: Settings, app: str | None) -> str:
+def app_name(broker: BrokerSettings, app: str | None) -> str:
     """The submitting application's name, which prefixes its status queues: `--app`, or else
     the user name in ORDERFLOW_RABBITMQ_URL (the RabbitMQ user is the application)."""
-    name = app or urlsplit(first_url(settings.rabbitmq_url)).username or ""
+    name = app or urlsplit(first_url(broker.rabbitmq_url)).username or ""
     if not APP_NAME.fullmatch(name):
         raise ConfigurationError(
             f"application name {name!r} (--app, or the user in ORDERFLOW_RABBITMQ_URL) must "
@@ -54,14 +54,14 @@ class StatusFollower:
     each order is final; each told to `tell` as a line (unescaped)."""
 
     def __init__(
-        self, settings: Settings, order_ids: set[str], tell: Callable[[str], None]
+        self, hub: str, broker: BrokerSettings, order_ids: set[str], tell: Callable[[str], None]
     ) -> None:
         self.statuses: dict[str, OrderStatus] = {}
         self.pending = order_ids
         self._tell = tell
         self._finished = asyncio.Event()
         self._senders = Senders.of(
-            settings.hub, settings.broker_user_prefix, login_user(settings.rabbitmq_url), APP
+            hub, broker.broker_user_prefix, login_user(broker.rabbitmq_url), APP
         )
 
     def on_status(self, contract: Contract, message: AbstractIncomingMessage) -> None:
@@ -107,14 +107,17 @@ async def submit_orders(
     (unescaped) as a line. What was published, refused, unconfirmed, not final in time, and
     the final statuses counted."""
     names = Names(settings.hub)
-    status_queue = names.status_queue(app_name(settings, app)) if wait else None
+    status_queue = names.status_queue(app_name(settings.broker, app)) if wait else None
     connection = await open_broker(settings, name="orderflow-submit")
-    follower = StatusFollower(settings, {o.order_id for o in orders}, tell)
+    follower = StatusFollower(settings.hub, settings.broker, {o.order_id for o in orders}, tell)
     replies = None
     try:
         if status_queue is not None:
             replies = PrivateQueue(
-                connection, status_queue, follower.on_status, max_bytes=settings.max_message_bytes
+                connection,
+                status_queue,
+                follower.on_status,
+                max_bytes=settings.broker.max_message_bytes,
             )
             await replies.start()
         publisher = await open_publisher(settings, connection)

@@ -49,8 +49,8 @@ class Submission:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self._report: Reporter = runtime.reporter()
-        self._threshold = runtime.settings.backlog_threshold
-        self._workflow = current_workflow("order", runtime.settings.workflow_version)
+        self._threshold = runtime.settings.submission.backlog_threshold
+        self._workflow = current_workflow("order", runtime.settings.workflow.workflow_version)
         self._names = runtime.names
         self._consumer: Consumer | None = None
         self._senders = runtime.senders("submission")
@@ -112,7 +112,7 @@ class Submission:
             order,
             self._workflow,
             now=now,
-            retry_budget=self._rt.settings.retry_budget,
+            retry_budget=self._rt.settings.workflow.retry_budget,
             reply_to=reply_to,
         )
         # Its timeline's first event goes with the records, written only if the order is new.
@@ -228,7 +228,9 @@ class Submission:
             except Exception:
                 log.exception("admission check failed")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self._rt.settings.backlog_check_s)
+                await asyncio.wait_for(
+                    stop.wait(), timeout=self._rt.settings.submission.backlog_check_s
+                )
 
 
 async def serve_submission(runtime: Runtime, stop: asyncio.Event, *, burst: bool = False) -> None:
@@ -244,5 +246,5 @@ async def serve_submission(runtime: Runtime, stop: asyncio.Event, *, burst: bool
         try:
             await submission.admission(consumer, stop)
         finally:
-            await consumer.stop(drain_timeout=runtime.settings.drain_timeout_s)
+            await consumer.stop(drain_timeout=runtime.settings.process.drain_timeout_s)
             await submission.close()

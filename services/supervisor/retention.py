@@ -28,7 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 from shared import clock
-from shared.config import Settings
+from shared.config import RetentionSettings
 from shared.domain.timing import utcnow
 from shared.metrics import RETENTION_BATCHES, RETENTION_DELETED
 from shared.store.port import Purges
@@ -70,12 +70,14 @@ class Retention:
     def __init__(
         self,
         store: Purges,
-        settings: Settings,
+        settings: RetentionSettings,
         *,
+        clock_skew_s: float,
         clock: Callable[[], float] = clock.monotonic,
     ) -> None:
         self._store = store
         self._s = settings
+        self._skew = timedelta(seconds=clock_skew_s)
         self._clock = clock
         self.counts = RetentionCounts()
         self.purges = [
@@ -112,7 +114,7 @@ class Retention:
 
     async def _inbox(self, limit: int) -> dict[str, int]:
         # An entry's expiry was set by its consumer's clock: judge it by that clock at worst.
-        now = utcnow() - timedelta(seconds=self._s.clock_skew_s)
+        now = utcnow() - self._skew
         return {"inbox": await self._store.inbox_purge(now=now, limit=limit)}
 
     async def _journal(self, limit: int) -> dict[str, int]:

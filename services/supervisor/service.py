@@ -27,6 +27,7 @@ from shared.domain.timing import utcnow
 from shared.domain.updates import recover
 from shared.errors import ServiceUnavailable
 from shared.metrics import RECOVERIES, SUPERVISOR_LEADER
+from shared.policies import recovery_policy
 from shared.store.port import ScanCursor
 from shared.telemetry import log_fields
 from shared.tracing import order_span
@@ -50,16 +51,20 @@ class Supervisor:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self._s = runtime.settings
-        self._skew = timedelta(seconds=runtime.settings.clock_skew_s)
+        self._skew = timedelta(seconds=runtime.settings.process.clock_skew_s)
         self.name = runtime.name
         self.leader = False
         self.recoveries = 0
         self._report = runtime.reporter()
-        self._policy = self._s.recovery_policy()
-        self._wait = self._s.supervisor_interval_s
+        self._policy = recovery_policy(self._s.supervisor, self._s.workflow)
+        self._wait = self._s.supervisor.supervisor_interval_s
         """Until the next round: the interval, or less for a standby whose leader's lease
         expires sooner, so a dead leader is replaced as its lease runs out."""
-        self._retention = Retention(runtime.store, runtime.settings)
+        self._retention = Retention(
+            runtime.store,
+            runtime.settings.retention,
+            clock_skew_s=runtime.settings.process.clock_skew_s,
+        )
         """What the leader deletes once it expired (services/supervisor/retention.py)."""
         self._gauges = LeaderGauges(runtime.store, runtime.connection, runtime.names)
         SUPERVISOR_LEADER.set(0)
@@ -89,7 +94,7 @@ class Supervisor:
                     return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=self._wait)
-                self._wait = self._s.supervisor_interval_s
+                self._wait = self._s.supervisor.supervisor_interval_s
         finally:
             await self._gauges.clear()
             if self.leader:
@@ -98,7 +103,7 @@ class Supervisor:
 
     async def _hold_lease(self) -> bool:
         now = utcnow()
-        expires = now + timedelta(seconds=self._s.lease_ttl_s)
+        expires = now + timedelta(seconds=self._s.supervisor.lease_ttl_s)
         store = self._rt.store
         if self.leader:
             held = await store.lease_renew(
@@ -130,7 +135,7 @@ class Supervisor:
         lease = await self._rt.store.lease_get(SUPERVISOR_LEASE)
         if lease is not None:
             left = (lease.expires_at - utcnow()).total_seconds() + EXPIRY_MARGIN_S
-            self._wait = max(EXPIRY_MARGIN_S, min(self._s.supervisor_interval_s, left))
+            self._wait = max(EXPIRY_MARGIN_S, min(self._s.supervisor.supervisor_interval_s, left))
 
     async def _sweep(self, stop: asyncio.Event) -> None:
         cursor: ScanCursor | None = None
@@ -140,7 +145,7 @@ class Supervisor:
             page = await self._rt.store.scan_expired(
                 now=utcnow() - self._skew,
                 states=LIVE_STATES,
-                limit=self._s.supervisor_scan_limit,
+                limit=self._s.supervisor.supervisor_scan_limit,
                 after=cursor,
             )
             for record in page.records:
@@ -209,7 +214,7 @@ class Supervisor:
         await self._report.failed(seen, after.process_state, message)
 
     async def _report_stuck(self) -> None:
-        cutoff = utcnow() - timedelta(seconds=self._s.stuck_pending_s)
+        cutoff = utcnow() - timedelta(seconds=self._s.supervisor.stuck_pending_s)
         for record in await self._rt.store.find_stuck_pending(due_before=cutoff, limit=100):
             await self._report.alert(
                 AlertKind.STUCK_PENDING,

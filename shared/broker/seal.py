@@ -27,19 +27,19 @@ from urllib.parse import unquote, urlsplit
 
 from shared.broker.connection import login_user
 from shared.broker.urls import first_url
-from shared.config import Settings
+from shared.config import BrokerSettings
 
 DERIVATION = b"orderflow dead-letter seal v1"
 
 
-def seal_key(settings: Settings) -> bytes | None:
+def seal_key(broker: BrokerSettings) -> bytes | None:
     """This process's key (None: neither a key nor a password to derive one from). Bound to
     the process's own broker user, so that no two kinds share a key by sharing a secret."""
-    user = login_user(settings.rabbitmq_url) or ""
-    if settings.seal_key is not None:
-        secret = settings.seal_key.get_secret_value()
+    user = login_user(broker.rabbitmq_url) or ""
+    if broker.seal_key is not None:
+        secret = broker.seal_key.get_secret_value()
     else:
-        password = urlsplit(first_url(settings.rabbitmq_url)).password
+        password = urlsplit(first_url(broker.rabbitmq_url)).password
         if not password:
             return None
         secret = unquote(password)

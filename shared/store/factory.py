@@ -1,29 +1,39 @@
-"""Choosing the store adapter from the settings: the only place that knows them all."""
+"""Choosing the store adapter from the store's settings: the only place that knows them all."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared import crash
-from shared.config import Settings
+from shared.config import StoreSettings
 from shared.store.port import StateStore
 
 if TYPE_CHECKING:
     from shared.store.postgres import BeforeClaimCommit
 
 
-async def open_store(settings: Settings) -> StateStore:
+async def open_store(
+    settings: StoreSettings,
+    hub: str,
+    *,
+    connect_timeout_s: float,
+    before_claim_commit: BeforeClaimCommit | None = None,
+) -> StateStore:
     """Connect to the store `ORDERFLOW_STORE_URL` names, in the hub's schema or database.
     Only its adapter is imported: a process on PostgreSQL never loads PyMongo, nor the other
-    way round."""
-    url, hub = settings.store_url, settings.hub
-    pool_size, timeout = settings.store_pool_size, settings.connect_timeout_s
+    way round. `before_claim_commit`: a drill's hook in a PostgreSQL claim (the bootstrap's
+    choice, `shared.bootstrap.claim_drill`); None, as in production, makes a claim one
+    autocommitted statement."""
+    url, pool_size = settings.store_url, settings.store_pool_size
     command_timeout = settings.store_command_timeout_s
     if settings.store_kind != "postgresql":
         from shared.store.mongo import MongoStore  # noqa: PLC0415 - only its own adapter
 
         return await MongoStore.connect(
-            url, hub, pool_size=pool_size, timeout=timeout, command_timeout=command_timeout
+            url,
+            hub,
+            pool_size=pool_size,
+            timeout=connect_timeout_s,
+            command_timeout=command_timeout,
         )
     from shared.store.postgres import PostgresStore  # noqa: PLC0415 - only its own adapter
 
@@ -31,19 +41,7 @@ async def open_store(settings: Settings) -> StateStore:
         url,
         hub,
         pool_size=pool_size,
-        timeout=timeout,
+        timeout=connect_timeout_s,
         command_timeout=command_timeout,
-        before_claim_commit=claim_drill(settings),
+        before_claim_commit=before_claim_commit,
     )
-
-
-def claim_drill(settings: Settings) -> BeforeClaimCommit | None:
-    """The crash drill's hook in a PostgreSQL claim, when the settings ask for it.
-
-    Only for `claim-uncommitted`: the claim then runs in a transaction, and the hook exits the
-    process inside it once the scheduler armed the drill (`crash.arm`, as it starts) and its
-    count is reached; in any other process it does nothing. Otherwise there is no hook and a
-    claim is one autocommitted statement, as in production."""
-    if settings.fault_crash_at != "claim-uncommitted":
-        return None
-    return crash.claim_uncommitted

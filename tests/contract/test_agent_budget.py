@@ -71,7 +71,9 @@ class Rig:
             "payment",
             client or self.client,
             self.broker.publisher,
-            self.settings,
+            self.settings.agents,
+            hub=self.settings.hub,
+            ticket_keep_s=self.settings.broker.inbox_ttl_s,
             tickets=tickets,
             ticket_queue=tickets.queue if along else None,
         )

@@ -211,7 +211,13 @@ class AgentRig:
         self.client = self.remote.agent_client()
         self.publisher = Refusing(await Publisher.open(self.connection, timeout=5))
         self.agent = Agent(
-            "payment", self.client, self.publisher, self.settings, tickets=MemoryTickets()
+            "payment",
+            self.client,
+            self.publisher,
+            self.settings.agents,
+            hub=self.settings.hub,
+            ticket_keep_s=self.settings.broker.inbox_ttl_s,
+            tickets=MemoryTickets(),
         )
 
     async def ask(

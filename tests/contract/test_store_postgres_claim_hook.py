@@ -13,11 +13,11 @@ from datetime import timedelta
 import pytest
 
 from shared import crash
-from shared.config import Settings
+from shared.bootstrap import claim_drill
+from shared.config import DrillSettings
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.domain.transitions import Action
-from shared.store.factory import claim_drill
 from shared.store.postgres import BeforeClaimCommit, PostgresStore
 from tests.conftest import POSTGRES_URL, service_missing
 from tests.support.factories import order_pair
@@ -83,9 +83,9 @@ async def test_the_hook_runs_inside_the_claim_before_its_commit(open_with) -> No
 
 
 def test_the_factory_gives_the_drill_only_for_claim_uncommitted() -> None:
-    assert claim_drill(Settings(fault_crash_at="claim-uncommitted")) is crash.claim_uncommitted
+    assert claim_drill(DrillSettings(fault_crash_at="claim-uncommitted")) is crash.claim_uncommitted
     for point in (None, "after-claim", "after-request", "after-undo-request"):
-        assert claim_drill(Settings(fault_crash_at=point)) is None
+        assert claim_drill(DrillSettings(fault_crash_at=point)) is None
 
 
 def test_the_drill_counts_the_scheduler_s_claims_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,7 +33,7 @@ from shared.errors import ContractViolation, UndecodableMessage
 from shared.telemetry import JsonFormatter
 
 LIMIT = 64 * 1024
-"""decode's default `max_bytes` (`Settings.max_message_bytes`)."""
+"""decode's default `max_bytes` (`Settings.broker.max_message_bytes`)."""
 REASONS = {"malformed", "invalid", "unknown-type", "unsupported-schema-version", "too-large"}
 TYPES = [t.value for t in MessageType]
 

@@ -57,7 +57,7 @@ class MemoryHub:
         """A runtime of a process of `kind`, with `settings` changed from the hub's; `down`:
         its store fails every call while `world.store_down` is set (an outage)."""
         connection = connect(self.world.broker, self.world.user_of(kind), name=name or kind)
-        own = self.world.settings_of(kind).model_copy(update=settings)
+        own = self.world.settings_of(kind).replace(**settings)
         store: Any = StoreHandle(self.world.store, self.world) if down else self.world.store
         return await Runtime.on(own, name or kind, store, connection)
 

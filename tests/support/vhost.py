@@ -133,8 +133,8 @@ async def scratch_vhost(
                 settings = load_settings()  # the policy `orderflow init` declares with
                 policy = QueuePolicy(
                     quorum=True,
-                    delivery_limit=settings.redelivery_limit,
-                    orders_max_length=settings.orders_queue_max_length,
+                    delivery_limit=settings.broker.redelivery_limit,
+                    orders_max_length=settings.broker.orders_queue_max_length,
                 )
                 await declare_topology(await admin.channel(), Names(hub), policy)
             finally:

@@ -658,7 +658,7 @@ async def _what_a_review_found_next_is_closed(attack: Attack) -> None:
     await attack.submit(app_a, mine)
     # 7. A shop that got hold of submission's seal key seals a message as B's: only the
     # operator's replays are taken with a seal.
-    key = seal_key(load_settings(rabbitmq_url=broker.url("submission")))
+    key = seal_key(load_settings(rabbitmq_url=broker.url("submission")).broker)
     assert key is not None
     body = SubmitOrder(order=order_data("o-as-b")).to_json()
     forged_seal = Sealed(

@@ -109,11 +109,14 @@ async def test_no_run_of_handlings_spends_beyond_the_allowance(
     remote = Remote(answers)
     tickets = FlakyTickets()
     replies = Replies(remote)
+    settings = load_settings(breaker_fail_max=1000)
     agent = Agent(
         "payment",
         remote,  # type: ignore[arg-type]
         replies,  # type: ignore[arg-type]
-        load_settings(breaker_fail_max=1000),
+        settings.agents,
+        hub=settings.hub,
+        ticket_keep_s=settings.broker.inbox_ttl_s,
         tickets=tickets,
         ticket_queue="payment:attempts" if along else None,
     )

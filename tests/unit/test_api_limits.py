@@ -250,7 +250,7 @@ def test_the_largest_order_fits_well_within_the_ordinary_allowance() -> None:
         }
     )
     size = len(json.dumps(order.model_dump(mode="json"), indent=2, ensure_ascii=True))
-    assert size < Settings().max_message_bytes / 2, size
+    assert size < Settings().broker.max_message_bytes / 2, size
 
 
 def test_the_largest_bulk_bodies_fit_the_bulk_allowance() -> None:
@@ -284,8 +284,10 @@ def test_a_store_outage_during_the_bulk_allowance_is_a_503() -> None:
         async def token_use(self, *_: Any, **__: Any) -> None:
             raise ServiceUnavailable("store down")
 
-    limits = SimpleNamespace(max_message_bytes=65_536, api_read_timeout_s=10.0)
-    ctx = SimpleNamespace(settings=limits, store=Down(), failed_auth=FailedAuth())
+    limits = SimpleNamespace(api_read_timeout_s=10.0)
+    ctx = SimpleNamespace(
+        settings=limits, max_message_bytes=65_536, store=Down(), failed_auth=FailedAuth()
+    )
     app = create_app(None)
     app.state.context = ctx
     app.add_middleware(BodyLimit, allowance=body_allowance(ctx))  # type: ignore[arg-type]

@@ -66,10 +66,12 @@ def test_a_shop_s_order_is_order_submit_s_with_a_shorter_id() -> None:
 
 
 def test_the_catalogue_comes_from_its_file_or_is_built_in(tmp_path: Path) -> None:
-    assert [i.sku for i in load_catalogue(Settings()).items] == [i.sku for i in BUILT_IN_CATALOGUE]
+    assert [i.sku for i in load_catalogue(Settings().api).items] == [
+        i.sku for i in BUILT_IN_CATALOGUE
+    ]
     path = tmp_path / "catalogue.json"
     path.write_text(json.dumps([{"sku": "cake-1", "name": "Lemon cake", "unit_price_cents": 450}]))
-    catalogue = load_catalogue(Settings(api_catalogue_path=str(path)))
+    catalogue = load_catalogue(Settings(api_catalogue_path=str(path)).api)
     assert [(i.sku, i.name, i.unit_price_cents) for i in catalogue.items] == [
         ("cake-1", "Lemon cake", 450)
     ]
@@ -77,6 +79,6 @@ def test_the_catalogue_comes_from_its_file_or_is_built_in(tmp_path: Path) -> Non
     for bad in ("not json", json.dumps([{"sku": "a b", "name": "x", "unit_price_cents": 1}])):
         path.write_text(bad)
         with pytest.raises(ConfigurationError, match="ORDERFLOW_API_CATALOGUE_PATH"):
-            load_catalogue(Settings(api_catalogue_path=str(path)))
+            load_catalogue(Settings(api_catalogue_path=str(path)).api)
     with pytest.raises(ConfigurationError, match="ORDERFLOW_API_CATALOGUE_PATH"):
-        load_catalogue(Settings(api_catalogue_path=str(tmp_path / "missing.json")))
+        load_catalogue(Settings(api_catalogue_path=str(tmp_path / "missing.json")).api)

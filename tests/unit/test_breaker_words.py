@@ -130,7 +130,15 @@ async def test_the_orders_an_open_circuit_fails_make_one_failure_group() -> None
     replies = Replies()
     remote = DownRemote()
     settings = load_settings(breaker_fail_max=3, breaker_reset_s=600)
-    agent = Agent("payment", remote, replies, settings, tickets=MemoryTickets())  # type: ignore[arg-type]
+    agent = Agent(
+        "payment",
+        remote,  # type: ignore[arg-type]
+        replies,  # type: ignore[arg-type]
+        settings.agents,
+        hub=settings.hub,
+        ticket_keep_s=settings.broker.inbox_ttl_s,
+        tickets=MemoryTickets(),
+    )
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(calls_module, "RETRY_WAIT", wait_none())
         # Handled at once, as an agent's prefetch does: each spends attempts, one trips the

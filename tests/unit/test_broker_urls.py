@@ -10,7 +10,7 @@ import pytest
 from shared.broker.connection import login_user
 from shared.broker.seal import seal_key
 from shared.broker.urls import NodeRotation, broker_urls, first_url
-from shared.config import load_settings
+from shared.config import OWNERS, load_settings
 from shared.errors import ConfigurationError
 
 A = "amqp://app:s3cret@rabbit-1:5672/shop"
@@ -63,16 +63,19 @@ def test_settings_name_the_variable_and_never_the_password(setting: str) -> None
     message = str(caught.value)
     assert message.startswith(f"ORDERFLOW_{setting.upper()}: item 2 (amqp://***:***@rabbit-2")
     assert "s3cret" not in message and "typo" not in message
-    assert getattr(load_settings(**{setting: f"{A},{B}"}), setting) == f"{A},{B}"
+    assert (
+        getattr(getattr(load_settings(**{setting: f"{A},{B}"}), OWNERS[setting]), setting)
+        == f"{A},{B}"
+    )
 
 
 def test_the_user_and_seal_of_a_list_are_those_of_each_url() -> None:
     assert first_url(f"{A} ,{B}") == A
     assert login_user(f"{A},{B}") == "app"
-    one = seal_key(load_settings(rabbitmq_url=A))
+    one = seal_key(load_settings(rabbitmq_url=A).broker)
     assert one is not None
-    assert seal_key(load_settings(rabbitmq_url=f"{A},{B},{C}")) == one
-    assert seal_key(load_settings(rabbitmq_url=f"{B},{A}")) == one
+    assert seal_key(load_settings(rabbitmq_url=f"{A},{B},{C}").broker) == one
+    assert seal_key(load_settings(rabbitmq_url=f"{B},{A}").broker) == one
 
 
 def test_rotation_starts_at_random_then_goes_round() -> None:

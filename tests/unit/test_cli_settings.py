@@ -37,7 +37,7 @@ def test_a_command_gets_the_settings_the_group_read_with_its_own_overrides_in_pl
     @pass_settings("store_url")
     def show(settings: Settings, n: int) -> None:
         seen.append(settings)
-        click.echo(f"{settings.hub} {settings.store_url} {n}")
+        click.echo(f"{settings.hub} {settings.store.store_url} {n}")
 
     runner = CliRunner()
     env = {"ORDERFLOW_STORE_URL": "mongodb://env:27017"}

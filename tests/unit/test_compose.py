@@ -32,7 +32,7 @@ from services.cli.health import health
 from services.cli.main import main
 from services.cli.up import topology
 from shared.broker.access import SERVICE_ROLES
-from shared.config import Settings
+from shared.config import FIELDS
 from tests.conftest import REQUIRE_SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ MONGODB_DIR = ROOT / "infra" / "mongodb"
 MONGODB_ENTRYPOINT = MONGODB_DIR / "entrypoint.sh"
 REPLICA_SET_SCRIPT = MONGODB_DIR / "replica-set.js"
 DOCKERFILE = (ROOT / "infra" / "Dockerfile").read_text()
-SETTINGS = {f"ORDERFLOW_{name.upper()}" for name in Settings.model_fields}
+SETTINGS = {f"ORDERFLOW_{name.upper()}" for name in FIELDS}
 OUR_IMAGE = "orderflow:"
 HEALTH = ["CMD", "python", "-m", "services.cli.health"]
 

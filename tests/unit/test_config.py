@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared import crash
-from shared.config import Settings, load_settings
+from deployment.envfile import LAYOUT
+from shared import crash, policies
+from shared.config import FIELDS, SECTIONS, Settings, load_settings
 from shared.domain.states import ErrorKind
 from shared.domain.workflow import get_workflow
 from shared.errors import ConfigurationError
@@ -18,9 +19,13 @@ def test_defaults_follow_the_design(monkeypatch: pytest.MonkeyPatch) -> None:
     ):
         monkeypatch.delenv(name, raising=False)
     s = load_settings()
-    assert s.rabbitmq_url == "amqp://guest:guest@localhost:5672/"
-    assert s.store_url == "mongodb://localhost:27017"
-    assert (s.hub, s.store_kind, s.remote_url) == ("orderflow", "mongodb", "http://127.0.0.1:8080")
+    assert s.broker.rabbitmq_url == "amqp://guest:guest@localhost:5672/"
+    assert s.store.store_url == "mongodb://localhost:27017"
+    assert (s.hub, s.store.store_kind, s.remote.remote_url) == (
+        "orderflow",
+        "mongodb",
+        "http://127.0.0.1:8080",
+    )
 
 
 def test_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,7 +33,11 @@ def test_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORDERFLOW_HUB", "shop2")
     monkeypatch.setenv("ORDERFLOW_STEP_TIMEOUT_S", "2.5")
     s = load_settings()
-    assert (s.store_kind, s.hub, s.step_timeout.total_seconds()) == ("postgresql", "shop2", 2.5)
+    assert (s.store.store_kind, s.hub, s.workflow.step_timeout.total_seconds()) == (
+        "postgresql",
+        "shop2",
+        2.5,
+    )
 
 
 @pytest.mark.parametrize(
@@ -63,7 +72,7 @@ def test_which_failures_compensate_is_set_per_workflow(monkeypatch: pytest.Monke
     def compensates(kind: ErrorKind, version: int = 1) -> bool:
         workflow = get_workflow("order", version)
         assert workflow is not None
-        return load_settings().compensates(workflow, kind)
+        return policies.compensates(load_settings().workflow, workflow, kind)
 
     # Unset: the workflow's own policy (a declined payment compensates; a spent budget and an
     # outage past the threshold park).
@@ -106,3 +115,21 @@ def test_the_crash_drill_knows_its_points(monkeypatch: pytest.MonkeyPatch) -> No
     crash.crash_point("after-claim")  # the first of two: still alive
     crash.arm(None)
     assert not crash.armed("after-claim")
+
+
+def test_every_setting_is_in_one_section_under_its_old_name() -> None:
+    listed = [name for _, names in LAYOUT for name in names]
+    assert sorted(listed) == sorted(FIELDS), ".env.example's layout lists every setting once"
+    sections = [set(model.model_fields) for model in SECTIONS.values()]
+    assert sum(len(fields) for fields in sections) == len(set().union(*sections)) == len(FIELDS)
+
+
+def test_flat_names_go_to_their_sections(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORDERFLOW_PREFETCH", "7")
+    s = load_settings(hub="shop3", step_timeout_s=3, fault_crash_at="after-claim")
+    assert (s.hub, s.broker.prefetch, s.workflow.step_timeout_s) == ("shop3", 7, 3)
+    assert s.drills.fault_crash_at == "after-claim"
+    changed = s.replace(prefetch=9, hub="shop4")
+    assert (changed.hub, changed.broker.prefetch, s.broker.prefetch) == ("shop4", 9, 7)
+    with pytest.raises(TypeError, match="no setting 'prefech'"):
+        load_settings(prefech=9)

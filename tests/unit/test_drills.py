@@ -148,10 +148,10 @@ def test_the_same_seed_makes_the_same_choices_whichever_drills_are_on() -> None:
 
 
 def test_the_bootstrap_wraps_a_publisher_only_when_a_drill_is_on() -> None:
-    assert not fault_drills(load_settings()).on
-    assert fault_drills(load_settings(fault_duplicate_rate=0.1)).on
-    assert fault_drills(load_settings(fault_reply_delay_rate=0.1, fault_reply_delay_ms=5)).on
-    assert fault_drills(load_settings(fault_reply_delay_ms=5)) == Drills(reply_delay_s=0.005)
+    assert not fault_drills(load_settings().drills).on
+    assert fault_drills(load_settings(fault_duplicate_rate=0.1).drills).on
+    assert fault_drills(load_settings(fault_reply_delay_rate=0.1, fault_reply_delay_ms=5).drills).on
+    assert fault_drills(load_settings(fault_reply_delay_ms=5).drills) == Drills(reply_delay_s=0.005)
     inner = Recorder()
     assert drilled(inner, Drills(seed=3)) is inner
 

@@ -24,7 +24,7 @@ from shared.store.port import StateQuery
 from tests.support.factories import order_pair
 
 S = timedelta(seconds=1)
-SETTINGS = Settings(failure_threshold=3, supervisor_interval_s=2)
+SETTINGS = Settings(failure_threshold=3, supervisor_interval_s=2).supervisor
 
 
 def record(state: ProcessState = ProcessState.PENDING, **fields: object) -> StateRecord:

@@ -136,19 +136,19 @@ def test_an_acknowledgement_and_a_resolution_are_notices_with_who_and_when() -> 
 
 
 def test_targets_come_from_the_settings_and_never_show_their_secrets() -> None:
-    assert targets_of(Settings()) == []
+    assert targets_of(Settings().notifier) == []
     settings = Settings(
         notify_webhook_url=SecretStr("https://hooks.example/x?token=s3cret\n"),
         notify_slack_url=SecretStr(""),  # a secret file written empty: unset
         notify_pagerduty_routing_key=SecretStr("rk-s3cret"),
     )
-    targets = targets_of(settings)
+    targets = targets_of(settings.notifier)
     assert [t.name for t in targets] == ["webhook", "pagerduty"]
     assert targets[0].url.get_secret_value() == "https://hooks.example/x?token=s3cret"
     assert targets[0].shown == "webhook (hooks.example)"
     assert "s3cret" not in repr(targets) + repr(settings)
     with pytest.raises(ConfigurationError, match="ORDERFLOW_NOTIFY_SLACK_URL"):
-        targets_of(Settings(notify_slack_url=SecretStr("hooks.example/x")))
+        targets_of(Settings(notify_slack_url=SecretStr("hooks.example/x")).notifier)
 
 
 @pytest.mark.parametrize(

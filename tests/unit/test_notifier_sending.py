@@ -72,7 +72,15 @@ async def rig() -> AsyncIterator[Rig]:
 
     target = Target(TargetKind.WEBHOOK, SecretStr(str(server.make_url("/hook"))))
     async with aiohttp.ClientSession() as session:
-        sender = Sender(settings, session, MemoryStore(), "notifier-1", dead_letter)
+        sender = Sender(
+            settings.notifier,
+            settings.hub,
+            settings.broker.inbox_ttl_s,
+            session,
+            MemoryStore(),
+            "notifier-1",
+            dead_letter,
+        )
         yield Rig(receiver, sender, target, dead)
     await server.close()
 

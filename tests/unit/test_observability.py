@@ -43,8 +43,11 @@ T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 
 def test_the_new_settings_default_to_no_endpoint_and_documented_thresholds() -> None:
     s = load_settings()
-    assert (s.metrics_port, s.heartbeat_s) == (0, 5.0)
-    assert (s.circuit_alert_after_s, s.no_leader_alert_after_s) == (30.0, 60.0)
+    assert (s.observability.metrics_port, s.observability.heartbeat_s) == (0, 5.0)
+    assert (s.agents.circuit_alert_after_s, s.observability.no_leader_alert_after_s) == (
+        30.0,
+        60.0,
+    )
 
 
 @pytest.mark.parametrize(
@@ -69,7 +72,7 @@ def test_bad_observability_settings_name_their_variable(
 @pytest.mark.parametrize("port", ["0", "9100", "65535"])
 def test_metrics_port_takes_every_port(monkeypatch: pytest.MonkeyPatch, port: str) -> None:
     monkeypatch.setenv("ORDERFLOW_METRICS_PORT", port)
-    assert load_settings().metrics_port == int(port)
+    assert load_settings().observability.metrics_port == int(port)
 
 
 # -- `orderflow up` ports
@@ -180,7 +183,15 @@ class FakeReporter:
 
 async def test_an_agent_alerts_once_per_opening_past_the_threshold() -> None:
     settings = load_settings(breaker_fail_max=1, circuit_alert_after_s=30)
-    agent = Agent("unit", None, None, settings, tickets=MemoryTickets())  # type: ignore[arg-type]
+    agent = Agent(
+        "unit",
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        settings.agents,
+        hub=settings.hub,
+        ticket_keep_s=settings.broker.inbox_ttl_s,
+        tickets=MemoryTickets(),
+    )
     report = FakeReporter()
     breaker = agent.breaker("unit.call")
     fail(breaker)

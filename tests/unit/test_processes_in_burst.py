@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from harness.simulation.shop import Placed
 from services.scheduler.compensator import Compensator
-from services.scheduler.context import AttemptContext
+from services.scheduler.context import AttemptContext, attempt_rules
 from services.scheduler.runner import OrderRunner
 from services.shop.orders import message_id_of
 from services.supervisor.service import serve_supervisor
@@ -79,7 +79,7 @@ def test_transient_failures_give_the_order_back_for_a_later_attempt() -> None:
         assert state.failure_count >= 1 and state.next_attempt_at is not None
         assert state.next_attempt_at > utcnow(), "released with a backoff"
         spent = state.retry_budget.used
-        assert spent == state.failure_count * hub.settings.agent_attempts_per_request, (
+        assert spent == state.failure_count * hub.settings.agents.agent_attempts_per_request, (
             "each attempt spent the agent's allowance, and no more"
         )
         hub.faults.transient_error_rate = 0.0
@@ -101,7 +101,7 @@ async def _claim_and_die(hub: MemoryHub, scheduler: str = "dead-scheduler") -> N
     """A scheduler that claims every due order and dies before it does anything else."""
     now = utcnow()
     claimed = await hub.store.claim(
-        now=now, limit=100, owner=scheduler, complete_by=now + hub.settings.step_timeout
+        now=now, limit=100, owner=scheduler, complete_by=now + hub.settings.workflow.step_timeout
     )
     assert claimed
 
@@ -110,8 +110,8 @@ def test_the_supervisor_recovers_an_expired_attempt_and_parks_it_at_the_threshol
     async def scenario(hub: MemoryHub) -> None:
         placed = await hub.place()
         await hub.submission()
-        past_deadline = hub.settings.step_timeout_s + hub.settings.clock_skew_s + 1
-        for failures in range(1, hub.settings.failure_threshold + 1):
+        past_deadline = hub.settings.workflow.step_timeout_s + hub.settings.process.clock_skew_s + 1
+        for failures in range(1, hub.settings.supervisor.failure_threshold + 1):
             await _until_due(hub, placed)
             await _claim_and_die(hub)
             await hub.supervisor()  # not expired yet: nothing to recover
@@ -140,7 +140,9 @@ def test_only_the_supervisor_holding_the_lease_recovers() -> None:
         leading = asyncio.create_task(serve_supervisor(leader, stop))  # takes the lease
         await hub.sleep(1)
         await _claim_and_die(hub)
-        await hub.sleep(hub.settings.step_timeout_s + hub.settings.clock_skew_s + 1)
+        await hub.sleep(
+            hub.settings.workflow.step_timeout_s + hub.settings.process.clock_skew_s + 1
+        )
         await hub.supervisor("supervisor-2", **slow)  # a round as a standby: recovers nothing
         assert (await hub.state(placed)).process_state is P.PROCESSING
         await hub.sleep(30)  # the leader's next round
@@ -162,7 +164,9 @@ def test_a_superseded_attempt_stops_without_a_write() -> None:
         await hub.submission()
         await _claim_and_die(hub)
         stale = await hub.state(placed)
-        await hub.sleep(hub.settings.step_timeout_s + hub.settings.clock_skew_s + 1)
+        await hub.sleep(
+            hub.settings.workflow.step_timeout_s + hub.settings.process.clock_skew_s + 1
+        )
         await hub.supervisor()
         await _until_due(hub, placed)
         await hub.scheduler()  # a later attempt completes the order
@@ -206,7 +210,7 @@ async def _runner(hub: MemoryHub) -> OrderRunner:
         router=router,
         reply_queue=replies.name,
         report=runtime.reporter(),
-        settings=runtime.settings,
+        rules=attempt_rules(runtime.settings),
     )
     return OrderRunner(ctx, Compensator(ctx))
 
@@ -240,12 +244,12 @@ def test_a_message_waiting_on_a_dead_consumers_claim_is_not_counted_by_crashes()
         placed = await hub.place()
         # A submission that died handling it left its inbox claim for the claim's time.
         key = f"shop/{message_id_of(placed.data)}"
-        until = utcnow() + timedelta(seconds=hub.settings.inbox_claim_ttl_s)
+        until = utcnow() + timedelta(seconds=hub.settings.broker.inbox_claim_ttl_s)
         await hub.store.inbox_claim_many(
             hub.names.orders, [InboxClaim(key, "dead-holder", until)], now=utcnow()
         )
-        await _dies_repeatedly(hub, hub.settings.redelivery_limit + 1, every_s=3.0)
-        await hub.sleep(hub.settings.inbox_claim_ttl_s)
+        await _dies_repeatedly(hub, hub.settings.broker.redelivery_limit + 1, every_s=3.0)
+        await hub.sleep(hub.settings.broker.inbox_claim_ttl_s)
         await hub.submission()
         assert (await hub.state(placed)).process_state is P.PENDING, "the order was lost"
 

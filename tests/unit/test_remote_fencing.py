@@ -188,8 +188,8 @@ def test_up_makes_keys_for_its_remote_and_keeps_those_set(
     assert made["ORDERFLOW_REMOTE_ACCOUNTS"] == f"{HUB}:{key}:{fence_key}"
     Accounts.parse(made["ORDERFLOW_REMOTE_ACCOUNTS"])  # what the stand-in accepts
     assert account_env(settings, True) != made, "made up for each run"
-    given = settings.model_copy(
-        update={"remote_account_key": SecretStr(KEY), "remote_fence_key": SecretStr(FENCE_KEY)}
+    given = settings.replace(
+        remote_account_key=SecretStr(KEY), remote_fence_key=SecretStr(FENCE_KEY)
     )
     assert account_env(given, True)["ORDERFLOW_REMOTE_ACCOUNTS"] == f"{HUB}:{KEY}:{FENCE_KEY}"
     # Against a remote service of the user's own: only the keys set, none made up.

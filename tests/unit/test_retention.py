@@ -51,7 +51,9 @@ class Clock:
 
 def retention(store: Backlog, clock: Clock, **settings: Any) -> Retention:
     values = {"retention_batch": 10, "retention_interval_s": 60.0} | settings
-    return Retention(cast(StateStore, store), Settings(**values), clock=clock)
+    s = Settings(**values)
+    skew = s.process.clock_skew_s
+    return Retention(cast(StateStore, store), s.retention, clock_skew_s=skew, clock=clock)
 
 
 def kinds(store: Backlog) -> list[str]:

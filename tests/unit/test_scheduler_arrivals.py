@@ -56,7 +56,7 @@ def test_an_order_after_a_quiet_spell_is_claimed_at_once_and_a_stream_by_the_gap
             later_at, later = claims.of("o-next-1")
             assert sorted(later) == ["o-next-1", "o-next-2", "o-next-3"], claims.seen
             assert later_at - first_at >= CLAIM_GAP_S - 1e-6
-            assert later_at - first_at < hub.settings.poll_interval_s
+            assert later_at - first_at < hub.settings.scheduler.poll_interval_s
 
             for order_id in ("o-first", "o-next-1", "o-next-2", "o-next-3"):
                 state = await hub.store.get_state(order_id)

@@ -111,13 +111,15 @@ def test_a_seal_checks_only_for_exactly_what_was_sealed(field: str, value: Any) 
 
 
 def test_the_key_is_set_or_derived_from_the_broker_password_of_each_kind() -> None:
-    a = seal_key(load_settings(rabbitmq_url="amqp://h-payment:secret-1@host/"))
-    b = seal_key(load_settings(rabbitmq_url="amqp://h-payment:secret-2@host/"))
+    a = seal_key(load_settings(rabbitmq_url="amqp://h-payment:secret-1@host/").broker)
+    b = seal_key(load_settings(rabbitmq_url="amqp://h-payment:secret-2@host/").broker)
     assert a and b and a != b  # each kind's password, so each kind's key
-    assert seal_key(load_settings(rabbitmq_url="amqps://h-payment@host/?auth=external")) is None
+    assert (
+        seal_key(load_settings(rabbitmq_url="amqps://h-payment@host/?auth=external").broker) is None
+    )
     kept = load_settings(rabbitmq_url="amqp://u:new@host/", seal_key="stays")
-    assert seal_key(kept) == seal_key(
-        load_settings(rabbitmq_url="amqp://u:old@host/", seal_key="stays")
+    assert seal_key(kept.broker) == seal_key(
+        load_settings(rabbitmq_url="amqp://u:old@host/", seal_key="stays").broker
     )
 
 
@@ -174,10 +176,10 @@ def test_a_reply_about_anything_else_than_its_request_does_not_match(
 
 
 def test_two_kinds_sharing_a_password_or_a_set_key_still_have_their_own_keys() -> None:
-    a = seal_key(load_settings(rabbitmq_url="amqp://h-agent-payment:same@host/"))
-    b = seal_key(load_settings(rabbitmq_url="amqp://h-agent-shipping:same@host/"))
-    c = seal_key(load_settings(rabbitmq_url="amqp://h-submission:x@host/", seal_key="one"))
-    d = seal_key(load_settings(rabbitmq_url="amqp://h-scheduler:y@host/", seal_key="one"))
+    a = seal_key(load_settings(rabbitmq_url="amqp://h-agent-payment:same@host/").broker)
+    b = seal_key(load_settings(rabbitmq_url="amqp://h-agent-shipping:same@host/").broker)
+    c = seal_key(load_settings(rabbitmq_url="amqp://h-submission:x@host/", seal_key="one").broker)
+    d = seal_key(load_settings(rabbitmq_url="amqp://h-scheduler:y@host/", seal_key="one").broker)
     assert len({a, b, c, d}) == 4
 
 
