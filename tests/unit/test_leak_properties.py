@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -136,13 +136,16 @@ def test_an_identifier_holding_a_card_number_apart_is_refused(
 
 
 @given(st.text("0123456789abcdef", min_size=20, max_size=64), st.sampled_from(["", "ord-", "tok_"]))
+# Found by this search in CI: the order id was `o` + the hex digits, and a run beside a letter
+# that is no hex letter is masked (`v4111…`), so the id was refused, as it should be.
+@example(hexits="122428400000011278a0", prefix="tok_")
 @SEARCH
 def test_hex_ids_are_accepted_and_shown_as_they_are(hexits: str, prefix: str) -> None:
     # A hex id holds a Luhn-valid run of 12 digits now and then, but beside a letter (or as a
     # run of more than 19 digits): a trace id, a fingerprint, `ord-<hex>` are never masked.
     assert redact_shown(prefix + hexits) == prefix + hexits
     if prefix:
-        order_id = f"o{hexits}"[:64] if prefix == "tok_" else (prefix + hexits)[:64]
+        order_id = f"o-{hexits}"[:64] if prefix == "tok_" else (prefix + hexits)[:64]
         data = order_data(order_id, payment_token=f"tok_{hexits}"[:64])
         assert redact_shown(data.model_dump(mode="json")) == data.model_dump(mode="json")
 
