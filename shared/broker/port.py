@@ -153,15 +153,24 @@ class Sender(Protocol):
 class Feed(Protocol):
     """A channel that consumes, with its prefetch: at most that many deliveries unsettled."""
 
-    async def consume(self, queue: str, take: Take, *, ack: bool = True) -> str:
+    async def consume(
+        self, queue: str, take: Take, *, ack: bool = True, restore: bool = True
+    ) -> str:
         """Deliveries of `queue` to `take` until cancelled: the consumer's tag. `ack=False`:
-        each counts as settled when sent (replies). The adapter restores it after a reconnection
-        unless the queue is gone by then. `QueueMissing` if there is no such queue."""
+        each counts as settled when sent (replies). `restore`: the adapter consumes again after
+        a reconnection (False: the caller does, told by `Connection.on_reconnect`, which suits
+        a queue that may be gone by then). `QueueMissing` if there is no such queue."""
+        ...
+
+    async def own_queue(self, name: str, *, bind_to: str | None, routing_key: str = "") -> None:
+        """Declare a queue of this connection's own (exclusive, deleted with its last consumer,
+        not durable), bound to the exchange `bind_to`; declared and bound again with the feed
+        after a reconnection, before its consumer is restored."""
         ...
 
     async def cancel(self, tag: str) -> None: ...
 
-    def consuming(self, tag: str) -> bool:
+    async def consuming(self, tag: str) -> bool:
         """Whether the broker still delivers to this consumer (its channel open, and the
         consumer not cancelled by the broker, as when its queue is deleted)."""
         ...
