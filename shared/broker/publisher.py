@@ -2,34 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import math
 from collections.abc import Awaitable, Callable, Mapping
-from contextlib import suppress
 from functools import partial
 from typing import Any, Protocol
 
 import aio_pika
-import aiormq
-from aio_pika.abc import AbstractChannel, AbstractExchange
+from aio_pika.abc import AbstractChannel
 
 from shared.broker.connection import login_user
+from shared.broker.rabbitmq.sender import RabbitSender
 from shared.domain.messages import Contract
-from shared.errors import PublishError, PublishRejected, PublishUnroutable
 from shared.tracing import publish_span
 
 CONTENT_TYPE = "application/json"
-
-RENEW_AFTER_S = 1.0
-"""A refused publish (a nack) renews the publisher's channel, unless that channel is younger than
-this. RabbitMQ 3.10 (before rabbitmq-server#9221) can refuse every publish of a channel to a
-quorum queue for as long as the queue's old leader stays down: a channel that first publishes to
-the queue while the queue's record still names the dead leader asks that node alone, and keeps
-asking it. A channel opened once the new leader is recorded is served; the age limit bounds the
-renewals to one a second while a queue refuses publishes for another reason (a full backlog)."""
-
-log = logging.getLogger(__name__)
 
 
 def build_message(
@@ -76,30 +61,9 @@ class Publishing(Protocol):
     async def close(self) -> None: ...
 
 
-class _Lane:
-    """One confirming channel of a publisher, with the exchanges looked up on it and the count
-    of publishes waiting on it for their confirm."""
-
-    def __init__(self, channel: AbstractChannel, renewable_at: float) -> None:
-        self.channel = channel
-        self.renewable_at = renewable_at
-        self.refused: str | None = None
-        """The target of the last publish the broker refused on this channel."""
-        self.exchanges: dict[str, AbstractExchange] = {}
-        self.waiting = 0
-        self.retired = False
-
-    async def exchange(self, name: str) -> AbstractExchange:
-        if name == "":
-            return self.channel.default_exchange
-        if name not in self.exchanges:
-            self.exchanges[name] = await self.channel.get_exchange(name, ensure=False)
-        return self.exchanges[name]
-
-
 class Publisher:
-    """Publishes on one confirming channel, renewed after a refusal (`RENEW_AFTER_S`). Safe to
-    share between tasks of one process."""
+    """Publishes with confirms (shared/broker/rabbitmq/sender.py: one confirming channel,
+    renewed after a refusal). Safe to share between tasks of one process."""
 
     def __init__(
         self,
@@ -109,12 +73,8 @@ class Publisher:
         user_id: str | None = None,
         reopen: Callable[[], Awaitable[AbstractChannel]] | None = None,
     ) -> None:
-        self._lane = _Lane(channel, renewable_at=-math.inf)
+        self._sender = RabbitSender(channel, timeout=timeout, reopen=reopen)
         self._user_id = user_id
-        self._timeout = timeout
-        self._reopen = reopen
-        """Opens a channel like the first; None: the channel is never renewed."""
-        self._renewing = asyncio.Lock()
 
     @classmethod
     async def open(
@@ -131,7 +91,7 @@ class Publisher:
         )
 
     async def close(self) -> None:
-        await self._lane.channel.close()
+        await self._sender.close()
 
     async def publish(
         self,
@@ -160,75 +120,9 @@ class Publisher:
         self, message: aio_pika.Message, *, exchange: str, routing_key: str
     ) -> None:
         """Publish and wait for the confirm; raise a `PublishError` unless the broker took it."""
-        target = f"{exchange or '(default)'}/{routing_key}"
         if message.user_id is None:
             message.user_id = self._user_id
-        lane: _Lane | None = None
-        try:
-            # The whole of it within the timeout: a robust channel whose connection is being
-            # restored waits for it before it publishes, for as long as that takes.
-            async with asyncio.timeout(self._timeout):
-                lane = await self._current()
-                lane.waiting += 1
-                ex = await lane.exchange(exchange)
-                await ex.publish(message, routing_key, mandatory=True, timeout=self._timeout)
-        except aiormq.exceptions.PublishError as exc:
-            raise PublishUnroutable(f"no queue takes messages for {target}") from exc
-        except aiormq.exceptions.DeliveryError as exc:
-            if lane is not None:
-                lane.refused = target
-            raise PublishRejected(
-                f"the broker refused the message for {target} (queue full or unavailable)"
-            ) from exc
-        except TimeoutError as exc:
-            raise PublishError(
-                f"no confirm for {target} within {self._timeout}s (the broker did not answer, "
-                "or the connection to it was being restored)"
-            ) from exc
-        except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
-            raise PublishError(f"publishing to {target} failed: {exc!r}") from exc
-        finally:
-            if lane is not None:
-                lane.waiting -= 1
-                if lane.retired and lane.waiting == 0:
-                    await self._retire(lane)
-
-    async def _current(self) -> _Lane:
-        """The lane to publish on: a new one once the broker refused a publish on the current
-        one, unless that was renewed (or tried to be) less than `RENEW_AFTER_S` ago. A channel
-        that cannot be opened now (its connection being restored) leaves the current one in
-        use, to be tried again after `RENEW_AFTER_S`."""
-        loop = asyncio.get_running_loop()
-        lane = self._lane
-        if self._reopen is None or lane.refused is None or loop.time() < lane.renewable_at:
-            return lane
-        async with self._renewing:
-            if lane is not self._lane:
-                return self._lane
-            lane.renewable_at = loop.time() + RENEW_AFTER_S
-            try:
-                channel = await self._reopen()
-            except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
-                log.warning(
-                    "could not open a new channel to publish on",
-                    extra={"refused": lane.refused, "error": repr(exc)},
-                )
-                return lane
-            self._lane = _Lane(channel, renewable_at=loop.time() + RENEW_AFTER_S)
-            lane.retired = True
-            if lane.waiting == 0:
-                await self._retire(lane)
-        log.warning(
-            "RabbitMQ refused a publish: publishing on a new channel",
-            extra={"refused": lane.refused},
-        )
-        return self._lane
-
-    async def _retire(self, lane: _Lane) -> None:
-        """Close a renewed channel once no publish waits on it for its confirm."""
-        with suppress(aiormq.exceptions.AMQPError, ConnectionError, RuntimeError, TimeoutError):
-            async with asyncio.timeout(self._timeout):
-                await lane.channel.close()
+        await self._sender.send(message, exchange=exchange, routing_key=routing_key)
 
 
 async def _confirming_channel(connection: aio_pika.abc.AbstractConnection) -> AbstractChannel:

@@ -44,8 +44,8 @@ it asserts (a loaded machine stretches it); that every order completes, once, is
 TAKEN_AGAIN_S = 30.0
 """How long after the kill a publisher may see its publishes refused: the election and its
 record (under a second here when quiet, 5 s seen in a loaded CI run), then a renewal of its
-channel a `RENEW_AFTER_S` (shared/broker/publisher.py) later. Without the renewal every publish
-is refused until the killed node is back."""
+channel a `RENEW_AFTER_S` (shared/broker/rabbitmq/sender.py) later. Without the renewal every
+publish is refused until the killed node is back."""
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp.commands import Basic
 
-from shared.broker import publisher as publishing
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq import sender as publishing
 from shared.errors import PublishRejected
 
 

@@ -95,6 +95,10 @@ class RabbitSender:
 
     async def publish(self, message: Outgoing, *, exchange: str, routing_key: str) -> None:
         """Publish and wait for the confirm; raise a `PublishError` unless the broker took it."""
+        await self.send(wire_message(message), exchange=exchange, routing_key=routing_key)
+
+    async def send(self, message: aio_pika.Message, *, exchange: str, routing_key: str) -> None:
+        """`publish`, of a message as aio-pika sends it."""
         target = f"{exchange or '(default)'}/{routing_key}"
         lane: _Lane | None = None
         try:
@@ -104,9 +108,7 @@ class RabbitSender:
                 lane = await self._current()
                 lane.waiting += 1
                 ex = await lane.exchange(exchange)
-                await ex.publish(
-                    wire_message(message), routing_key, mandatory=True, timeout=self._timeout
-                )
+                await ex.publish(message, routing_key, mandatory=True, timeout=self._timeout)
         except aiormq.exceptions.PublishError as exc:
             raise PublishUnroutable(f"no queue takes messages for {target}") from exc
         except aiormq.exceptions.DeliveryError as exc:
