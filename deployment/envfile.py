@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.config import FIELDS
+from shared.config import FIELDS, SECTIONS
+from shared.config.base import Section
 
 SET_BY_COMPOSE = {
     "rabbitmq_url": "each service's own RabbitMQ user, the secret file rabbitmq_<user>_url",
@@ -49,191 +50,17 @@ def passed_settings() -> list[str]:
     ]
 
 
-LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (
-        "where things are",
-        (
-            "rabbitmq_url",
-            "store_url",
-            "hub",
-            "remote_url",
-            "remote_port",
-            "remote_account_key",
-            "remote_fence_key",
-            "broker_user_prefix",
-            "seal_key",
-        ),
-    ),
-    (
-        "timeouts of every external call",
-        (
-            "connect_timeout_s",
-            "store_command_timeout_s",
-            "publish_timeout_s",
-            "store_pool_size",
-        ),
-    ),
-    (
-        "the workflow",
-        (
-            "step_timeout_s",
-            "retry_budget",
-            "compensate_on",
-            "workflow_version",
-            "undo_attempts",
-        ),
-    ),
-    (
-        "the supervisor",
-        (
-            "supervisor_interval_s",
-            "supervisor_scan_limit",
-            "lease_ttl_s",
-            "failure_threshold",
-            "backoff_base_s",
-            "backoff_cap_s",
-            "cooldown_after",
-            "cooldown_s",
-        ),
-    ),
-    (
-        "messaging",
-        (
-            "prefetch",
-            "redelivery_limit",
-            "max_message_bytes",
-            "orders_queue_max_length",
-            "inbox_ttl_s",
-            "inbox_claim_ttl_s",
-            "handler_timeout_s",
-            "delayed_retries",
-            "poison_alert_window_s",
-            "intake_stall_s",
-            "retry_delay_s",
-            "outage_patience_s",
-            "clock_skew_s",
-        ),
-    ),
-    (
-        "the agents",
-        (
-            "agent_attempts_per_request",
-            "agent_http_timeout_s",
-            "breaker_fail_max",
-            "breaker_reset_s",
-        ),
-    ),
-    (
-        "the scheduler",
-        (
-            "scheduler_inflight",
-            "claim_batch",
-            "poll_interval_s",
-            "drain_timeout_s",
-        ),
-    ),
-    (
-        "the submission process",
-        (
-            "backlog_threshold",
-            "backlog_check_s",
-        ),
-    ),
-    (
-        "data retention",
-        (
-            "retention_s",
-            "order_retention_s",
-            "alert_retention_s",
-            "retention_interval_s",
-            "retention_batch",
-            "alerts_queue_max_length",
-        ),
-    ),
-    (
-        "the supervisor (reporting)",
-        ("stuck_pending_s",),
-    ),
-    (
-        "observability: metrics, heartbeats, runtime alerts",
-        (
-            "metrics_port",
-            "metrics_host",
-            "heartbeat_s",
-            "circuit_alert_after_s",
-            "no_leader_alert_after_s",
-        ),
-    ),
-    (
-        "traces (shared/tracing.py): one per order, across processes; off unless exported",
-        (
-            "otlp_endpoint",
-            "trace_file",
-            "trace_sample_ratio",
-        ),
-    ),
-    (
-        "the notifier (`orderflow serve notifier`): alerts delivered to webhooks",
-        (
-            "notify_webhook_url",
-            "notify_slack_url",
-            "notify_pagerduty_routing_key",
-            "notify_pagerduty_url",
-            "notify_timeout_s",
-            "notify_retry_max_s",
-            "notify_give_up_after_s",
-            "notify_poll_s",
-        ),
-    ),
-    (
-        "the HTTP API (`orderflow serve api`): the shop, the console, their API",
-        (
-            "api_host",
-            "api_port",
-            "api_record_wait_s",
-            "api_stream_poll_s",
-            "api_stream_max_s",
-            "api_streams_per_token",
-            "api_streams_max",
-            "api_max_connections",
-            "api_read_timeout_s",
-            "api_rabbitmq_url",
-            "api_operator_rabbitmq_url",
-            "api_catalogue_path",
-        ),
-    ),
-    (
-        "the simulated remote service",
-        (
-            "remote_transient_error_rate",
-            "remote_latency_ms",
-            "remote_hang_rate",
-            "remote_hang_s",
-            "remote_decline_rate",
-            "remote_outage",
-            "remote_fail_operations",
-            "remote_seed",
-            "remote_ledger_path",
-        ),
-    ),
-    (
-        "fault injection (tests and drills; all off by default)",
-        (
-            "fault_duplicate_rate",
-            "fault_reply_delay_rate",
-            "fault_reply_delay_ms",
-            "fault_seed",
-            "fault_crash_at",
-            "fault_crash_after",
-        ),
-    ),
-    (
-        "logging",
-        ("log_level",),
-    ),
+def _heading(section: type[Section]) -> str:
+    """A section's heading: its docstring's first sentence."""
+    text = " ".join((section.__doc__ or "").split())
+    return text.split(". ")[0].rstrip(".")
+
+
+LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
+    (_heading(model), tuple(model.model_fields)) for model in SECTIONS.values()
 )
-"""`.env.example`'s headings and, under each, its settings in order (every field of
-`shared.config.FIELDS` once: tests/unit/test_config.py checks it)."""
+"""`.env.example`'s headings and, under each, its settings in order: one heading per section of
+`Settings`, its fields in their order (so a new setting is written once, in its section)."""
 
 
 def _value(default: Any) -> str:

@@ -140,7 +140,7 @@ class RemoteStandInSettings(Section):
 
 
 class DrillSettings(Section):
-    """Fault injection (tests and drills; all off by default): read by the bootstrap only, which
+    """Fault injection (tests and drills; all off by default). Read by the bootstrap only, which
     chooses the wrappers (shared/bootstrap.py)."""
 
     fault_duplicate_rate: float = Field(default=0.0, ge=0, le=1)
