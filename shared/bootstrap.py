@@ -10,15 +10,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustConnection
-
 from shared import crash
-from shared.broker.connection import connect, login_user, quorum_available, server_version
 from shared.broker.consumer import Consumer, ConsumerPolicy, Delivery, Handler
 from shared.broker.dedupe import AlongClaim
 from shared.broker.delivery import INTAKE_HEALTHY
 from shared.broker.drills import Drills, drilled
+from shared.broker.port import Connection, QueueAdmin
 from shared.broker.publisher import Publisher, Publishing
+from shared.broker.rabbitmq import connect
 from shared.broker.seal import seal_key
 from shared.broker.senders import Senders
 from shared.broker.topology import (
@@ -26,7 +25,9 @@ from shared.broker.topology import (
     QueuePolicy,
     declare_topology,
     retire_unbounded_alerts_queue,
+    supports_quorum,
 )
+from shared.broker.urls import login_user
 from shared.config import DrillSettings, Settings
 from shared.errors import ConfigurationError
 from shared.heartbeat import Check, Heartbeat, StatusData
@@ -46,12 +47,12 @@ INTAKE_CHECK_S = 2.0
 """Upper bound on reading one consumer's intake (within /healthz's own bound)."""
 
 
-def queue_policy(settings: Settings, connection: AbstractRobustConnection) -> QueuePolicy:
-    if not quorum_available(connection):
+def queue_policy(settings: Settings, connection: Connection) -> QueuePolicy:
+    if not supports_quorum(connection.info.version):
         # Classic queues report only "redelivered", not how often: the redelivery limit (and
         # with it the end-to-end retry budget) could not be enforced.
         raise ConfigurationError(
-            f"RabbitMQ {server_version(connection)} is older than 3.10: orderflow needs quorum "
+            f"RabbitMQ {connection.info.version} is older than 3.10: orderflow needs quorum "
             "queues that count a failing message's deliveries and hold its delayed retries "
             "(message TTL, at-least-once dead-lettering)"
         )
@@ -109,7 +110,7 @@ def arm_crash_drill(drills: DrillSettings) -> None:
     crash.arm(drills.fault_crash_at, drills.fault_crash_after)
 
 
-async def open_broker(settings: Settings, *, name: str) -> AbstractRobustConnection:
+async def open_broker(settings: Settings, *, name: str) -> Connection:
     return await connect(
         settings.broker.rabbitmq_url, timeout=settings.process.connect_timeout_s, name=name
     )
@@ -125,7 +126,7 @@ def fault_drills(drills: DrillSettings) -> Drills:
     )
 
 
-async def open_publisher(settings: Settings, connection: AbstractConnection) -> Publishing:
+async def open_publisher(settings: Settings, connection: Connection) -> Publishing:
     """A confirming publisher on `connection`, wrapped in the fault drills (shared/broker/
     drills.py) only when a drill's setting is non-zero."""
     publisher = await Publisher.open(connection, timeout=settings.broker.publish_timeout_s)
@@ -139,14 +140,14 @@ class Runtime:
     settings: Settings
     name: str
     store: StateStore
-    connection: AbstractRobustConnection
+    connection: Connection
     publisher: Publishing
     names: Names
     metrics: MetricsEndpoint | None = None
     consumers: list[Consumer] = field(default_factory=list)
     intake: list[dict[str, Any]] = field(default_factory=list)
     """The consumers' intake as last checked (each beat, and each `/healthz`)."""
-    _probe: AbstractChannel | None = None
+    _probe: QueueAdmin | None = None
     _burst: asyncio.Task[None] | None = None
 
     @classmethod
@@ -174,7 +175,7 @@ class Runtime:
         settings: Settings,
         name: str,
         store: StateStore,
-        connection: AbstractRobustConnection,
+        connection: Connection,
         *,
         metrics: MetricsEndpoint | None = None,
     ) -> Runtime:
@@ -195,7 +196,7 @@ class Runtime:
             store = True
         except Exception:
             store = False
-        checks = {"broker": self.connection.connected.is_set(), "store": store}
+        checks = {"broker": self.connection.connected, "store": store}
         if self.consumers:
             await self.refresh_intake()
             checks["intake"] = all(i["state"] in INTAKE_HEALTHY for i in self.intake)
@@ -212,7 +213,7 @@ class Runtime:
         """One consumer's intake, bounded in time: a robust channel waits for its connection
         to come back without a timeout of its own, and the heartbeat and `/healthz` must not."""
         down = {"queue": consumer.queue, "state": "not-subscribed", "ready": None}
-        if not self.connection.connected.is_set():
+        if not self.connection.connected:
             return down | {"in_hand": consumer.in_hand, "idle_s": None}
         try:
             async with asyncio.timeout(INTAKE_CHECK_S):
@@ -222,16 +223,13 @@ class Runtime:
             return down | {"in_hand": consumer.in_hand, "idle_s": None}
 
     async def _ready(self, queue: str) -> int | None:
-        """A queue's ready messages, on a probe channel of this process's own (None: unknown).
-        Asked of the channel below aio-pika's: a robust channel keeps a declared queue and
-        answers later askings from it, with the depth it had then."""
+        """A queue's ready messages, on a probe channel of this process's own (None: unknown:
+        gone, or the broker unreachable; the adapter opens a new channel for the next)."""
         try:
-            if self._probe is None or self._probe.is_closed:
-                self._probe = await self.connection.channel()
-            underlay = await self._probe.get_underlay_channel()
-            declared = await underlay.queue_declare(queue, passive=True)
-            return int(declared.message_count or 0)
-        except Exception:  # gone, or the broker unreachable: the probe channel is redone
+            if self._probe is None:
+                self._probe = await self.connection.admin()
+            return await self._probe.depth(queue)
+        except Exception:
             return None
 
     def burst(self, stop: asyncio.Event, *, poll_s: float = BURST_POLL_S) -> asyncio.Task[None]:
@@ -296,11 +294,9 @@ class Runtime:
         dedupe: bool = True,
         along: Callable[[Delivery], Sequence[AlongClaim]] | None = None,
     ) -> Consumer:
-        channel = await self.connection.channel()
         reporter = self.reporter()
-
         consumer = Consumer(
-            channel=channel,
+            connection=self.connection,
             queue=queue,
             names=self.names,
             handler=handler,
@@ -347,14 +343,14 @@ async def initialise(settings: Settings) -> InitReport:
     try:
         names = Names(settings.hub)
         policy = queue_policy(settings, connection)
-        channel = await connection.channel()
-        await declare_topology(channel, names, policy)
-        retired = await retire_unbounded_alerts_queue(channel, names)
+        admin = await connection.admin()
+        await declare_topology(admin, names, policy)
+        retired = await retire_unbounded_alerts_queue(admin, names)
         queues = [q for base in names.input_queues() for q in (base, names.dlq(base))]
         return InitReport(
             store_kind=store.kind,
             hub=settings.hub,
-            broker_version=server_version(connection),
+            broker_version=connection.info.version,
             quorum=policy.quorum,
             queues=[*queues, names.alert_feed],
             retired_alerts=retired,

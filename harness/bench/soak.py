@@ -16,10 +16,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from aio_pika.abc import AbstractRobustConnection
-
 from harness.bench.load import Progress, raise_if_failed
 from shared.bootstrap import open_broker
+from shared.broker.port import Connection
 from shared.broker.topology import Names, queue_depths
 from shared.config import Settings
 from shared.domain.states import SETTLED_STATES, ProcessState
@@ -87,7 +86,7 @@ class Soak:
         self._names = Names(settings.hub)
         self.sizes = Sizes()
 
-    async def sample(self, connection: AbstractRobustConnection) -> None:
+    async def sample(self, connection: Connection) -> None:
         depths = await queue_depths(connection, self._names.durable_queues())
         unread = [queue for queue, depth in depths.items() if depth is None]
         if unread:  # a zero would hide the growth the soak is there to see

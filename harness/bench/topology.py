@@ -134,6 +134,6 @@ async def cleanup(settings: Settings, store: StateStore, keep: bool) -> None:
     with contextlib.suppress(Exception):
         connection = await open_broker(settings, name="orderflow-bench-cleanup")
         try:
-            await delete_topology(await connection.channel(), Names(settings.hub))
+            await delete_topology(await connection.admin(), Names(settings.hub))
         finally:
             await connection.close()

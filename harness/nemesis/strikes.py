@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aio_pika
-
 from harness.nemesis.fleet import Fleet
 from harness.nemesis.schedule import POISON_BODIES, Fault, Kind
 from harness.nemesis.servers import PrivatePostgres, PrivateRabbitMQ
+from shared.broker.port import Connection, Outgoing
+from shared.broker.rabbitmq import connect
 from shared.broker.topology import Names
 from shared.domain.workflow import AGENTS
 from shared.remote.client import RemoteClient
@@ -168,31 +168,30 @@ class Striker:
         names = Names(self.hub)
         connection = await self._broker()
         try:
-            channel = await connection.channel()
-            submit = await channel.get_exchange(names.submit)
-            direct = await channel.get_exchange(names.exchange)
+            sender = await connection.sender(timeout=30)
             for i in range(int(fault.amount)):
                 body = POISON_BODIES[i % len(POISON_BODIES)]
-                message = aio_pika.Message(
+                message = Outgoing(
                     body,
                     message_id=f"poison-{self.seed}-{i}",
                     type="order.submit",
                     user_id="guest",
                 )
                 if i % 2:
-                    await direct.publish(message, routing_key=names.agent(AGENTS[i % 3]))
+                    where = {"exchange": names.exchange, "routing_key": names.agent(AGENTS[i % 3])}
                 else:
-                    await submit.publish(message, routing_key="")
+                    where = {"exchange": names.submit, "routing_key": ""}
+                await sender.publish(message, **where)
         finally:
             await connection.close()
 
-    async def _broker(self, timeout: float = 180) -> aio_pika.abc.AbstractConnection:
+    async def _broker(self, timeout: float = 180) -> Connection:
         """A connection to the private broker, once it takes one (another fault may have
         stopped it)."""
         deadline = time.monotonic() + timeout
         while True:
             try:
-                return await aio_pika.connect(self.mq.url, timeout=5)
+                return await connect(self.mq.url, timeout=5, name="nemesis")
             except Exception:
                 if time.monotonic() > deadline:
                     raise

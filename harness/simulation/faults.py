@@ -13,14 +13,13 @@ import random
 from collections import Counter
 from collections.abc import Callable
 
-import aio_pika
-
 from harness.nemesis.schedule import POISON_BODIES, Fault, Kind
 from harness.remote.app import Faults
 from harness.remote.local import LocalRemote
 from harness.simulation.shop import Shop
 from harness.simulation.world import World
 from shared.broker.memory import MemoryConnection
+from shared.broker.port import Outgoing
 from shared.broker.topology import Names
 from shared.domain.workflow import AGENTS
 
@@ -184,9 +183,9 @@ class Striker:
         names = Names(self._world.settings.hub)
         connection = MemoryConnection(self._world.broker, "intruder", name="poison")
         try:
-            channel = await connection.channel()
+            sender = await connection.sender(timeout=5)
             for i in range(count):
-                message = aio_pika.Message(
+                message = Outgoing(
                     POISON_BODIES[i % len(POISON_BODIES)],
                     message_id=f"poison-{self._seed}-{i}",
                     type="order.submit",
@@ -194,8 +193,7 @@ class Striker:
                 )
                 exchange = names.exchange if i % 2 else names.submit
                 key = names.agent(AGENTS[i % len(AGENTS)]) if i % 2 else names.orders
-                target = await channel.get_exchange(exchange)
-                await target.publish(message, routing_key=key)
+                await sender.publish(message, exchange=exchange, routing_key=key)
         except Exception:  # the broker may be out: poison that did not arrive is no poison
             pass
         finally:

@@ -25,8 +25,6 @@ from collections import Counter
 from collections.abc import Coroutine
 from typing import Any
 
-from aiormq.exceptions import AMQPError
-
 from harness.remote.accounts import hub_account
 from harness.remote.app import Faults, RemoteService
 from harness.remote.ledger import Ledger
@@ -44,7 +42,7 @@ from shared.broker.memory import MemoryBroker, MemoryConnection, connect
 from shared.broker.topology import Names, QueuePolicy, declare_topology
 from shared.config import Settings
 from shared.domain.models import StateRecord
-from shared.errors import StoreUnavailable
+from shared.errors import PublishError, ServiceUnavailable, StoreUnavailable
 from shared.reporting import Reporter
 
 __all__ = ["HUB", "Outcome", "initialise", "settings_for", "simulate"]
@@ -203,7 +201,7 @@ async def _cancel(world: World, placed: Placed) -> None:
         try:
             publisher = await open_publisher(world.settings, connection)
             await status_teller(Reporter(store, publisher, Names(HUB), "customer"))(record)
-        except (AMQPError, ConnectionError, RuntimeError):  # as the publisher takes them
+        except (ServiceUnavailable, PublishError):  # as the publisher raises them
             pass  # the broker is down: the shop is not told (its order is Cancelled)
         finally:
             await connection.close()
@@ -226,5 +224,5 @@ async def initialise(world: World) -> None:
         orders_max_length=s.broker.orders_queue_max_length,
         alerts_max_length=s.broker.alerts_queue_max_length,
     )
-    await declare_topology(await connection.channel(), Names(HUB), policy)  # type: ignore[arg-type]
+    await declare_topology(await connection.admin(), Names(HUB), policy)
     await connection.close()

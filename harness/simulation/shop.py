@@ -15,11 +15,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from aio_pika.abc import AbstractIncomingMessage
-
 from services.shop.orders import generated_order, message_id_of
 from shared.backoff import Backoff
 from shared.broker.memory import MemoryBroker, connect
+from shared.broker.port import Incoming
 from shared.broker.private import PrivateQueue
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names
@@ -111,7 +110,7 @@ class Shop:
                 await asyncio.sleep(pauses.next())
         return False
 
-    def _on_status(self, contract: Contract, message: AbstractIncomingMessage) -> Any:
+    def _on_status(self, contract: Contract, message: Incoming) -> Any:
         if isinstance(contract, OrderStatusUpdate):  # statuses carry the shop's own ids
             placed = self.orders.get(scoped(APP, contract.order_id))
             if placed is not None:

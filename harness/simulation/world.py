@@ -156,7 +156,7 @@ class SimProcess:
         settings = self.world.settings_of(self.kind)
         store = cast(StateStore, self._store)
         try:
-            runtime = await Runtime.on(settings, self.name, store, cast(Any, self._connection))
+            runtime = await Runtime.on(settings, self.name, store, self._connection)
             await self.world.serve_of(self.kind)(runtime, asyncio.Event())
         except Exception as exc:
             self.exits.append(f"{type(exc).__name__}: {exc}"[:200])

@@ -27,10 +27,11 @@ from services.api.limits import BodyLimit, h11_with_read_timeout
 from services.api.models import ErrorBody, ShownJSON, refused_input
 from services.operator.operations import Operations
 from shared.bootstrap import Runtime
-from shared.broker.connection import connect, login_user
 from shared.broker.private import PrivateQueue
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq import connect
 from shared.broker.senders import APP, Senders
+from shared.broker.urls import login_user
 from shared.domain.text import shown_cut
 from shared.errors import BadInput, ConfigurationError, NotFound, ServiceUnavailable
 

@@ -12,12 +12,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
-
 from services.api.limits import FailedAuth, Streams
 from services.api.models import Catalogue, CatalogueItem
 from services.operator.operations import Operations
 from shared.broker.envelope import user_of
+from shared.broker.port import Connection, Incoming
 from shared.broker.publisher import Publishing
 from shared.broker.senders import STATUS_SENDERS, Senders
 from shared.broker.topology import Names
@@ -62,7 +61,7 @@ class StatusBridge:
         self._senders = senders
         self._watchers: dict[str, set[asyncio.Event]] = {}
 
-    def on_status(self, contract: Contract, message: AbstractIncomingMessage) -> None:
+    def on_status(self, contract: Contract, message: Incoming) -> None:
         if not isinstance(contract, OrderStatusUpdate):
             return
         if self._senders.refusal(user_of(message), STATUS_SENDERS) is not None:
@@ -111,7 +110,7 @@ class ApiContext:
     max_message_bytes: int
     """The broker's bound on a message, which bounds a request's body too."""
     store: StateStore
-    connection: AbstractRobustConnection
+    connection: Connection
     publisher: Publishing
     names: Names
     app: str

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncpg
 import click
-from aiormq.exceptions import ChannelNotFoundEntity
 
 from services.cli.settings import settings_of
+from shared.broker.port import QueueMissing
 
 MISSING_IN_STORE = (
     asyncpg.exceptions.UndefinedTableError,
@@ -28,7 +28,7 @@ def not_initialised(ctx: click.Context, exc: BaseException) -> str | None:
     hub = repr(settings.hub) if settings is not None else "this hub"
     if isinstance(exc, MISSING_IN_STORE):
         where = "in the store (PostgreSQL)"
-    elif isinstance(exc, ChannelNotFoundEntity):
+    elif isinstance(exc, QueueMissing):
         where = "on the broker (RabbitMQ)"
     else:
         return None

@@ -18,9 +18,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-import aio_pika
 import aiohttp
-from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
 from services.notifier.formats import Notice, notices_of, webhook_body
 from services.notifier.sending import Outcome, Sender, deliver_all
@@ -28,7 +26,6 @@ from services.notifier.targets import Target, targets_of
 from services.operator.alerts import read_notification
 from shared.backoff import Backoff
 from shared.bootstrap import Runtime
-from shared.broker.connection import login_user
 from shared.broker.envelope import (
     DEAD_LETTERED_AT,
     ERROR,
@@ -37,8 +34,10 @@ from shared.broker.envelope import (
     SOURCE_QUEUE,
     TARGET,
 )
+from shared.broker.port import Feed, Incoming, Outgoing
 from shared.broker.senders import Senders
 from shared.broker.topology import existing_queue
+from shared.broker.urls import login_user
 from shared.config import NotifierSettings
 from shared.domain.journal import Alert, AlertState
 from shared.domain.redaction import redact_shown
@@ -87,17 +86,19 @@ class Notifier:
     # -- the feed
     async def run(self, stop: asyncio.Event, *, burst: bool = False) -> None:
         names = self._rt.names
-        channel = await self._rt.connection.channel()
-        await channel.set_qos(prefetch_count=self._rt.settings.broker.prefetch)
-        queue = await existing_queue(channel, names.alert_feed)
+        await existing_queue(self._rt.connection, names.alert_feed)
+        channel = await self._rt.connection.feed(prefetch=self._rt.settings.broker.prefetch)
         if burst:
-            while (message := await queue.get(no_ack=False, fail=False)) is not None:
-                await self._handle(message, stop)
+            try:
+                while (message := await channel.get(names.alert_feed)) is not None:
+                    await self._handle(message, stop)
+            finally:
+                await channel.close()
             await self.tell_changes()
             return
         watcher = asyncio.create_task(self._watch(stop))
         try:
-            await self._consume(queue, stop)
+            await self._consume(channel, names.alert_feed, stop)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -105,20 +106,20 @@ class Notifier:
             with contextlib.suppress(Exception):
                 await channel.close()
 
-    async def _consume(self, queue: AbstractQueue, stop: asyncio.Event) -> None:
-        async def take(message: AbstractIncomingMessage) -> None:
+    async def _consume(self, channel: Feed, queue: str, stop: asyncio.Event) -> None:
+        async def take(message: Incoming) -> None:
             task = asyncio.create_task(self._handle(message, stop))
             self._handling.add(task)
             task.add_done_callback(self._handling.discard)
 
-        tag = await queue.consume(take)
+        tag = await channel.consume(queue, take)
         try:
             await stop.wait()
         finally:
             # Drain: take no more, give those in hand a while, then leave the rest unacknowledged
             # (they go back to the queue when the channel closes).
             with contextlib.suppress(Exception):
-                await queue.cancel(tag)
+                await channel.cancel(tag)
             if self._handling:
                 _, late = await asyncio.wait(
                     set(self._handling), timeout=self._rt.settings.process.drain_timeout_s
@@ -127,7 +128,7 @@ class Notifier:
                     task.cancel()
                 await asyncio.gather(*late, return_exceptions=True)
 
-    async def _handle(self, message: AbstractIncomingMessage, stop: asyncio.Event) -> None:
+    async def _handle(self, message: Incoming, stop: asyncio.Event) -> None:
         """One notification, whatever happens: acknowledged once finished with, else put back
         (never left unacknowledged, which would hold a prefetch slot until the channel closed)."""
         try:
@@ -141,7 +142,7 @@ class Notifier:
             with contextlib.suppress(Exception):
                 await message.nack(requeue=True)
 
-    async def _handle_one(self, message: AbstractIncomingMessage, stop: asyncio.Event) -> None:
+    async def _handle_one(self, message: Incoming, stop: asyncio.Event) -> None:
         settings = self._rt.settings
         read = read_notification(message, self._senders, settings.broker.max_message_bytes)
         if isinstance(read, str):
@@ -167,7 +168,7 @@ class Notifier:
             self._backoff.reset()
             await message.ack()
 
-    async def _later(self, message: AbstractIncomingMessage, stop: asyncio.Event, why: str) -> None:
+    async def _later(self, message: Incoming, stop: asyncio.Event, why: str) -> None:
         """Put the notification back on the feed after a pause (what was delivered of it is
         marked, and not sent again)."""
         pause = self._backoff.next()
@@ -247,13 +248,12 @@ class Notifier:
         }
         if target is not None:
             headers[TARGET] = target.name
-        message = aio_pika.Message(
+        message = Outgoing(
             body,
             message_id=message_id,
             type="alert.notice" if target is not None else None,
             content_type="application/json" if target is not None else None,
             headers=headers,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
         await self._rt.publisher.publish_raw(
             message, exchange=names.alert_dead_letters, routing_key=""

@@ -21,10 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
-
 from shared.broker.dead_letters import describe, give_back, header_value
 from shared.broker.envelope import TARGET, user_of
+from shared.broker.port import Connection, Incoming
 from shared.broker.senders import Senders, agent_role
 from shared.broker.topology import Names, existing_queue
 from shared.config import BrokerSettings
@@ -50,7 +49,7 @@ class Feed:
 
 
 async def follow_alerts(
-    connection: AbstractRobustConnection,
+    connection: Connection,
     names: Names,
     senders: Senders,
     broker: BrokerSettings,
@@ -62,13 +61,12 @@ async def follow_alerts(
     """Hand each notification of `<hub>.alerts.feed` to `feed`, oldest first, acknowledging it
     after; with `burst`, until the queue is empty, else until `stop` is set. How many alerts.
     `senders`: who may raise them, as the operator's user sees it."""
-    channel = await connection.channel()
+    await existing_queue(connection, names.alert_feed)
+    channel = await connection.feed(prefetch=broker.prefetch)
     try:
-        await channel.set_qos(prefetch_count=broker.prefetch)
-        queue = await existing_queue(channel, names.alert_feed)
         taken = 0
 
-        async def one(message: AbstractIncomingMessage) -> None:
+        async def one(message: Incoming) -> None:
             nonlocal taken
             alert = read_notification(message, senders, broker.max_message_bytes)
             if isinstance(alert, str):
@@ -80,30 +78,30 @@ async def follow_alerts(
             taken += 1
 
         if burst:
-            while (message := await queue.get(no_ack=False, fail=False)) is not None:
+            while (message := await channel.get(names.alert_feed)) is not None:
                 await one(message)
             return taken
-        tag = await queue.consume(one)
+        tag = await channel.consume(names.alert_feed, one)
         try:
             await (stop or asyncio.Event()).wait()
         finally:
             with contextlib.suppress(Exception):
-                await queue.cancel(tag)
+                await channel.cancel(tag)
         return taken
     finally:
         with contextlib.suppress(Exception):
             await channel.close()  # what it did not acknowledge goes back to the feed
 
 
-async def alert_letters(connection: AbstractRobustConnection, names: Names) -> list[dict[str, Any]]:
+async def alert_letters(connection: Connection, names: Names) -> list[dict[str, Any]]:
     """`undelivered_alerts` on a connection: fetched unacknowledged and given back uncounted
     where the broker can, as every dead-letter listing (shared/broker/dead_letters.py)."""
-    channel = await connection.channel()
-    queue = await existing_queue(channel, names.alert_dead_letters)
+    await existing_queue(connection, names.alert_dead_letters)
+    channel = await connection.feed(prefetch=0)
     now = utcnow()
     taken = []
     try:
-        while (message := await queue.get(no_ack=False, fail=False)) is not None:
+        while (message := await channel.get(names.alert_dead_letters)) is not None:
             taken.append(message)
     finally:
         await give_back(taken)
@@ -114,9 +112,7 @@ async def alert_letters(connection: AbstractRobustConnection, names: Names) -> l
     ]
 
 
-def read_notification(
-    message: AbstractIncomingMessage, senders: Senders, limit: int
-) -> Alert | str:
+def read_notification(message: Incoming, senders: Senders, limit: int) -> Alert | str:
     """The alert a message carries, or why it is refused."""
     refused = senders.refusal(user_of(message), ALERT_SENDERS)
     if refused is not None:

@@ -17,8 +17,6 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from aio_pika.abc import AbstractRobustConnection
-
 from services.operator import actions
 from services.operator.alerts import Feed, alert_letters, follow_alerts
 from services.operator.cancellation import CancelOutcome, cancel_order, status_teller
@@ -38,10 +36,11 @@ from services.operator.views import OrderPage, matching, order_page, order_timel
 from services.operator.workflows import VersionReport, version_reports
 from shared.bootstrap import connect_store, open_broker, open_publisher
 from shared.broker import dead_letters
-from shared.broker.connection import login_user
+from shared.broker.port import Connection
 from shared.broker.publisher import Publishing
 from shared.broker.senders import Senders
 from shared.broker.topology import Names, queue_depths
+from shared.broker.urls import login_user
 from shared.config import Settings
 from shared.domain.journal import Alert, AlertAction, AlertState
 from shared.domain.redaction import shown_body
@@ -60,7 +59,7 @@ class Operations:
     senders: Senders
     """Who this side publishes as (a replay's sender): the operator's user, or the API's."""
     opened_store: StateStore | None = None
-    connection: AbstractRobustConnection | None = None
+    connection: Connection | None = None
     publisher: Publishing | None = None
     """What a cancellation's `Cancelled` status goes out on."""
 
@@ -71,7 +70,7 @@ class Operations:
         return self.opened_store
 
     @property
-    def broker(self) -> AbstractRobustConnection:
+    def broker(self) -> Connection:
         if self.connection is None:  # pragma: no cover - a builder's mistake
             raise ConfigurationError("this operation needs the broker, which was not opened")
         return self.connection

@@ -9,9 +9,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from aio_pika.abc import AbstractConnection
-
 from services.operator.results import Processes, ProcessRow, Stats
+from shared.broker.port import Connection
 from shared.broker.topology import Names, queue_depths
 from shared.domain.coordination import SUPERVISOR_LEASE, ComponentStatus
 from shared.domain.durations import human_age
@@ -25,7 +24,7 @@ COUNT_CAP = 1000
 
 async def hub_stats(
     store: StateStore,
-    connection: AbstractConnection,
+    connection: Connection,
     names: Names,
     *,
     stuck_after: timedelta,

@@ -13,17 +13,15 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from aio_pika.abc import AbstractIncomingMessage
-
 from services.shop.orders import message_id_of
 from shared.bootstrap import open_broker, open_publisher
-from shared.broker.connection import login_user
 from shared.broker.envelope import user_of
+from shared.broker.port import Incoming
 from shared.broker.private import STATUS_QUEUES_PER_APP, PrivateQueue
 from shared.broker.publisher import Publishing
 from shared.broker.senders import APP, STATUS_SENDERS, Senders
 from shared.broker.topology import APP_NAME, Names
-from shared.broker.urls import first_url
+from shared.broker.urls import first_url, login_user
 from shared.config import BrokerSettings, Settings
 from shared.domain.messages import Contract, OrderStatus, OrderStatusUpdate, SubmitOrder
 from shared.domain.models import OrderData
@@ -64,7 +62,7 @@ class StatusFollower:
             hub, broker.broker_user_prefix, login_user(broker.rabbitmq_url), APP
         )
 
-    def on_status(self, contract: Contract, message: AbstractIncomingMessage) -> None:
+    def on_status(self, contract: Contract, message: Incoming) -> None:
         if not isinstance(contract, OrderStatusUpdate):
             return
         refused = self._senders.refusal(user_of(message), STATUS_SENDERS)

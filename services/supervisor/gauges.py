@@ -12,9 +12,7 @@ import asyncio
 import contextlib
 import logging
 
-from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
-from aiormq.exceptions import ChannelNotFoundEntity
-
+from shared.broker.port import Connection, QueueAdmin, QueueMissing
 from shared.broker.topology import Names
 from shared.domain.states import ProcessState
 from shared.metrics import ORDERS, QUEUE_DEPTH
@@ -27,14 +25,12 @@ REFRESH_TIMEOUT_S = 5.0
 
 
 class LeaderGauges:
-    def __init__(
-        self, store: StateQueries, connection: AbstractRobustConnection, names: Names
-    ) -> None:
+    def __init__(self, store: StateQueries, connection: Connection, names: Names) -> None:
         self._store = store
         self._connection = connection
         self._queues = [q for base in names.input_queues() for q in (base, names.dlq(base))]
         self._queues.append(names.alert_feed)  # notifications waiting for their reader
-        self._channel: AbstractRobustChannel | None = None
+        self._admin: QueueAdmin | None = None
 
     async def refresh(self) -> None:
         counts = await self._store.count_by_state()
@@ -49,24 +45,21 @@ class LeaderGauges:
             await self._drop_channel()
 
     async def _read_depth(self, queue: str) -> None:
-        if self._channel is None or self._channel.is_closed:
-            self._channel = await self._connection.channel()
+        if self._admin is None:
+            self._admin = await self._connection.admin()
         try:
-            # Not robust: a robust channel answers a repeated passive declare from its cache.
-            declared = await self._channel.declare_queue(queue, passive=True, robust=False)
-        except ChannelNotFoundEntity:
-            # Not declared (`orderflow init` was not run); the failed declare closed the channel.
+            depth = await self._admin.depth(queue)
+        except QueueMissing:  # not declared (`orderflow init` was not run)
             with contextlib.suppress(KeyError):
                 QUEUE_DEPTH.remove(queue)
-            self._channel = None
             return
-        QUEUE_DEPTH.labels(queue).set(declared.declaration_result.message_count or 0)
+        QUEUE_DEPTH.labels(queue).set(depth)
 
     async def _drop_channel(self) -> None:
-        if self._channel is not None and not self._channel.is_closed:
+        admin, self._admin = self._admin, None
+        if admin is not None:
             with contextlib.suppress(Exception):
-                await self._channel.close()
-        self._channel = None
+                await admin.close()
 
     async def clear(self) -> None:
         """Leadership lost: these gauges are another supervisor's to publish now."""

@@ -27,14 +27,13 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 
-from aio_pika.abc import AbstractIncomingMessage
-from aiormq.abc import AbstractChannel
+from shared.broker.port import ChannelState, Incoming
 
 
 @dataclass(eq=False)
 class _Entry:
-    message: AbstractIncomingMessage
-    channel: AbstractChannel | None
+    message: Incoming
+    channel: ChannelState | None
     """The channel it came on (None: it could not be read, which acks it alone)."""
 
     @property
@@ -64,14 +63,14 @@ class Acks:
     def __init__(self) -> None:
         self._book: dict[int, _Entry] = {}
         """Deliveries taken and not known settled, by `id` of the message."""
-        self._channel: AbstractChannel | None = None
+        self._channel: ChannelState | None = None
         """The channel of the latest delivery: when one comes on another, the book is swept."""
         self._waiting: list[_Pending] = []
         self._sender: asyncio.Task[None] | None = None
 
-    def taken(self, message: AbstractIncomingMessage) -> None:
+    def taken(self, message: Incoming) -> None:
         """A delivery came: in the book until it is settled."""
-        channel: AbstractChannel | None = None
+        channel: ChannelState | None = None
         with contextlib.suppress(Exception):  # aio-pika raises for a closed channel
             channel = message.channel
         if channel is not self._channel:  # a reconnection: the old channel's entries can go
@@ -79,7 +78,7 @@ class Acks:
             self._forget_closed()
         self._book[id(message)] = _Entry(message, channel)
 
-    def left(self, message: AbstractIncomingMessage) -> None:
+    def left(self, message: Incoming) -> None:
         """Its handling ended. Settled, it leaves the book (acked here, it has left already);
         not (a cancelled handling, a failed requeue), it stays while its channel is open, and no
         multiple ack passes over it."""
@@ -92,7 +91,7 @@ class Acks:
         """Deliveries in the book on open channels (handled right now, or left unsettled)."""
         return sum(1 for entry in self._book.values() if entry.open)
 
-    async def ack(self, message: AbstractIncomingMessage) -> None:
+    async def ack(self, message: Incoming) -> None:
         entry = self._book.get(id(message))
         if entry is None:  # not taken through `taken` (cannot happen in the consumer): alone
             entry = _Entry(message, None)

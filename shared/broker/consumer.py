@@ -60,7 +60,6 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from opentelemetry.trace import SpanKind
 
 from shared.broker.acks import Acks
@@ -89,6 +88,7 @@ from shared.broker.envelope import (
     Envelope,
     shown,
 )
+from shared.broker.port import Connection, Incoming
 from shared.broker.publisher import Publishing
 from shared.broker.senders import REPLAYERS, Senders, queue_role, queue_senders
 from shared.broker.subscription import Subscription
@@ -130,7 +130,7 @@ class Consumer(Subscription):
     def __init__(
         self,
         *,
-        channel: AbstractChannel,
+        connection: Connection,
         queue: str,
         names: Names,
         handler: Handler,
@@ -143,7 +143,7 @@ class Consumer(Subscription):
     ) -> None:
         """`along`: the claims a delivery's handler will make first, to be made with the
         delivery's own inbox claim, in the same round trip (decision 132)."""
-        super().__init__(channel=channel, queue=queue, names=names, prefetch=policy.prefetch)
+        super().__init__(connection=connection, queue=queue, names=names, prefetch=policy.prefetch)
         self._handler = handler
         self._policy = policy
         self._holder = holder
@@ -165,14 +165,14 @@ class Consumer(Subscription):
         self._acks = Acks()
         self._along = along
 
-    async def _deliver(self, message: AbstractIncomingMessage) -> None:
+    async def _deliver(self, message: Incoming) -> None:
         self._acks.taken(message)
         try:
             await self._process_delivery(message)
         finally:
             self._acks.left(message)
 
-    async def _process_delivery(self, message: AbstractIncomingMessage) -> None:
+    async def _process_delivery(self, message: Incoming) -> None:
         envelope = Envelope.of(message)
         # The block scopes this delivery's fields, and the order fields `_process` binds once
         # the body is decoded (leaving the block restores what was there before both).
@@ -191,9 +191,7 @@ class Consumer(Subscription):
                 with contextlib.suppress(Exception):
                     await self._detours.requeue(message, counted=True)
 
-    async def _hold_through_outages(
-        self, message: AbstractIncomingMessage, envelope: Envelope
-    ) -> None:
+    async def _hold_through_outages(self, message: Incoming, envelope: Envelope) -> None:
         """A store or broker outage is not the message's fault: keep it (unacked, so it is not
         counted as a redelivery) and retry with backoff and jitter until the server is back,
         within the patience; past it, return it to its queue without counting a delivery (so
@@ -213,9 +211,7 @@ class Consumer(Subscription):
                 message, envelope, sender, f"{type(exc).__name__}: {one_line(exc, 900)}"
             )
 
-    async def _process(
-        self, message: AbstractIncomingMessage, envelope: Envelope, holder: str
-    ) -> None:
+    async def _process(self, message: Incoming, envelope: Envelope, holder: str) -> None:
         refused = envelope.refusal()
         if refused is not None:
             await self._detours.dead_letter(message, envelope, *refused)
@@ -291,9 +287,7 @@ class Consumer(Subscription):
             },
         )
 
-    def _authorise(
-        self, message: AbstractIncomingMessage, envelope: Envelope
-    ) -> tuple[str | None, str | None]:
+    def _authorise(self, message: Incoming, envelope: Envelope) -> tuple[str | None, str | None]:
         """(the sender, why it may not send here or None). The sender is the broker-checked
         `user_id`; a copy back from our retry queue says whose it was, and a replayed dead
         letter's seal does (whoever replays it: only this queue's consumer could make it)."""
@@ -318,7 +312,7 @@ class Consumer(Subscription):
 
     async def _dedupe(
         self,
-        message: AbstractIncomingMessage,
+        message: Incoming,
         envelope: Envelope,
         delivery: Delivery,
         claim: Claim,
@@ -357,7 +351,7 @@ class Consumer(Subscription):
 
     async def _handle(
         self,
-        message: AbstractIncomingMessage,
+        message: Incoming,
         envelope: Envelope,
         delivery: Delivery,
         *,

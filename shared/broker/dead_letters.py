@@ -27,11 +27,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
-
 from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
 from shared.broker.envelope import SEAL, SENDER, carried_headers
+from shared.broker.port import Connection, Feed, Incoming, Outgoing
 from shared.broker.publisher import Publisher
 from shared.broker.senders import Senders
 from shared.broker.topology import Names
@@ -70,7 +68,7 @@ def header_value(value: Any) -> Any:
     return printable(repr(value))
 
 
-def broker_made(message: AbstractIncomingMessage) -> dict[str, Any] | None:
+def broker_made(message: Incoming) -> dict[str, Any] | None:
     """The broker's own record of dead-lettering this message (its `x-death` header), when the
     broker put it in the DLQ itself (its delivery limit, a message's TTL), not our consumer: the
     message is then as its sender wrote it, and its `x-orderflow-…` headers are the sender's."""
@@ -83,7 +81,7 @@ def broker_made(message: AbstractIncomingMessage) -> dict[str, Any] | None:
     return shown | {"time": at if isinstance(at, datetime) else None}
 
 
-def describe(source: str, message: AbstractIncomingMessage, now: datetime) -> dict[str, Any]:
+def describe(source: str, message: Incoming, now: datetime) -> dict[str, Any]:
     """A dead letter of the input queue `source`: why, when, how often it was delivered."""
     death = broker_made(message)
     if death is not None:
@@ -122,36 +120,35 @@ def describe(source: str, message: AbstractIncomingMessage, now: datetime) -> di
     }
 
 
-async def _fetch(channel: AbstractChannel, source: str) -> list[AbstractIncomingMessage]:
+async def _fetch(feed: Feed, source: str) -> list[Incoming]:
     """Every message of the source queue's DLQ, unacknowledged (`give_back` returns them)."""
-    queue = await channel.declare_queue(Names.dlq(source), passive=True)
-    got: list[AbstractIncomingMessage] = []
-    while (message := await queue.get(no_ack=False, fail=False)) is not None:
+    got: list[Incoming] = []
+    while (message := await feed.get(Names.dlq(source))) is not None:
         got.append(message)
     return got
 
 
 async def _each(
-    connection: AbstractRobustConnection,
+    connection: Connection,
     sources: list[str],
-    visit: Callable[[str, AbstractIncomingMessage], Awaitable[None]],
+    visit: Callable[[str, Incoming], Awaitable[None]],
 ) -> None:
     """`visit` each dead letter of each source queue, one channel per queue; the letters not
     acknowledged go back, uncounted where the broker can (see the module's docstring)."""
     for source in sources:
-        channel = await connection.channel()
+        feed = await connection.feed(prefetch=0)
         try:
-            letters = await _fetch(channel, source)
+            letters = await _fetch(feed, source)
             try:
                 for message in letters:
                     await visit(source, message)
             finally:
                 await give_back(letters)
         finally:
-            await channel.close()
+            await feed.close()
 
 
-async def give_back(letters: list[AbstractIncomingMessage]) -> None:
+async def give_back(letters: list[Incoming]) -> None:
     """Return every letter not settled to its queue with `basic.nack`, in the order they were
     taken, before the channel closes (a closing channel's return counts as a failed delivery).
     A letter whose nack cannot be sent (the channel is gone) goes back with the channel."""
@@ -161,14 +158,12 @@ async def give_back(letters: list[AbstractIncomingMessage]) -> None:
                 await message.nack(requeue=True)
 
 
-async def dead_letters(
-    connection: AbstractRobustConnection, sources: list[str]
-) -> list[dict[str, Any]]:
+async def dead_letters(connection: Connection, sources: list[str]) -> list[dict[str, Any]]:
     """Every dead letter of these input queues, described (they stay where they are)."""
     now = utcnow()
     rows: list[dict[str, Any]] = []
 
-    async def add(source: str, message: AbstractIncomingMessage) -> None:
+    async def add(source: str, message: Incoming) -> None:
         rows.append(describe(source, message, now))
 
     await _each(connection, sources, add)
@@ -195,15 +190,13 @@ def as_asked(message_id: object, wanted: Collection[str]) -> str | None:
     return shown if shown != message_id and shown in wanted else None
 
 
-async def find(
-    connection: AbstractRobustConnection, sources: list[str], message_id: str
-) -> list[Found]:
+async def find(connection: Connection, sources: list[str], message_id: str) -> list[Found]:
     """The dead letters with this message id, or shown by it (a message may be in several
     DLQs)."""
     now = utcnow()
     found: list[Found] = []
 
-    async def match(source: str, message: AbstractIncomingMessage) -> None:
+    async def match(source: str, message: Incoming) -> None:
         if as_asked(message.message_id, (message_id,)) is not None:
             headers = {k: header_value(v) for k, v in (message.headers or {}).items()}
             found.append(Found(describe(source, message, now) | {"headers": headers}, message.body))
@@ -223,7 +216,7 @@ class Replayed:
 
 
 async def replay(
-    connection: AbstractRobustConnection,
+    connection: Connection,
     names: Names,
     sources: list[str],
     wanted: Collection[str] | None,
@@ -239,7 +232,7 @@ async def replay(
     publisher = await Publisher.open(connection, timeout=publish_timeout_s)
     asked_for: set[str] = set()
 
-    async def one(source: str, message: AbstractIncomingMessage) -> None:
+    async def one(source: str, message: Incoming) -> None:
         if wanted is not None:
             asked = as_asked(message.message_id, wanted)
             if asked is None:
@@ -267,7 +260,7 @@ async def replay(
     return outcome
 
 
-def replayable(message: AbstractIncomingMessage, by: str) -> aio_pika.Message:
+def replayable(message: Incoming, by: str) -> Outgoing:
     """The copy a replay publishes."""
     # A replay starts afresh: of our headers only the sender and the seal its consumer put on
     # it (without which the consumer refuses it: shared/broker/seal.py), of the sender's only
@@ -276,7 +269,7 @@ def replayable(message: AbstractIncomingMessage, by: str) -> aio_pika.Message:
     headers = carried_headers(original)
     headers |= {k: original[k] for k in (SENDER, SEAL) if isinstance(original.get(k), str)}
     headers |= {REPLAYED_AT: utcnow().isoformat(), REPLAYED_BY: by}
-    return aio_pika.Message(
+    return Outgoing(
         message.body,
         headers=headers,
         message_id=message.message_id,
@@ -284,17 +277,16 @@ def replayable(message: AbstractIncomingMessage, by: str) -> aio_pika.Message:
         reply_to=message.reply_to,
         type=message.type,
         content_type=message.content_type,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
     )
 
 
-async def purge(connection: AbstractRobustConnection, sources: list[str]) -> dict[str, int]:
+async def purge(connection: Connection, sources: list[str]) -> dict[str, int]:
     """Delete every dead letter of these input queues for good: how many, per DLQ."""
     purged: dict[str, int] = {}
-    channel = await connection.channel()
-    for name in (Names.dlq(s) for s in sources):
-        declared = await channel.declare_queue(name, passive=True)
-        result = await declared.purge()
-        purged[name] = int(result.message_count or 0)
-    await channel.close()
+    admin = await connection.admin()
+    try:
+        for name in (Names.dlq(s) for s in sources):
+            purged[name] = await admin.purge(name)
+    finally:
+        await admin.close()
     return purged

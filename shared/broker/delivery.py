@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from aio_pika.abc import AbstractIncomingMessage
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -17,6 +16,7 @@ from tenacity import (
 )
 
 from shared.backoff import stop_after
+from shared.broker.port import Incoming
 from shared.domain.coordination import InboxOutcome
 from shared.domain.messages import (
     AlertMessage,
@@ -127,7 +127,7 @@ def order_fields(contract: Contract) -> dict[str, str | None]:
     return {}
 
 
-def delivery_count(message: AbstractIncomingMessage, before: int = 0) -> int:
+def delivery_count(message: Incoming, before: int = 0) -> int:
     """Deliveries so far that count towards the redelivery limit, this one included: quorum
     queues count failed returns in a header (from RabbitMQ 4.3 only `basic.reject` counts, not
     `basic.nack`); `before` is what earlier copies of the message had counted (a message held

@@ -10,9 +10,6 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
-import aio_pika
-from aio_pika.abc import AbstractIncomingMessage
-
 from shared.broker.delivery import (
     ConsumerPolicy,
     Delivery,
@@ -21,6 +18,7 @@ from shared.broker.delivery import (
     held,
 )
 from shared.broker.envelope import Envelope, dead_letter_copy, retry_copy, shown
+from shared.broker.port import Incoming, Outgoing
 from shared.broker.publisher import Publishing
 from shared.broker.topology import Names
 from shared.domain.redaction import redact_text
@@ -67,7 +65,7 @@ class Detours:
         self._stats = stats
         self._on_poison = on_poison
 
-    async def _publish(self, copy: aio_pika.Message, exchange: str, what: str) -> bool:
+    async def _publish(self, copy: Outgoing, exchange: str, what: str) -> bool:
         """Publish a copy, holding it through a broker outage like any message (backoff and
         jitter, within the patience); False when the broker still did not take it."""
         try:
@@ -86,7 +84,7 @@ class Detours:
     def count(self, outcome: str) -> None:
         MESSAGES.labels(self._queue, outcome).inc()
 
-    async def requeue(self, message: AbstractIncomingMessage, *, counted: bool = False) -> None:
+    async def requeue(self, message: Incoming, *, counted: bool = False) -> None:
         """Back to the head of its queue. `counted`: the delivery failed and counts towards the
         redelivery limits (ours and the quorum queue's), so `basic.reject`; else `basic.nack`,
         which from RabbitMQ 4.3 on does not count (before it, both count)."""
@@ -99,7 +97,7 @@ class Detours:
 
     async def return_held(
         self,
-        message: AbstractIncomingMessage,
+        message: Incoming,
         envelope: Envelope,
         sender: str | None,
         error: str,
@@ -142,7 +140,7 @@ class Detours:
 
     async def return_clean(
         self,
-        message: AbstractIncomingMessage,
+        message: Incoming,
         envelope: Envelope,
         sender: str | None,
         forged: list[str],
@@ -182,7 +180,7 @@ class Detours:
 
     async def dead_letter(
         self,
-        message: AbstractIncomingMessage,
+        message: Incoming,
         envelope: Envelope,
         reason: str,
         error: str,
@@ -224,7 +222,7 @@ class Detours:
 
     async def set_aside(
         self,
-        message: AbstractIncomingMessage,
+        message: Incoming,
         envelope: Envelope,
         delivery: Delivery,
         exc: Exception,

@@ -25,8 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aio_pika
-
+from shared.broker.port import Outgoing
 from shared.broker.publisher import Publishing
 from shared.domain.messages import Contract, StepReply
 
@@ -87,9 +86,7 @@ class DrillPublisher:
         rate = self._drills.duplicate_rate
         return bool(rate) and self._duplicates.random() < rate
 
-    async def publish_raw(
-        self, message: aio_pika.Message, *, exchange: str, routing_key: str
-    ) -> None:
+    async def publish_raw(self, message: Outgoing, *, exchange: str, routing_key: str) -> None:
         await self._publisher.publish_raw(message, exchange=exchange, routing_key=routing_key)
 
     async def close(self) -> None:

@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import aio_pika
-from aio_pika.abc import AbstractIncomingMessage
 from pamqp import encode
 
+from shared.broker.port import Incoming, Outgoing
 from shared.broker.seal import Sealed
 from shared.broker.wire import UNDECODABLE_HEADERS, Undecodable
 from shared.domain.redaction import redact_body, redact_headers, redact_text
@@ -95,7 +94,7 @@ def broker_written(name: object) -> bool:
     return name in BROKER_WRITTEN or (name.startswith("x-") and "-death-" in name)
 
 
-def user_of(message: AbstractIncomingMessage) -> str | None:
+def user_of(message: Incoming) -> str | None:
     """A message's broker-checked sender (`user_id`) as text, or None."""
     return _text(message.user_id)
 
@@ -117,7 +116,7 @@ class Envelope:
     """What of the properties could not be decoded (shared/broker/wire.py), if anything."""
 
     @classmethod
-    def of(cls, message: AbstractIncomingMessage) -> Envelope:
+    def of(cls, message: Incoming) -> Envelope:
         headers: dict[str, Any] = dict(message.headers or {})
         undecodable = None
         if isinstance(headers.get(UNDECODABLE_HEADERS), Undecodable):  # not a sender's
@@ -251,12 +250,11 @@ def _properties(envelope: Envelope) -> dict[str, Any]:
         "reply_to": envelope.reply_to,
         "type": envelope.type,
         "content_type": envelope.content_type,
-        "delivery_mode": aio_pika.DeliveryMode.PERSISTENT,
     }
 
 
 def dead_letter_copy(
-    message: AbstractIncomingMessage,
+    message: Incoming,
     envelope: Envelope,
     *,
     reason: str,
@@ -267,7 +265,7 @@ def dead_letter_copy(
     sender: str | None = None,
     seal_key: bytes | None = None,
     own_user: str | None = None,
-) -> aio_pika.Message:
+) -> Outgoing:
     """What goes to the DLQ: the body redacted (and cut to `max_body`), our headers saying why,
     and who sent it, sealed with `seal_key` (when the message has an id to seal); the delayed
     retries it had when it is a copy of ours (`own_user`'s)."""
@@ -300,11 +298,11 @@ def dead_letter_copy(
     sealed = envelope.sealed(queue, sender, body)
     if sealed is not None and seal_key is not None:
         headers[SEAL] = sealed.seal(seal_key)
-    return aio_pika.Message(body, headers=headers, **_properties(envelope))
+    return Outgoing(body, headers=headers, **_properties(envelope))
 
 
 def retry_copy(
-    message: AbstractIncomingMessage,
+    message: Incoming,
     envelope: Envelope,
     *,
     retries: int,
@@ -313,7 +311,7 @@ def retry_copy(
     own_user: str | None,
     sender: str | None,
     deliveries: int | None = None,
-) -> aio_pika.Message:
+) -> Outgoing:
     """What is set aside in the retry queue: the message as it came, back after `delay_s`;
     `deliveries`, when given, the deliveries it has counted so far (a message held through an
     outage keeps its count; one set aside after a failure starts again, its retries bounded)."""
@@ -325,7 +323,7 @@ def retry_copy(
         headers[SENDER] = sender
     if deliveries is not None:
         headers[DELIVERIES] = deliveries
-    return aio_pika.Message(
+    return Outgoing(
         message.body,
         headers=headers,
         expiration=delay_s,

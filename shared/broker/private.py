@@ -20,17 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiormq
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractIncomingMessage,
-    AbstractQueue,
-    AbstractRobustConnection,
-)
 from opentelemetry.trace import SpanKind
 
 from shared.backoff import Backoff
 from shared.broker.envelope import shown, user_of
+from shared.broker.port import Connection, Feed, Incoming, QueueAdmin, QueueMissing
 from shared.broker.senders import Senders
 from shared.broker.topology import Names
 from shared.domain.messages import Contract, StepAction, StepReply, decode
@@ -40,19 +34,16 @@ from shared.tracing import order_span
 
 log = logging.getLogger(__name__)
 
-Listener = Callable[[Contract, AbstractIncomingMessage], None]
+Listener = Callable[[Contract, Incoming], None]
 
 STATUS_QUEUE_EXPIRES_MS = 5 * 60 * 1000
 """A status queue nobody has consumed from, nor named in an order, for this long is deleted by
 the broker: its follower finished or died. One that reconnects within it finds its queue, and
 every status sent meanwhile, in place (the queue is not auto-delete, which would drop it, and
 the statuses sent to it, the moment a connection is lost)."""
-STATUS_QUEUE: dict[str, Any] = {
-    "durable": True,
-    "auto_delete": False,
-    "arguments": {"x-expires": STATUS_QUEUE_EXPIRES_MS},
-}
-"""How submission declares an application's status queue (the only kind it binds)."""
+STATUS_QUEUE: dict[str, Any] = {"x-expires": STATUS_QUEUE_EXPIRES_MS}
+"""The arguments submission declares an application's status queue with (durable, not
+auto-delete: the only kind it binds)."""
 STATUS_QUEUES_PER_APP = 64
 """Status queues submission declares for one application, at most (those that still exist):
 each follower (a run of `orderflow submit --wait`, an API process) has one, and a finished
@@ -77,7 +68,7 @@ class PrivateQueue:
 
     def __init__(
         self,
-        connection: AbstractRobustConnection,
+        connection: Connection,
         name: str,
         listener: Listener,
         *,
@@ -89,9 +80,9 @@ class PrivateQueue:
         self._listener = listener
         self._max_bytes = max_bytes
         self._prefetch = prefetch
-        self._channel: AbstractChannel | None = None
-        self._queue: AbstractQueue | None = None
+        self._feed: Feed | None = None
         self._tag: str | None = None
+        self._unsubscribe: Callable[[], None] | None = None
         feeding = Names.exchange_feeding(name)
         self._status = feeding is not None and feeding.endswith(".status")
         self._following: asyncio.Task[None] | None = None
@@ -106,71 +97,61 @@ class PrivateQueue:
     async def start(self) -> None:
         if self._status:
             self._following = asyncio.get_running_loop().create_task(self._follow())
-            callbacks = getattr(self._connection, "reconnect_callbacks", None)
-            if callbacks is not None:  # the memory broker's connections keep their consumers
-                callbacks.add(self._reconnected)
+            self._unsubscribe = self._connection.on_reconnect(self._reconnected)
             return
-        self._channel = await self._connection.channel()
-        await self._channel.set_qos(prefetch_count=self._prefetch)
-        self._queue = await self._channel.declare_queue(
-            self.name, exclusive=True, auto_delete=True, durable=False
+        self._feed = await self._connection.feed(prefetch=self._prefetch)
+        await self._feed.own_queue(
+            self.name, bind_to=Names.exchange_feeding(self.name), routing_key=self.name
         )
-        feeding = Names.exchange_feeding(self.name)
-        if feeding is not None:
-            await self._queue.bind(feeding, routing_key=self.name)
-        self._tag = await self._queue.consume(self._on_message, no_ack=True)
+        self._tag = await self._feed.consume(self.name, self._on_message, ack=False)
         self._attached.set()
 
     async def _follow(self) -> None:
-        """Consume the status queue once it exists. Declared passively and consumed without
-        aio-pika's robust restore: a restore that fails (the queue expired while the connection
-        was away) would retry the whole connection, its publisher's too, for ever; this looks
-        again instead, until submission declares the queue anew."""
+        """Consume the status queue once it exists. Consumed without the adapter's restore: a
+        restore that fails (the queue expired while the connection was away) would retry the
+        whole connection, its publisher's too, for ever; this looks again instead, until
+        submission declares the queue anew."""
         pauses = Backoff(first=0.05, cap=FOLLOW_PAUSE_CAP_S)
         while not self._stopped:
-            channel = None
+            feed = None
             try:
-                channel = await self._connection.channel()
-                await channel.set_qos(prefetch_count=self._prefetch)
-                queue = await channel.declare_queue(self.name, passive=True, robust=False)
-                tag = await queue.consume(self._on_message, no_ack=True, robust=False)
+                feed = await self._connection.feed(prefetch=self._prefetch)
+                tag = await feed.consume(self.name, self._on_message, ack=False, restore=False)
             except Exception as exc:  # not declared yet, or the connection is away
-                if not isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
+                if not isinstance(exc, QueueMissing):
                     log.debug("status queue not followed yet", extra={"error": one_line(exc)})
-                if channel is not None:
-                    with contextlib.suppress(Exception):
-                        await channel.close()
+                if feed is not None:
+                    await _close_quietly(feed)
                 await asyncio.sleep(pauses.next())
                 continue
-            self._channel, self._queue, self._tag = channel, queue, tag
+            self._feed, self._tag = feed, tag
             self._attached.set()
             return
 
-    def _reconnected(self, *_: Any) -> None:
+    def _reconnected(self) -> None:
         """The connection is back without our consumer (see `_follow`): follow again."""
         if self._stopped or (self._following is not None and not self._following.done()):
             return
         self._attached.clear()
-        previous, self._channel, self._queue, self._tag = self._channel, None, None, None
+        previous, self._feed, self._tag = self._feed, None, None
         if previous is not None:
             asyncio.get_running_loop().create_task(_close_quietly(previous))
         self._following = asyncio.get_running_loop().create_task(self._follow())
 
     async def stop(self) -> None:
         self._stopped = True
-        callbacks = getattr(self._connection, "reconnect_callbacks", None)
-        if callbacks is not None:
-            callbacks.discard(self._reconnected)
+        if self._unsubscribe is not None:
+            self._unsubscribe()
         if self._following is not None:
             self._following.cancel()
             await asyncio.gather(self._following, return_exceptions=True)
-        if self._queue is not None and self._tag is not None:
+        if self._feed is not None and self._tag is not None:
             with contextlib.suppress(Exception):
-                await self._queue.cancel(self._tag)
-        if self._channel is not None:
-            await _close_quietly(self._channel)
+                await self._feed.cancel(self._tag)
+        if self._feed is not None:
+            await _close_quietly(self._feed)
 
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+    async def _on_message(self, message: Incoming) -> None:
         try:
             contract = decode(message.type, message.body, max_bytes=self._max_bytes)
         except ContractViolation as exc:
@@ -182,7 +163,7 @@ class PrivateQueue:
             log.exception("reply listener failed")
 
 
-async def _close_quietly(channel: AbstractChannel) -> None:
+async def _close_quietly(channel: Feed | QueueAdmin) -> None:
     with contextlib.suppress(Exception):
         await channel.close()
 
@@ -223,7 +204,7 @@ class StatusBinder:
 
     def __init__(
         self,
-        connection: AbstractRobustConnection,
+        connection: Connection,
         names: Names,
         *,
         every_s: float = 60.0,
@@ -240,7 +221,7 @@ class StatusBinder:
         self._counted: dict[str, float] = {}
         """Application -> when its declared queues were last looked for (`_room`)."""
         self._failed: dict[str, float] = {}
-        self._channel: AbstractChannel | None = None
+        self._admin: QueueAdmin | None = None
         self._lock = asyncio.Lock()
 
     async def bind(self, queue: str) -> bool:
@@ -263,12 +244,12 @@ class StatusBinder:
                 return self._failing(queue, now)
             try:
                 async with asyncio.timeout(BIND_TIMEOUT_S):
-                    underlay = await self._underlay()
+                    admin = await self._admin_channel()
                     # Declared as a status queue is: that fails for a queue of this name with
                     # other arguments (one that dead-letters our messages into the orders
                     # queue, say) or another connection's exclusive one, so none is bound.
-                    await underlay.queue_declare(queue, **STATUS_QUEUE)
-                    await underlay.queue_bind(queue, self._names.status, routing_key=queue)
+                    await admin.declare_queue(queue, arguments=STATUS_QUEUE)
+                    await admin.bind(queue, self._names.status, routing_key=queue)
             except Exception as exc:  # another's queue, or the broker away
                 log.warning(
                     "could not declare a status queue; the order's statuses may not arrive",
@@ -296,17 +277,17 @@ class StatusBinder:
     async def _exists(self, queue: str) -> bool:
         try:
             async with asyncio.timeout(BIND_TIMEOUT_S):
-                await (await self._underlay()).queue_declare(queue, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
+                await (await self._admin_channel()).depth(queue)
+        except QueueMissing:
             return False
         except Exception:  # the broker away: count it, rather than declare one too many
             return True
         return True
 
-    async def _underlay(self) -> Any:
-        if self._channel is None or self._channel.is_closed:
-            self._channel = await self._connection.channel()
-        return await self._channel.get_underlay_channel()
+    async def _admin_channel(self) -> QueueAdmin:
+        if self._admin is None:
+            self._admin = await self._connection.admin()
+        return self._admin
 
     def _failing(self, queue: str, now: float) -> bool:
         if len(self._failed) >= self._max_known:
@@ -315,8 +296,8 @@ class StatusBinder:
         return False
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await _close_quietly(self._channel)
+        if self._admin is not None:
+            await _close_quietly(self._admin)
 
 
 class ReplyRouter:
@@ -340,7 +321,7 @@ class ReplyRouter:
     def forget(self, correlation_id: str) -> None:
         self._waiting.pop(correlation_id, None)
 
-    def deliver(self, contract: Contract, message: AbstractIncomingMessage) -> None:
+    def deliver(self, contract: Contract, message: Incoming) -> None:
         waiting = self._waiting.get(message.correlation_id or "")
         if waiting is None or waiting[1].done():
             REPLIES_DROPPED.labels("unknown").inc()
@@ -372,7 +353,7 @@ class ReplyRouter:
         future.set_result(contract)
 
     def _refusal(
-        self, expected: Expected, contract: Contract, message: AbstractIncomingMessage
+        self, expected: Expected, contract: Contract, message: Incoming
     ) -> tuple[str, str] | None:
         user = user_of(message)
         if self._senders is not None:

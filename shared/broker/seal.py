@@ -25,8 +25,7 @@ import hmac
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from shared.broker.connection import login_user
-from shared.broker.urls import first_url
+from shared.broker.urls import first_url, login_user
 from shared.config import BrokerSettings
 
 DERIVATION = b"orderflow dead-letter seal v1"

@@ -10,11 +10,9 @@ import asyncio
 import contextlib
 from typing import Any
 
-import aiormq
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
-
 from shared import clock
 from shared.broker.delivery import intake_state
+from shared.broker.port import Connection, Feed, Incoming, QueueMissing
 from shared.broker.topology import Names
 from shared.errors import ConfigurationError
 
@@ -22,14 +20,13 @@ from shared.errors import ConfigurationError
 class Subscription:
     """Takes the deliveries of one input queue of the hub and hands each to `_deliver`."""
 
-    def __init__(
-        self, *, channel: AbstractChannel, queue: str, names: Names, prefetch: int
-    ) -> None:
-        self._channel = channel
+    def __init__(self, *, connection: Connection, queue: str, names: Names, prefetch: int) -> None:
+        self._connection = connection
         self._queue_name = queue
         self._names = names
         self._prefetch = prefetch
-        self._queue: AbstractQueue | None = None
+        self._feed: Feed | None = None
+        """The channel it consumes on, its own (opened by `start`)."""
         self._tag: str | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self._switch = asyncio.Lock()
@@ -46,24 +43,33 @@ class Subscription:
         return self._queue_name
 
     async def start(self) -> None:
-        await self._channel.set_qos(prefetch_count=self._prefetch)
-        self._queue = await self._channel.get_queue(self._queue_name, ensure=True)
-        for exchange in (self._names.retry(self._queue_name), self._names.dlq(self._queue_name)):
-            try:
-                await self._channel.get_exchange(exchange, ensure=True)
-            except aiormq.exceptions.ChannelNotFoundEntity:
-                # Setting a message aside or dead-lettering it would close the shared
-                # publisher's channel, every time.
-                raise ConfigurationError(
-                    f"exchange {exchange} does not exist: run `orderflow init` (this release "
-                    "adds it) and load the RabbitMQ definitions again"
-                ) from None
+        admin = await self._connection.admin()
+        try:
+            for exchange in (
+                self._names.retry(self._queue_name),
+                self._names.dlq(self._queue_name),
+            ):
+                if not await admin.has_exchange(exchange):
+                    # Setting a message aside or dead-lettering it would close the shared
+                    # publisher's channel, every time.
+                    raise ConfigurationError(
+                        f"exchange {exchange} does not exist: run `orderflow init` (this "
+                        "release adds it) and load the RabbitMQ definitions again"
+                    )
+        finally:
+            await admin.close()
+        self._feed = await self._connection.feed(prefetch=self._prefetch)
         async with self._switch:
-            await self._subscribe()
+            try:
+                await self._subscribe()
+            except QueueMissing:
+                raise ConfigurationError(
+                    f"queue {self._queue_name} does not exist: run `orderflow init`"
+                ) from None
 
     async def _subscribe(self) -> None:
-        assert self._queue is not None
-        self._tag = await self._queue.consume(self._take, no_ack=False)
+        assert self._feed is not None
+        self._tag = await self._feed.consume(self._queue_name, self._take)
         self.subscribed_at = clock.monotonic()
 
     @property
@@ -81,14 +87,9 @@ class Subscription:
         """Whether the broker still delivers to this consumer: it has not been paused, and its
         channel is open and still knows the consumer (the broker may cancel one, e.g. when
         its queue is deleted, and a channel closed by an error drops them all)."""
-        if self._tag is None or self._channel.is_closed:
+        if self._tag is None or self._feed is None:
             return False
-        try:
-            underlay = await self._channel.get_underlay_channel()
-        except Exception:  # no underlying channel: reconnecting
-            return False
-        consumers = getattr(underlay, "consumers", None)  # aiormq's Channel has it
-        return consumers is None or self._tag in consumers
+        return await self._feed.consuming(self._tag)
 
     async def intake(self, *, ready: int | None, stall_after_s: float) -> dict[str, Any]:
         """This consumer's intake, for the heartbeat, `/healthz` and `orderflow stats`; `ready`
@@ -97,7 +98,7 @@ class Subscription:
         since = self.last_taken or self.subscribed_at
         idle_s = clock.monotonic() - since if since is not None else 0.0
         state = intake_state(
-            started=self._queue is not None,
+            started=self._feed is not None,
             paused=self._tag is None,
             subscribed=await self.subscribed(),
             ready=ready,
@@ -122,7 +123,7 @@ class Subscription:
     async def resume(self) -> bool:
         """Take messages again; True when this call subscribed (never after `stop`)."""
         async with self._switch:
-            if self._queue is None or self._tag is not None or self._stopped:
+            if self._feed is None or self._tag is not None or self._stopped:
                 return False
             await self._subscribe()
             if self._stopped:  # `stop()` gave up waiting for this resume meanwhile
@@ -133,9 +134,9 @@ class Subscription:
 
     async def _cancel(self) -> bool:
         tag = self._tag
-        if self._queue is None or tag is None:
+        if self._feed is None or tag is None:
             return False
-        await self._queue.cancel(tag)
+        await self._feed.cancel(tag)
         if self._tag == tag:  # only the tag cancelled is gone, never one made meanwhile
             self._tag = None
         return True
@@ -157,8 +158,11 @@ class Subscription:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        if self._feed is not None:
+            with contextlib.suppress(Exception):  # what it still holds goes back with it
+                await self._feed.close()
 
-    async def _take(self, message: AbstractIncomingMessage) -> None:
+    async def _take(self, message: Incoming) -> None:
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
@@ -169,6 +173,6 @@ class Subscription:
             if task is not None:
                 self._inflight.discard(task)
 
-    async def _deliver(self, message: AbstractIncomingMessage) -> None:
+    async def _deliver(self, message: Incoming) -> None:
         """What becomes of one delivery (the consumer's outcome table)."""
         raise NotImplementedError

@@ -8,10 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import aio_pika
-import aiormq
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractQueue
-
+from shared.broker.port import Connection, ExchangeKind, QueueAdmin, QueueMismatch, QueueMissing
 from shared.domain.workflow import AGENTS
 from shared.errors import ConfigurationError
 
@@ -269,124 +266,100 @@ def retry_queue_arguments(names: Names, queue: str) -> dict[str, Any]:
 
 
 async def declare_topology(
-    channel: AbstractChannel, names: Names, policy: QueuePolicy, agents: tuple[str, ...] = AGENTS
+    admin: QueueAdmin, names: Names, policy: QueuePolicy, agents: tuple[str, ...] = AGENTS
 ) -> None:
     """Declare every exchange and durable queue of the hub. Idempotent with the same policy."""
-    direct = await channel.declare_exchange(
-        names.exchange, aio_pika.ExchangeType.DIRECT, durable=True
-    )
-    dead = await channel.declare_exchange(
-        names.dead_letters, aio_pika.ExchangeType.DIRECT, durable=True
-    )
-    alerts = await channel.declare_exchange(
-        names.alerts, aio_pika.ExchangeType.FANOUT, durable=True
-    )
-    submit = await channel.declare_exchange(
-        names.submit, aio_pika.ExchangeType.FANOUT, durable=True
-    )
-    for private in (names.replies, names.status):
-        await channel.declare_exchange(private, aio_pika.ExchangeType.TOPIC, durable=True)
-    for queue_name in names.input_queues(agents):
-        dlq = await _declare_queue(channel, names.dlq(queue_name), durable_queue_arguments(policy))
-        await dlq.bind(dead, routing_key=queue_name)
-        own_dead = await channel.declare_exchange(
-            names.dlq(queue_name), aio_pika.ExchangeType.FANOUT, durable=True
-        )
-        await dlq.bind(own_dead)
-        queue = await _declare_queue(
-            channel, queue_name, input_queue_arguments(names, queue_name, policy)
-        )
-        await queue.bind(direct, routing_key=queue_name)
-        retry_exchange = await channel.declare_exchange(
-            names.retry(queue_name), aio_pika.ExchangeType.FANOUT, durable=True
-        )
-        retry = await _declare_queue(
-            channel, names.retry(queue_name), retry_queue_arguments(names, queue_name)
-        )
-        await retry.bind(retry_exchange)
-        replay = await channel.declare_exchange(
-            names.replay(queue_name), aio_pika.ExchangeType.FANOUT, durable=True
-        )
-        await queue.bind(replay)
-        if queue_name == names.orders:
-            await queue.bind(submit)
-    feed = await _declare_queue(channel, names.alert_feed, alert_feed_arguments(policy))
-    await feed.bind(alerts)
-    undelivered = await _declare_queue(
-        channel, names.alert_dead_letters, durable_queue_arguments(policy)
-    )
-    await undelivered.bind(
-        await channel.declare_exchange(
-            names.alert_dead_letters, aio_pika.ExchangeType.FANOUT, durable=True
-        )
-    )
+    for exchange, kind in (
+        (names.exchange, ExchangeKind.DIRECT),
+        (names.dead_letters, ExchangeKind.DIRECT),
+        (names.alerts, ExchangeKind.FANOUT),
+        (names.submit, ExchangeKind.FANOUT),
+        (names.replies, ExchangeKind.TOPIC),
+        (names.status, ExchangeKind.TOPIC),
+    ):
+        await admin.declare_exchange(exchange, kind)
+    for queue in names.input_queues(agents):
+        dlq, retry, replay = names.dlq(queue), names.retry(queue), names.replay(queue)
+        await _declare_queue(admin, dlq, durable_queue_arguments(policy))
+        await admin.bind(dlq, names.dead_letters, routing_key=queue)
+        await admin.declare_exchange(dlq, ExchangeKind.FANOUT)
+        await admin.bind(dlq, dlq)
+        await _declare_queue(admin, queue, input_queue_arguments(names, queue, policy))
+        await admin.bind(queue, names.exchange, routing_key=queue)
+        await admin.declare_exchange(retry, ExchangeKind.FANOUT)
+        await _declare_queue(admin, retry, retry_queue_arguments(names, queue))
+        await admin.bind(retry, retry)
+        await admin.declare_exchange(replay, ExchangeKind.FANOUT)
+        await admin.bind(queue, replay)
+        if queue == names.orders:
+            await admin.bind(queue, names.submit)
+    await _declare_queue(admin, names.alert_feed, alert_feed_arguments(policy))
+    await admin.bind(names.alert_feed, names.alerts)
+    await _declare_queue(admin, names.alert_dead_letters, durable_queue_arguments(policy))
+    await admin.declare_exchange(names.alert_dead_letters, ExchangeKind.FANOUT)
+    await admin.bind(names.alert_dead_letters, names.alert_dead_letters)
 
 
-async def retire_unbounded_alerts_queue(channel: AbstractChannel, names: Names) -> int:
+async def retire_unbounded_alerts_queue(admin: QueueAdmin, names: Names) -> int:
     """Delete the queue named like the alerts exchange, which releases before issue 14
     declared without a bound and without a reader (it grew by every alert, for good); how many
     notifications it held. Each of them is a copy of a stored alert (`orderflow alerts list`),
     and the feed has taken its place. None of this release's processes uses that name for a
     queue; deleting a queue that does not exist deletes nothing."""
-    deleted = await channel.queue_delete(names.alerts)
-    return int(getattr(deleted, "message_count", 0) or 0)
+    return await admin.delete(names.alerts)
 
 
-async def _declare_queue(
-    channel: AbstractChannel, name: str, arguments: dict[str, Any]
-) -> AbstractQueue:
+async def _declare_queue(admin: QueueAdmin, name: str, arguments: dict[str, Any]) -> None:
     try:
-        return await channel.declare_queue(name, durable=True, arguments=arguments)
-    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        await admin.declare_queue(name, arguments=arguments)
+    except QueueMismatch as exc:
         # A queue's arguments are fixed when it is created: a changed setting (the orders
         # queue's length, the redelivery limit) cannot be applied by declaring it again.
         wanted = ", ".join(f"{k}={v}" for k, v in sorted(arguments.items()))
         raise ConfigurationError(
             f"queue {name} exists with other arguments than these settings give ({wanted}); "
             "a queue's arguments cannot change: drain and delete it (or use a new hub), then "
-            f"run `orderflow init` again [{exc.args[0] if exc.args else exc}]"
+            f"run `orderflow init` again [{exc}]"
         ) from exc
 
 
 async def delete_topology(
-    channel: AbstractChannel, names: Names, agents: tuple[str, ...] = AGENTS
+    admin: QueueAdmin, names: Names, agents: tuple[str, ...] = AGENTS
 ) -> None:
     """Remove every queue and exchange of the hub (tests and maintenance)."""
-    for queue_name in names.input_queues(agents):
-        await channel.queue_delete(queue_name)
-        await channel.queue_delete(names.dlq(queue_name))
-        await channel.queue_delete(names.retry(queue_name))
-    await channel.queue_delete(names.alert_feed)
-    await channel.queue_delete(names.alert_dead_letters)
-    await channel.queue_delete(names.alerts)  # a hub made by a release before issue 14
+    for queue in names.input_queues(agents):
+        for name in (queue, names.dlq(queue), names.retry(queue)):
+            await admin.delete(name)
+    await admin.delete(names.alert_feed)
+    await admin.delete(names.alert_dead_letters)
+    await admin.delete(names.alerts)  # a hub made by a release before issue 14
     for exchange in names.exchanges(agents):
-        await channel.exchange_delete(exchange)
+        await admin.delete(exchange, exchange=True)
 
 
-async def existing_queue(channel: AbstractChannel, name: str) -> AbstractQueue:
-    """The queue `name` as `orderflow init` declared it; a clear error naming `orderflow init`
-    when it does not exist (a passive declare: nothing is made)."""
+async def existing_queue(connection: Connection, name: str) -> None:
+    """That the queue `name` exists, as `orderflow init` declared it; a clear error naming
+    `orderflow init` when it does not (a passive declare: nothing is made)."""
+    admin = await connection.admin()
     try:
-        return await channel.declare_queue(name, passive=True)
-    except aiormq.exceptions.ChannelNotFoundEntity:
+        await admin.depth(name)
+    except QueueMissing:
         raise ConfigurationError(f"queue {name} does not exist: run `orderflow init`") from None
+    finally:
+        await admin.close()
 
 
-async def queue_depths(
-    connection: AbstractConnection, queues: Iterable[str]
-) -> dict[str, int | None]:
+async def queue_depths(connection: Connection, queues: Iterable[str]) -> dict[str, int | None]:
     """Messages ready in each of `queues`; None for a queue that could not be read (not
-    declared: `orderflow init` makes them). A passive declare each, on a channel of its own: a
-    missing queue closes it."""
+    declared: `orderflow init` makes them)."""
     depths: dict[str, int | None] = {}
-    for queue in queues:
-        channel = await connection.channel()
-        try:
-            declared = await channel.declare_queue(queue, passive=True)
-            depths[queue] = declared.declaration_result.message_count
-        except Exception:
-            depths[queue] = None
-        finally:
-            if not channel.is_closed:
-                await channel.close()
+    admin = await connection.admin()
+    try:
+        for queue in queues:
+            try:
+                depths[queue] = await admin.depth(queue)
+            except Exception:
+                depths[queue] = None
+    finally:
+        await admin.close()
     return depths

@@ -95,3 +95,11 @@ class NodeRotation:
     @property
     def current(self) -> str:
         return self.urls[self._index]
+
+
+def login_user(url: str) -> str | None:
+    """The broker user a URL logs in as: what RabbitMQ checks each message's `user_id` against,
+    and what every publisher sets it to (shared/broker/senders.py). With `auth=external` the
+    client certificate names the user, and the URL must name the same (`amqps://NAME@host/…`)."""
+    parts = urlsplit(first_url(url))  # every URL of a list names the same user (urls.py)
+    return unquote(parts.username) if parts.username else None

@@ -16,7 +16,7 @@ be decoded (a header table with a key that is not UTF-8, a timestamp past 9999) 
 its encoded length and marked (`UNDECODABLE_HEADERS` in place of the table, no timestamp), and
 the consumer dead-letters the message `invalid-properties` (shared/broker/envelope.py). It
 replaces one method and one decoder of pamqp, once per process, from
-`shared.broker.connection.connect`.
+`shared.broker.rabbitmq.connection.connect`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import aio_pika
 import pytest
 import pytest_asyncio
 
-from shared.broker.connection import connect
+from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names
 from shared.domain.messages import OrderStatus, OrderStatusUpdate
 from shared.domain.states import ProcessState

@@ -32,8 +32,8 @@ import aio_pika
 import hypothesis
 from hypothesis import HealthCheck, given, settings
 
-from shared.broker.connection import connect
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names
 from shared.domain.states import ProcessState
 from tests.conftest import RABBITMQ_URL

@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 import aio_pika
 import pytest
 
-from shared.broker.connection import quorum_available
 from shared.broker.consumer import (
     REASON,
     REDACTED,
@@ -19,6 +18,7 @@ from shared.broker.consumer import (
 )
 from shared.broker.envelope import TRUNCATED
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq.connection import quorum_available
 from shared.broker.topology import QueuePolicy, declare_topology
 from shared.errors import (
     InvalidMessage,

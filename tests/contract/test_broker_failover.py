@@ -1,4 +1,4 @@
-"""A connection given a cluster's node list (shared/broker/connection.py), on the real broker:
+"""A connection given a cluster's node list (shared/broker/rabbitmq/connection.py), on the real
 it skips a node that does not answer, and when its connection is lost it goes on to the next
 node, past one that is down. The broker's two "nodes" are the machine's one RabbitMQ under two
 host names (127.0.0.1 and localhost); a third URL is a port nobody listens on. The real cluster,
@@ -15,8 +15,8 @@ import aio_pika
 import pytest
 
 from harness.nemesis.process import free_port
-from shared.broker.connection import FailoverConnection, connect, connected_node
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq.connection import FailoverConnection, connect, connected_node
 from shared.errors import PublishError, ServiceUnavailable
 from tests.conftest import RABBITMQ_URL, service_missing
 from tests.support.waiting import eventually

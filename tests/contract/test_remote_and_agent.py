@@ -15,10 +15,10 @@ import pytest
 from harness.remote.ledger import Ledger
 from services.agents.agent import Agent
 from services.agents.attempts import MemoryTickets
-from shared.broker.connection import connect
 from shared.broker.consumer import Delivery
 from shared.broker.private import PrivateQueue
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names, QueuePolicy, declare_topology, delete_topology
 from shared.config import load_settings
 from shared.domain.messages import StepAction, StepOutcome, StepReply, StepRequest

@@ -9,8 +9,8 @@ from collections import Counter
 import aio_pika
 import pytest
 
-from shared.broker.connection import connect
 from shared.broker.consumer import REASON, SOURCE_QUEUE
+from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names
 from shared.domain.journal import AlertKind, HistoryEventType
 from shared.domain.messages import StepAction, StepOutcome, StepReply, SubmitOrder

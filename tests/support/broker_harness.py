@@ -17,10 +17,10 @@ from typing import Any
 import aio_pika
 import pytest
 
-from shared.broker.connection import connect, quorum_available
 from shared.broker.consumer import Consumer, ConsumerPolicy
 from shared.broker.memory import MemoryBroker, MemoryConnection
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq.connection import connect, quorum_available
 from shared.broker.topology import Names, QueuePolicy, declare_topology, delete_topology
 from shared.domain.messages import StepAction, StepOutcome, StepReply
 from shared.store.memory import MemoryStore

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from shared.broker.connection import connect
+from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names, delete_topology
 from shared.domain.journal import HistoryEvent, HistoryEventType
 from shared.domain.states import SETTLED_STATES, ProcessState

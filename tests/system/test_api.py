@@ -11,7 +11,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from shared.broker.connection import connect
+from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names
 from shared.domain.journal import HistoryEventType
 from shared.domain.states import ProcessState

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from shared.broker.connection import connect
+from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names, delete_topology
 from tests.conftest import POSTGRES_URL, RABBITMQ_URL, RABBITMQ_USER, service_missing
 

@@ -18,8 +18,8 @@ from typing import Any
 import aio_pika
 import pytest
 
-from shared.broker.connection import connect
 from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
+from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names
 from shared.domain.coordination import ComponentStatus
 from shared.domain.journal import (

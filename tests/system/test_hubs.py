@@ -25,7 +25,7 @@ import aio_pika
 import pytest
 
 from services.shop.orders import message_id_of as submit_message_id
-from shared.broker.connection import connect
+from shared.broker.rabbitmq.connection import connect
 from shared.domain.coordination import SUPERVISOR_LEASE
 from shared.domain.journal import HistoryEventType
 from shared.domain.models import OrderData, OrderLine

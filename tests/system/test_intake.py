@@ -27,9 +27,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.broker.connection import connect
 from shared.broker.consumer import REASON
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow

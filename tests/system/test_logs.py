@@ -23,9 +23,9 @@ import aio_pika
 import pytest
 
 from harness.remote.app import declined
-from shared.broker.connection import connect
 from shared.broker.consumer import Consumer, ConsumerPolicy, Delivery
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names, QueuePolicy, declare_topology, delete_topology
 from shared.domain.messages import StepAction, StepOutcome, StepReply, SubmitOrder
 from shared.domain.states import ProcessState

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.broker.connection import connect
+from shared.broker.rabbitmq.connection import connect
 from shared.domain.coordination import ComponentStatus
 from shared.domain.journal import Alert, AlertKind
 from shared.domain.states import ProcessState

@@ -26,9 +26,9 @@ import aio_pika
 import pytest
 from aiohttp import web
 
-from shared.broker.connection import connect
 from shared.broker.envelope import ERROR, REASON, TARGET
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names
 from shared.domain.journal import Alert, AlertKind
 from shared.domain.messages import AlertMessage

@@ -27,7 +27,7 @@ import yaml
 from playwright.async_api import async_playwright
 
 from deployment.observability import panel_expressions, prometheus_config
-from shared.broker.connection import connect
+from shared.broker.rabbitmq.connection import connect
 from shared.domain.states import ProcessState
 from shared.panels import PANELS
 from tests.conftest import RABBITMQ_URL, RABBITMQ_USER, service_missing

@@ -17,8 +17,8 @@ from services.cli import order_actions as cli_actions
 from services.operator import actions
 from services.operator.explain import current_step
 from services.operator.views import state_query
-from shared.broker.connection import connect
 from shared.broker.consumer import DEAD_LETTERED_AT, DELIVERIES, ERROR, REASON, SOURCE_QUEUE
+from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names
 from shared.domain.journal import HistoryEventType
 from shared.domain.messages import SubmitOrder

@@ -14,8 +14,8 @@ import aio_pika
 import pytest
 
 from harness.remote.app import declined
-from shared.broker.connection import connect
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names
 from shared.domain.coordination import SUPERVISOR_LEASE
 from shared.domain.journal import AlertKind, HistoryEventType

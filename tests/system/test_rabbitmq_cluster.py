@@ -26,8 +26,8 @@ import aio_pika
 import pytest
 
 from harness.nemesis.servers import PrivateRabbitCluster
-from shared.broker.connection import connect
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq.connection import connect
 from shared.domain.states import SETTLED_STATES, ProcessState
 from shared.errors import PublishRejected, ServerMissing
 from tests.conftest import service_missing

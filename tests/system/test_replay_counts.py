@@ -13,7 +13,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from shared.broker.connection import connect
+from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names
 from shared.domain.messages import SubmitOrder
 from shared.domain.states import ProcessState

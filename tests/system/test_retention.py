@@ -21,8 +21,8 @@ import aio_pika
 import pytest
 from aiormq.exceptions import ChannelNotFoundEntity
 
-from shared.broker.connection import connect
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names
 from shared.domain.journal import AlertKind
 from shared.domain.states import ProcessState

@@ -7,9 +7,8 @@ import random
 
 import pytest
 
-from shared.broker.connection import login_user
 from shared.broker.seal import seal_key
-from shared.broker.urls import NodeRotation, broker_urls, first_url
+from shared.broker.urls import NodeRotation, broker_urls, first_url, login_user
 from shared.config import OWNERS, load_settings
 from shared.errors import ConfigurationError
 

@@ -17,7 +17,6 @@ from typing import Any
 import aiormq
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection, AbstractRobustQueue
 
-from shared.broker import connection as links
 from shared.broker.port import (
     Arguments,
     BrokerInfo,
@@ -29,7 +28,9 @@ from shared.broker.port import (
     QueueMissing,
     Take,
 )
+from shared.broker.rabbitmq import connection as links
 from shared.broker.rabbitmq.sender import TRANSIENT, RabbitSender
+from shared.broker.urls import login_user
 from shared.errors import one_line
 
 
@@ -97,7 +98,8 @@ class RabbitFeed:
             underlay = await self._channel.get_underlay_channel()
         except Exception:  # no channel below: reconnecting
             return False
-        return tag in getattr(underlay, "consumers", {})  # aiormq's Channel has it
+        consumers = getattr(underlay, "consumers", None)  # aiormq's Channel has it
+        return consumers is None or tag in consumers
 
     async def get(self, queue: str) -> Incoming | None:
         try:
@@ -170,6 +172,16 @@ class RabbitAdmin:
         purged = await self._call(f"purging {name}", lambda ch: ch.queue_purge(name))
         return int(purged.message_count or 0)
 
+    async def has_exchange(self, name: str) -> bool:
+        try:
+            await self._call(
+                f"looking up exchange {name}",
+                lambda ch: ch.exchange_declare(name, passive=True),
+            )
+        except QueueMissing:
+            return False
+        return True
+
     async def delete(self, name: str, *, exchange: bool = False) -> int:
         if exchange:
             await self._call(f"deleting exchange {name}", lambda ch: ch.exchange_delete(name))
@@ -195,7 +207,7 @@ class RabbitConnection:
         return BrokerInfo(
             version=links.server_version(self._connection),
             node=links.connected_node(self._connection),
-            user=links.login_user(str(getattr(self._connection, "url", ""))),
+            user=login_user(str(getattr(self._connection, "url", ""))),
         )
 
     @property

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import random
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import aio_pika
 from aio_pika.abc import AbstractRobustConnection
@@ -21,7 +20,7 @@ from tenacity import (
 from yarl import URL
 
 from shared.broker.topology import supports_quorum
-from shared.broker.urls import NodeRotation, broker_urls, first_url
+from shared.broker.urls import NodeRotation, broker_urls
 from shared.broker.wire import tolerate_undecodable_properties
 from shared.errors import ConfigurationError, ServiceUnavailable, one_line
 from shared.store.urls import redact
@@ -135,11 +134,3 @@ def server_version(connection: AbstractRobustConnection) -> str:
 
 def quorum_available(connection: AbstractRobustConnection) -> bool:
     return supports_quorum(server_version(connection))
-
-
-def login_user(url: str) -> str | None:
-    """The broker user a URL logs in as: what RabbitMQ checks each message's `user_id` against,
-    and what every publisher sets it to (shared/broker/senders.py). With `auth=external` the
-    client certificate names the user, and the URL must name the same (`amqps://NAME@host/…`)."""
-    parts = urlsplit(first_url(url))  # every URL of a list names the same user (urls.py)
-    return unquote(parts.username) if parts.username else None
