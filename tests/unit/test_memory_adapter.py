@@ -127,13 +127,14 @@ def test_an_outage_returns_what_consumers_held_and_delivery_resumes_after_it() -
         connection.on_reconnect(lambda: reconnected.append(1))
         forget = connection.on_reconnect(lambda: reconnected.append(2))
         forget()
-        got, _ = await collect(await connection.feed(prefetch=5), queue)
+        feed = await connection.feed(prefetch=5)
+        got, tag = await collect(feed, queue)
         sender = await connection.sender(timeout=1)
         await send(connection, queue, b"one")
         await until(lambda: len(got) == 1)
         assert not got[0].redelivered
         broker.outage(True)
-        assert not connection.connected
+        assert not connection.connected and not feed.consuming(tag)
         with pytest.raises(port.BrokerUnavailable):
             await got[0].ack()  # its channel went with the outage
         with pytest.raises(port.BrokerUnavailable):
@@ -145,7 +146,7 @@ def test_an_outage_returns_what_consumers_held_and_delivery_resumes_after_it() -
         await asyncio.sleep(1)
         assert len(got) == 1, "nothing is delivered while the broker is out"
         broker.outage(False)
-        assert connection.connected and reconnected == [1]
+        assert connection.connected and reconnected == [1] and feed.consuming(tag)
         await until(lambda: len(got) == 2)
         assert got[1].redelivered and got[1].headers["x-delivery-count"] == 1
         assert got[1].body == b"one" and not got[1].processed
@@ -300,8 +301,13 @@ def test_publishing_confirms_refuses_and_checks_the_user() -> None:
             )
         with pytest.raises(PublishError):
             await sender.publish(port.Outgoing(b"5"), exchange="none", routing_key=queue)
-        got = await (await connection.feed(prefetch=1)).get(queue)
-        assert got is not None and got.user_id == "shop", "the connection's user by default"
+        feed = await connection.feed(prefetch=1)
+        got = await feed.get(queue)
+        assert got is not None and got.user_id is None, "none is added"
+        await got.ack()
+        await sender.publish(port.Outgoing(b"6", user_id="shop"), exchange="", routing_key=queue)
+        mine = await feed.get(queue)
+        assert mine is not None and mine.user_id == "shop", "its own user: taken"
 
     run(main)
 
@@ -348,6 +354,23 @@ def test_settling_many_and_twice() -> None:
             await got[0].ack()
         await got[2].nack(requeue=False)
         assert await (await connection.admin()).depth(queue) == 0
+
+    run(main)
+
+
+def test_a_nack_of_many_requeues_them_in_the_order_they_came() -> None:
+    async def main() -> None:
+        broker = MemoryBroker()
+        connection, queue = await hub(broker)
+        for body in (b"1", b"2", b"3"):
+            await send(connection, queue, body)
+        feed = await connection.feed(prefetch=5)
+        taken = [await feed.get(queue) for _ in range(3)]
+        assert all(taken) and taken[2] is not None
+        await taken[2].nack(multiple=True, requeue=True)
+        again = [await feed.get(queue) for _ in range(3)]
+        assert [d.body for d in again if d is not None] == [b"1", b"2", b"3"]
+        assert all(d.redelivered for d in again if d is not None)
 
     run(main)
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from shared.broker.memory.channels import Channel, MemoryFeed, refusals
+from shared.broker import port
+from shared.broker.memory.channels import Channel, MemoryDelivery, MemoryFeed, refusals
 from shared.broker.memory.objects import Properties, Refused, encode
 from shared.broker.memory.server import MemoryBroker
 from shared.broker.port import (
@@ -141,10 +142,10 @@ class MemorySender(Channel):
         self._timeout = timeout
 
     async def publish(self, message: Outgoing, *, exchange: str, routing_key: str) -> None:
-        """Publish, mandatory, with the connection's user as the `user_id` unless the message
-        names one (which the broker checks)."""
+        """Publish, mandatory. A `user_id` the message names must be the connection's user
+        (the broker checks it); none is added, as RabbitMQ adds none."""
         target = f"{exchange or '(default)'}/{routing_key}"
-        header = _header(message, self.connection.user)  # encoded as sent, before the wait
+        header = _header(message)  # encoded as sent, before the wait
         try:
             async with asyncio.timeout(self._timeout):
                 await self.round_trip()
@@ -161,7 +162,7 @@ class MemorySender(Channel):
             raise PublishRejected(f"the broker refused the message for {target} (queue full)")
 
 
-def _header(message: Outgoing, user: str) -> bytes:
+def _header(message: Outgoing) -> bytes:
     """The message's properties as they travel (the broker model keeps them so)."""
     expiration = None if message.expiration is None else str(int(message.expiration * 1000))
     props = Properties(
@@ -172,7 +173,7 @@ def _header(message: Outgoing, user: str) -> bytes:
         message_id=message.message_id,
         timestamp=message.timestamp,
         message_type=message.type,
-        user_id=user if message.user_id is None else message.user_id,
+        user_id=message.user_id,
         app_id=message.app_id,
         headers=dict(message.headers),
         delivery_mode=2 if message.persistent else 1,
@@ -234,3 +235,15 @@ class MemoryAdmin(Channel):
             with refusals():  # another connection's exclusive queue is not ours to delete
                 self.broker.queue(name, self.connection)
         return self.broker.delete_queue(name)
+
+
+if TYPE_CHECKING:  # the project's `mypy` run (its packages, not tests/) checks this
+
+    def _implements_the_port(
+        connection: MemoryConnection,
+        sender: MemorySender,
+        feed: MemoryFeed,
+        admin: MemoryAdmin,
+        delivery: MemoryDelivery,
+    ) -> tuple[port.Connection, port.Sender, port.Feed, port.QueueAdmin, port.Incoming]:
+        return connection, sender, feed, admin, delivery

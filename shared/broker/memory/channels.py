@@ -171,7 +171,8 @@ class MemoryFeed(Channel):
             self.broker.unsubscribe(consumer)
 
     def consuming(self, tag: str) -> bool:
-        return not self.is_closed and tag in self.consumers
+        """False while an outage has the channel down too: its consumers come back with it."""
+        return not self._wire.is_closed and tag in self.consumers
 
     async def get(self, queue: str) -> MemoryDelivery | None:
         await self.round_trip()
