@@ -156,6 +156,29 @@ def test_an_outage_returns_what_consumers_held_and_delivery_resumes_after_it() -
     run(main)
 
 
+def test_a_delivery_taken_back_before_its_consumer_ran_is_not_handed_to_it() -> None:
+    """Dispatched, then returned by an outage before the consumer's task ran: the consumer
+    sees it once, when the broker delivers it again, not also as a stale delivery."""
+
+    async def main() -> None:
+        broker = MemoryBroker()
+        connection, queue = await hub(broker)
+        got, _ = await collect(await connection.feed(prefetch=5), queue)
+        await send(connection, queue, b"one")
+        await asyncio.sleep(0)  # the broker dispatches; the consumer's task is yet to run
+        assert not broker.queues[queue].ready and not got
+        broker.outage(True)
+        await asyncio.sleep(0.1)
+        assert not got
+        broker.outage(False)
+        await until(lambda: len(got) == 1)
+        await asyncio.sleep(0.1)
+        assert len(got) == 1 and got[0].redelivered
+        await got[0].ack()
+
+    run(main)
+
+
 def test_a_connection_made_while_the_broker_is_out_comes_up_with_it() -> None:
     async def main() -> None:
         broker = MemoryBroker()

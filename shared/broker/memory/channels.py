@@ -115,7 +115,6 @@ class _Held:
     queue: Queue
     consumer: Consumer
     message: Stored
-    wire: Wire
     delivery: MemoryDelivery | None = None
     """Made when it reaches the consumer (a task of its own, after the broker handed it)."""
 
@@ -191,7 +190,7 @@ class MemoryFeed(Channel):
 
     def hold(self, tag: int, queue: Queue, consumer: Consumer, message: Stored) -> None:
         """The broker handed the delivery `tag` to this channel, unsettled (server.py)."""
-        self._held[tag] = _Held(queue, consumer, message, self._wire)
+        self._held[tag] = _Held(queue, consumer, message)
 
     def settle(self, tag: int, wire: Wire, how: str, *, multiple: bool) -> None:
         """Settle a delivery (`how`: as `MemoryBroker.settle`), or, `multiple`, every one the
