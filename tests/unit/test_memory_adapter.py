@@ -141,13 +141,15 @@ def test_an_outage_returns_what_consumers_held_and_delivery_resumes_after_it() -
             got[0].channel  # noqa: B018 - the property raises
         with pytest.raises(PublishError):
             await sender.publish(port.Outgoing(b"two"), exchange="", routing_key=queue)
+        admin = await connection.admin()  # opened, as on RabbitMQ, but of no use yet
         with pytest.raises(port.BrokerUnavailable):
-            await connection.admin()
+            await admin.depth(queue)
         await asyncio.sleep(1)
         assert len(got) == 1, "nothing is delivered while the broker is out"
         broker.outage(False)
         assert connection.connected and reconnected == [1] and feed.consuming(tag)
         await until(lambda: len(got) == 2)
+        assert await admin.depth(queue) == 0, "the admin works again; the message is in hand"
         assert got[1].redelivered and got[1].headers["x-delivery-count"] == 1
         assert got[1].body == b"one" and not got[1].processed
         await got[1].ack()
@@ -209,6 +211,8 @@ def test_a_severed_connection_returns_its_deliveries_and_loses_its_exclusive_que
             await got[0].ack()
         with pytest.raises(port.BrokerUnavailable):
             await connection.feed(prefetch=1)
+        with pytest.raises(port.BrokerUnavailable):
+            await (await connection.admin()).depth(queue)
         again, _ = await collect(await connect(broker, "u").feed(prefetch=5), queue)
         await until(lambda: len(again) == 1)
         assert again[0].body == b"one" and again[0].redelivered

@@ -69,7 +69,12 @@ class MemoryConnection:
         return await self._open(MemoryFeed(self, prefetch))
 
     async def admin(self) -> MemoryAdmin:
-        return await self._open(MemoryAdmin(self))
+        """Opened without the broker, as RabbitMQ's adapter opens its admin: each call needs
+        the broker (`BrokerUnavailable` while it is out, or once the connection is closed)."""
+        admin = MemoryAdmin(self)
+        if not self.is_closed:
+            self._channels.append(admin)
+        return admin
 
     async def _open(self, channel: Opened) -> Opened:
         self.check()
