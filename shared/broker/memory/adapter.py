@@ -16,7 +16,6 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from shared.broker import port
 from shared.broker.memory.channels import Channel, MemoryDelivery, MemoryFeed, refusals
 from shared.broker.memory.objects import Properties, Refused, encode
 from shared.broker.memory.server import MemoryBroker
@@ -29,6 +28,9 @@ from shared.broker.port import (
 )
 from shared.broker.wire import tolerate_undecodable_properties
 from shared.errors import PublishError, PublishRejected, PublishUnroutable
+
+if TYPE_CHECKING:
+    from shared.broker import port
 
 log = logging.getLogger(__name__)
 
