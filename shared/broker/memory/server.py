@@ -137,6 +137,18 @@ class MemoryBroker:
             consumer.owner.consumers.pop(consumer.tag, None)
         return len(queue.ready)
 
+    def purge(self, name: str, owner: Any = None) -> int:
+        """Drop every ready message of the queue (not those delivered): how many."""
+        queue = self.queue(name, owner)
+        count = len(queue.ready)
+        queue.ready.clear()
+        return count
+
+    def take(self, name: str, owner: Any = None) -> tuple[Queue, Stored] | None:
+        """The first ready message of the queue, taken off it (a `basic.get`); None: empty."""
+        queue = self.queue(name, owner)
+        return (queue, queue.ready.popleft()) if queue.ready else None
+
     def delete_exchange(self, name: str) -> None:
         self.exchanges.pop(name, None)
 
@@ -158,6 +170,19 @@ class MemoryBroker:
             if not self._offer(self.queues[name], message, sender):
                 outcome = "rejected"
         return outcome
+
+    def publish_as(
+        self, user: str, exchange: str, routing_key: str, body: bytes, header: bytes
+    ) -> str:
+        """`publish` from a connection of `user`, after RabbitMQ's check of the `user_id` a
+        message carries: refused (precondition failed) when it names another user."""
+        claimed = decode(header).user_id
+        if claimed is not None and claimed != user:
+            raise Refused(
+                PRECONDITION_FAILED,
+                f"user_id property set to '{claimed}' but authenticated user was '{user}'",
+            )
+        return self.publish(exchange, routing_key, body, header, user)
 
     def _offer(self, queue: Queue, message: Stored, sender: str) -> bool:
         """Whether `queue` takes the message (False: full, and it refuses publishers)."""
