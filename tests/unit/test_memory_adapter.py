@@ -134,7 +134,7 @@ def test_an_outage_returns_what_consumers_held_and_delivery_resumes_after_it() -
         await until(lambda: len(got) == 1)
         assert not got[0].redelivered
         broker.outage(True)
-        assert not connection.connected and not feed.consuming(tag)
+        assert not connection.connected and not await feed.consuming(tag)
         with pytest.raises(port.BrokerUnavailable):
             await got[0].ack()  # its channel went with the outage
         with pytest.raises(port.BrokerUnavailable):
@@ -147,7 +147,7 @@ def test_an_outage_returns_what_consumers_held_and_delivery_resumes_after_it() -
         await asyncio.sleep(1)
         assert len(got) == 1, "nothing is delivered while the broker is out"
         broker.outage(False)
-        assert connection.connected and reconnected == [1] and feed.consuming(tag)
+        assert connection.connected and reconnected == [1] and await feed.consuming(tag)
         await until(lambda: len(got) == 2)
         assert await admin.depth(queue) == 0, "the admin works again; the message is in hand"
         assert got[1].redelivered and got[1].headers["x-delivery-count"] == 1
@@ -290,9 +290,9 @@ def test_an_auto_delete_queue_goes_with_its_last_consumer() -> None:
         first = await feed.consume("passing", _ignore)
         second = await feed.consume("passing", _ignore)
         await feed.cancel(first)
-        assert "passing" in broker.queues and feed.consuming(second)
+        assert "passing" in broker.queues and await feed.consuming(second)
         await feed.cancel(second)
-        assert "passing" not in broker.queues and not feed.consuming(second)
+        assert "passing" not in broker.queues and not await feed.consuming(second)
 
     run(main)
 
@@ -303,9 +303,9 @@ def test_a_deleted_queue_cancels_its_consumers() -> None:
         connection, queue = await hub(broker)
         feed = await connection.feed(prefetch=1)
         tag = await feed.consume(queue, _ignore)
-        assert feed.consuming(tag)
+        assert await feed.consuming(tag)
         assert await (await connection.admin()).delete(queue) == 0
-        assert not feed.consuming(tag)
+        assert not await feed.consuming(tag)
 
     run(main)
 

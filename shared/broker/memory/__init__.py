@@ -1,7 +1,8 @@
-"""The reference broker in memory (server.py) and its aio-pika-shaped clients (client.py)."""
+"""The reference broker in memory (server.py) and its client, the memory adapter of the broker
+port (adapter.py, channels.py)."""
 
-from shared.broker.memory.client import MemoryChannel, MemoryConnection, connect
+from shared.broker.memory.adapter import MemoryConnection, connect
 from shared.broker.memory.objects import Network
 from shared.broker.memory.server import MemoryBroker
 
-__all__ = ["MemoryBroker", "MemoryChannel", "MemoryConnection", "Network", "connect"]
+__all__ = ["MemoryBroker", "MemoryConnection", "Network", "connect"]

@@ -233,6 +233,10 @@ class MemoryAdmin(Channel):
         with refusals():
             return self.broker.purge(name, self.connection)
 
+    async def has_exchange(self, name: str) -> bool:
+        await self.round_trip()
+        return name in self.broker.exchanges
+
     async def delete(self, name: str, *, exchange: bool = False) -> int:
         await self.round_trip()
         if exchange:

@@ -133,8 +133,26 @@ class MemoryFeed(Channel):
         """Its consumers by tag (the broker model removes one whose queue it deletes)."""
         self._wire = Wire()
         self._held: dict[int, _Held] = {}
+        self._unrestored: set[str] = set()
+        """Tags of the consumers an outage ends (`restore=False`)."""
 
-    async def consume(self, queue: str, take: Take, *, ack: bool = True) -> str:
+    async def own_queue(self, name: str, *, bind_to: str | None, routing_key: str = "") -> None:
+        await self.round_trip()
+        with refusals():
+            self.broker.declare_queue(
+                name,
+                owner=self.connection,
+                durable=False,
+                auto_delete=True,
+                exclusive=True,
+                arguments={},
+            )
+            if bind_to is not None:
+                self.broker.bind(name, bind_to, routing_key, self.connection)
+
+    async def consume(
+        self, queue: str, take: Take, *, ack: bool = True, restore: bool = True
+    ) -> str:
         await self.round_trip()
         tag = f"ctag-{self.broker.next_tag()}"
 
@@ -146,6 +164,8 @@ class MemoryFeed(Channel):
         with refusals():
             self.broker.subscribe(consumer)
         self.consumers[tag] = consumer
+        if not restore:
+            self._unrestored.add(tag)
         return tag
 
     async def _hand(self, take: Take, message: Stored, tag: int, *, no_ack: bool) -> None:
@@ -169,7 +189,7 @@ class MemoryFeed(Channel):
         if consumer is not None:
             self.broker.unsubscribe(consumer)
 
-    def consuming(self, tag: str) -> bool:
+    async def consuming(self, tag: str) -> bool:
         """False while an outage has the channel down too: its consumers come back with it."""
         return not self._wire.is_closed and tag in self.consumers
 
@@ -211,6 +231,9 @@ class MemoryFeed(Channel):
                 self._wire = Wire()
             return
         self._wire.is_closed = True
+        for gone in self._unrestored & set(self.consumers):  # not restored: gone with the wire
+            self.broker.unsubscribe(self.consumers.pop(gone))
+        self._unrestored.clear()
         held, self._held = self._held, {}
         for tag, each in sorted(held.items(), reverse=True):  # back in the order they came
             each.consumer.in_hand.discard(tag)

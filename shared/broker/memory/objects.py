@@ -60,7 +60,7 @@ class Consumer:
     tag: str
     queue: str
     owner: Any
-    """The client channel it consumes on (shared/broker/memory/client.py)."""
+    """The client channel it consumes on (shared/broker/memory/channels.py)."""
     callback: Callable[[Stored, int], Coroutine[Any, Any, None]]
     prefetch: int
     no_ack: bool
