@@ -63,18 +63,44 @@ class FakeQueue:
         self.live.discard(tag)  # cancel-ok, for a tag live or not
 
 
-class FakeChannel:
+class FakeFeed:
+    """The subscription's channel (the port's `Feed`) on the fake queue."""
+
     def __init__(self, queue: FakeQueue) -> None:
         self.queue = queue
 
-    async def set_qos(self, **_: Any) -> None:
+    async def consume(self, name: str, take: Any, **_: Any) -> str:
+        return await self.queue.consume(take)
+
+    async def cancel(self, tag: str) -> None:
+        await self.queue.cancel(tag)
+
+    async def consuming(self, tag: str) -> bool:
+        return tag in self.queue.live
+
+    async def close(self) -> None:
         return None
 
-    async def get_queue(self, name: str, **_: Any) -> FakeQueue:
-        return self.queue
 
-    async def get_exchange(self, name: str, **_: Any) -> None:
+class FakeAdmin:
+    async def has_exchange(self, name: str) -> bool:
+        return True
+
+    async def close(self) -> None:
         return None
+
+
+class FakeConnection:
+    """What the subscription opens its channels from (the port's `Connection`)."""
+
+    def __init__(self, queue: FakeQueue) -> None:
+        self.queue = queue
+
+    async def admin(self) -> FakeAdmin:
+        return FakeAdmin()
+
+    async def feed(self, *, prefetch: int) -> FakeFeed:
+        return FakeFeed(self.queue)
 
 
 class Counts:
@@ -149,7 +175,7 @@ def test_pauses_resumes_and_stop_leave_one_consumer_at_most_and_none_after_stop(
         done = asyncio.Event()
         s = submission(Counts(counts, done))
         consumer = Subscription(
-            channel=FakeChannel(queue),  # type: ignore[arg-type]
+            connection=FakeConnection(queue),  # type: ignore[arg-type]
             queue="h.orders",
             names=Names("h"),
             prefetch=1,
@@ -185,7 +211,7 @@ def test_a_stopped_subscription_does_not_resume() -> None:
     async def main() -> None:
         queue = FakeQueue(cycle([1]))
         consumer = Subscription(
-            channel=FakeChannel(queue),  # type: ignore[arg-type]
+            connection=FakeConnection(queue),  # type: ignore[arg-type]
             queue="h.orders",
             names=Names("h"),
             prefetch=1,
@@ -216,7 +242,7 @@ def test_a_resume_that_outlasts_stop_leaves_no_consumer() -> None:
     async def main() -> None:
         queue = SlowConsume(cycle([0]))
         consumer = Subscription(
-            channel=FakeChannel(queue),  # type: ignore[arg-type]
+            connection=FakeConnection(queue),  # type: ignore[arg-type]
             queue="h.orders",
             names=Names("h"),
             prefetch=1,

@@ -36,7 +36,7 @@ def consumer(queue: str, own: str) -> Consumer:
         seal_key=KEY,
     )
     return Consumer(
-        channel=None,  # type: ignore[arg-type]
+        connection=None,  # type: ignore[arg-type]
         queue=queue,
         names=N,
         handler=None,  # type: ignore[arg-type]

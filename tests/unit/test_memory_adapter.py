@@ -158,6 +158,32 @@ def test_an_outage_returns_what_consumers_held_and_delivery_resumes_after_it() -
     run(main)
 
 
+def test_a_consumer_not_restored_ends_with_an_outage_and_an_own_queue_stays() -> None:
+    """`restore=False`: the caller consumes again when told (`on_reconnect`); a queue of the
+    connection's own survives an outage (the connection is restored, not a new one)."""
+
+    async def main() -> None:
+        broker = MemoryBroker()
+        connection, queue = await hub(broker)
+        feed = await connection.feed(prefetch=5)
+        await feed.own_queue("mine", bind_to=None)
+        kept, restored = await collect(feed, "mine", ack=False)
+        gone = await feed.consume(queue, refuse, restore=False)
+        broker.outage(True)
+        broker.outage(False)
+        assert await feed.consuming(restored) and not await feed.consuming(gone)
+        await send(connection, "mine", b"after")
+        await send(connection, queue, b"after")
+        await until(lambda: len(kept) == 1)
+        assert await (await connection.admin()).depth(queue) == 1, "no consumer took it"
+
+    run(main)
+
+
+async def refuse(delivery: port.Incoming) -> None:
+    raise AssertionError("a consumer that was not restored got a delivery")
+
+
 def test_a_delivery_taken_back_before_its_consumer_ran_is_not_handed_to_it() -> None:
     """Dispatched, then returned by an outage before the consumer's task ran: the consumer
     sees it once, when the broker delivers it again, not also as a stale delivery."""

@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp.commands import Basic
 
-from shared.broker.publisher import Publisher
+from shared.broker.port import Outgoing
 from shared.broker.rabbitmq import sender as publishing
+from shared.broker.rabbitmq.sender import RabbitSender
 from shared.errors import PublishRejected
 
 
@@ -65,7 +66,7 @@ class FakeExchange:
 
 
 class Channels:
-    """What `Publisher` reopens from: channel n takes or refuses as `plans[n]` says."""
+    """What the sender reopens from: channel n takes or refuses as `plans[n]` says."""
 
     def __init__(self, *plans: list[bool], fail_opening: int = 0) -> None:
         self.plans = list(plans)
@@ -80,13 +81,13 @@ class Channels:
         self.opened.append(FakeChannel(len(self.opened), list(plan)))
         return self.opened[-1]
 
-    async def publisher(self) -> Publisher:
-        return Publisher(await self.open(), timeout=5, reopen=self.open)
+    async def publisher(self) -> RabbitSender:
+        return RabbitSender(await self.open(), timeout=5, reopen=self.open)
 
 
-async def send(publisher: Publisher) -> bool:
+async def send(publisher: RabbitSender) -> bool:
     try:
-        await publisher.publish_raw(aio_pika.Message(b"{}"), exchange="", routing_key="q")
+        await publisher.publish(Outgoing(b"{}"), exchange="", routing_key="q")
     except PublishRejected:
         return False
     return True
@@ -142,7 +143,7 @@ async def test_a_channel_that_cannot_be_opened_leaves_the_old_one_in_use() -> No
 
 async def test_a_publisher_without_reopen_keeps_its_channel() -> None:
     channel = FakeChannel(0, [False])
-    publisher = Publisher(channel, timeout=5)  # type: ignore[arg-type]
+    publisher = RabbitSender(channel, timeout=5)  # type: ignore[arg-type]
     assert not any([await send(publisher) for _ in range(3)])
     assert not channel.closed
 

@@ -18,7 +18,6 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-import aio_pika
 from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
@@ -27,6 +26,7 @@ from shared.broker import envelope as env
 from shared.broker.consumer import Consumer, ConsumerPolicy, Delivery
 from shared.broker.dead_letters import REPLAYED_AT, REPLAYED_BY
 from shared.broker.memory import MemoryBroker, connect
+from shared.broker.port import Outgoing
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names, QueuePolicy, declare_topology
 from shared.domain.messages import SubmitOrder
@@ -124,7 +124,7 @@ async def outcome(handling: str, headers: dict[str, Any]) -> dict[str, Any]:
     names = Names(HUB)
     admin = connect(broker, f"{HUB}-admin")
     await declare_topology(
-        await admin.channel(),
+        await admin.admin(),
         names,
         QueuePolicy(quorum=True, delivery_limit=LIMIT, orders_max_length=100),
     )
@@ -137,7 +137,7 @@ async def outcome(handling: str, headers: dict[str, Any]) -> dict[str, Any]:
         await run.handler(delivery, handling)
 
     consumer = Consumer(
-        channel=await own.channel(),
+        connection=own,
         queue=names.orders,
         names=names,
         handler=handler,
@@ -163,7 +163,7 @@ async def outcome(handling: str, headers: dict[str, Any]) -> dict[str, Any]:
     )
     sender = await Publisher.open(connect(broker, user), timeout=5)
     await sender.publish_raw(
-        aio_pika.Message(
+        Outgoing(
             body,
             message_id="order:o-1",
             type="order.submit",
@@ -183,8 +183,9 @@ async def outcome(handling: str, headers: dict[str, Any]) -> dict[str, Any]:
     await asyncio.sleep(0)
     await eventually(settled, timeout=60, interval=0.1, what="the message settled")
     dead = []
-    dlq = await (await own.channel()).get_queue(names.dlq(names.orders))
-    while (letter := await dlq.get(no_ack=True, fail=False)) is not None:
+    dlq = await own.feed(prefetch=0)
+    while (letter := await dlq.get(names.dlq(names.orders))) is not None:
+        await letter.ack()
         kept = {
             k: v
             for k, v in (letter.headers or {}).items()
