@@ -18,11 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pamqp import encode
-
 from shared.broker.port import Incoming, Outgoing
 from shared.broker.seal import Sealed
-from shared.broker.wire import UNDECODABLE_HEADERS, Undecodable
+from shared.broker.wire import UNDECODABLE_HEADERS, Undecodable, header_size
 from shared.domain.redaction import redact_body, redact_headers, redact_text
 from shared.domain.text import cut, is_safe, printable
 from shared.domain.timing import utcnow
@@ -214,14 +212,6 @@ class Envelope:
         )
 
 
-def _encodable(name: str, value: Any) -> int | None:
-    """The encoded size of one header, or None when the client library cannot send it."""
-    try:
-        return len(encode.field_table({name: value}))
-    except Exception:  # pamqp raises TypeError, ValueError or struct.error
-        return None
-
-
 def carried_headers(headers: dict[str, Any]) -> dict[str, Any]:
     """The sender's headers a copy may carry: the allowed ones (`CARRIED`), text within the
     value cap, encodable, within the budget; the names of the rest in `HEADERS_DROPPED`."""
@@ -232,7 +222,7 @@ def carried_headers(headers: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(name, str) or name.startswith(OURS) or name in BROKERS:
             continue
         allowed = name in CARRIED and isinstance(value, str) and len(value) <= HEADER_VALUE_LIMIT
-        encoded = _encodable(name, value) if allowed else None
+        encoded = header_size(name, value) if allowed else None
         if encoded is None or size + encoded > HEADER_BUDGET:
             dropped.append(printable(cut(name, 60)))
             continue

@@ -25,7 +25,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from pamqp import base, decode
+from pamqp import base, decode, encode
 
 UNDECODABLE_HEADERS = "x-orderflow-undecodable-headers"
 """The only header of a message whose header table could not be decoded: its size in bytes,
@@ -89,3 +89,11 @@ def tolerate_undecodable_properties() -> None:
     """Make pamqp's decoding of message properties total (idempotent)."""
     base.BasicProperties.unmarshal = _tolerant_unmarshal  # type: ignore[method-assign]
     decode.METHODS["shortstr"] = _tolerant_short_str
+
+
+def header_size(name: str, value: Any) -> int | None:
+    """The encoded size of one header, or None when an AMQP client cannot send it."""
+    try:
+        return len(encode.field_table({name: value}))
+    except Exception:  # pamqp raises TypeError, ValueError or struct.error
+        return None

@@ -30,9 +30,9 @@ LAZY = {"services.cli.serve", "services.cli.up"}
 """Commands that start runtime processes and also run the stand-in: only inside a function."""
 
 
-def runtime_modules() -> list[str]:
+def runtime_modules(packages: tuple[str, ...] = RUNTIME) -> list[str]:
     modules = []
-    for package in RUNTIME:
+    for package in packages:
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
             modules.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
@@ -96,3 +96,23 @@ def test_importing_the_runtime_loads_no_harness() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [], f"the runtime loaded {done.stdout.split()}"
+
+
+AMQP_CLIENTS = ("aio_pika", "aiormq")
+AMQP_CODEC = "pamqp"
+CODEC_USERS = {"shared.broker.wire", "shared.broker.memory.objects"}
+"""The AMQP codec: the wire's tolerant decoding and header sizes, and the memory broker's frames,
+which it encodes and decodes as a client's so that what arrives is what a socket would give."""
+
+
+@pytest.mark.parametrize("module", runtime_modules((*RUNTIME, *OUTSIDE)))
+def test_only_the_rabbitmq_adapter_imports_an_amqp_client(module: str) -> None:
+    """The code above the broker port (shared/broker/port.py) knows neither aio-pika nor aiormq;
+    the memory adapter imitates neither."""
+    adapter = module.startswith("shared.broker.rabbitmq")
+    for name, _ in imports_of(module):
+        root = name.split(".", maxsplit=1)[0]
+        if root in AMQP_CLIENTS:
+            assert adapter, f"{module} imports {name}: only shared/broker/rabbitmq may"
+        if root == AMQP_CODEC:
+            assert adapter or module in CODEC_USERS, f"{module} imports {name}"
