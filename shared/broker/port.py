@@ -123,7 +123,9 @@ class Incoming(Protocol):
     def exchange(self) -> str | None: ...
     @property
     def processed(self) -> bool:
-        """Settled already (acked, nacked or rejected, by whichever path)."""
+        """Settled already through this delivery (acked, nacked or rejected). One settled by a
+        `multiple` ack of a later delivery shows it on the memory adapter, not on RabbitMQ's
+        (aio-pika does not know): the consumer's acks keep their own book (acks.py)."""
         ...
 
     @property
@@ -131,6 +133,9 @@ class Incoming(Protocol):
         """The channel it came on; raises when that is gone."""
         ...
 
+    # Settling on a channel that is gone, or twice, raises: the memory adapter's
+    # `BrokerUnavailable` or `BrokerRefused`, aio-pika's own errors on RabbitMQ (its deliveries
+    # pass through unwrapped); the code above treats any exception of these as a failed settle.
     async def ack(self, multiple: bool = False) -> None: ...
     async def nack(self, multiple: bool = False, requeue: bool = True) -> None: ...
     async def reject(self, requeue: bool = False) -> None: ...
@@ -226,7 +231,8 @@ class BrokerInfo:
     node: str
     """The node this connection reached (redacted URL)."""
     user: str | None
-    """The connection's user: the `user_id` every message it publishes carries."""
+    """The connection's user: the `user_id` the publisher (publisher.py) puts on every message
+    (the adapters' senders put none of their own)."""
 
 
 class Connection(Protocol):
