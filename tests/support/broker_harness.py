@@ -23,6 +23,7 @@ import pytest
 from shared.broker import memory, rabbitmq
 from shared.broker.consumer import Consumer, ConsumerPolicy
 from shared.broker.memory import MemoryBroker, MemoryConnection
+from shared.broker.memory.objects import Properties, encode
 from shared.broker.port import Connection, Incoming
 from shared.broker.publisher import Publisher
 from shared.broker.rabbitmq.connection import connect as connect_raw
@@ -38,6 +39,7 @@ from shared.store.memory import MemoryStore
 from shared.store.port import StateStore
 from shared.store.postgres import PostgresStore
 from tests.conftest import POSTGRES_URL, RABBITMQ_URL, RABBITMQ_USER, service_missing
+from tests.support.wire_bytes import raw_bytes_on_the_wire
 
 ORDERS_MAX = 3
 LIMIT = 3
@@ -73,6 +75,25 @@ class Broker:
         connection = await connect_raw(RABBITMQ_URL, timeout=5, name=name)
         self.others.append(connection)
         return connection
+
+    async def publish_below(
+        self, exchange: str, routing_key: str, body: bytes, properties: Properties
+    ) -> None:
+        """Publish what the port cannot express (bytes where AMQP has strings, a timestamp past
+        the year 9999: tests/support/wire_bytes.py) as any other AMQP client can: on RabbitMQ
+        below aio-pika, on memory through the broker model's own publish (its encoded header),
+        as the connection's user."""
+        with raw_bytes_on_the_wire():
+            if isinstance(self.connection, MemoryConnection):
+                header = encode(properties, len(body))
+                self.model.publish_as(RABBITMQ_USER, exchange, routing_key, body, header)
+                return
+            channel = await (await self.raw()).channel()
+            underlay = await channel.get_underlay_channel()
+            await underlay.basic_publish(
+                body, exchange=exchange, routing_key=routing_key, properties=properties
+            )
+            await channel.close()
 
     async def consume(
         self, queue: str, handler, *, dead_letters=None, store=None, along=None, **policy
