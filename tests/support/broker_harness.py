@@ -55,6 +55,8 @@ class Broker:
     kind: str = "rabbitmq"
     others: list[Any] = field(default_factory=list)
     """Connections the test opened through the harness, closed at the end."""
+    _raw: aio_pika.abc.AbstractRobustConnection | None = None
+    """The aio-pika connection `publish_below` publishes on (RabbitMQ)."""
 
     @property
     def model(self) -> MemoryBroker:
@@ -88,7 +90,9 @@ class Broker:
                 header = encode(properties, len(body))
                 self.model.publish_as(RABBITMQ_USER, exchange, routing_key, body, header)
                 return
-            channel = await (await self.raw()).channel()
+            if self._raw is None:
+                self._raw = await self.raw()
+            channel = await self._raw.channel()
             underlay = await channel.get_underlay_channel()
             await underlay.basic_publish(
                 body, exchange=exchange, routing_key=routing_key, properties=properties
