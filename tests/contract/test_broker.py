@@ -7,7 +7,6 @@ import json
 import time
 from datetime import UTC, datetime, timedelta
 
-import aio_pika
 import pytest
 
 from shared.broker.consumer import (
@@ -17,9 +16,9 @@ from shared.broker.consumer import (
     Delivery,
 )
 from shared.broker.envelope import TRUNCATED
+from shared.broker.port import Outgoing
 from shared.broker.publisher import Publisher
-from shared.broker.rabbitmq.connection import quorum_available
-from shared.broker.topology import QueuePolicy, declare_topology
+from shared.broker.topology import QueuePolicy, declare_topology, supports_quorum
 from shared.errors import (
     InvalidMessage,
     PermanentError,
@@ -40,19 +39,16 @@ pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
 
 async def test_topology_declaration_is_idempotent(broker: Broker) -> None:
-    channel = await broker.connection.channel()
-    policy = QueuePolicy(
-        quorum=quorum_available(broker.connection),
-        delivery_limit=LIMIT,
-        orders_max_length=ORDERS_MAX,
-    )
-    await declare_topology(channel, broker.names, policy)
-    await declare_topology(channel, broker.names, policy)
-    assert quorum_available(broker.connection)
-    for q in broker.names.input_queues():
-        await channel.get_queue(q, ensure=True)
-        await channel.get_queue(broker.names.dlq(q), ensure=True)
-    await channel.close()
+    admin = await broker.connection.admin()
+    quorum = supports_quorum(broker.connection.info.version)
+    policy = QueuePolicy(quorum=quorum, delivery_limit=LIMIT, orders_max_length=ORDERS_MAX)
+    await declare_topology(admin, broker.names, policy)
+    await declare_topology(admin, broker.names, policy)
+    assert quorum
+    for q in broker.names.input_queues():  # each there (`QueueMissing` otherwise)
+        await admin.depth(q)
+        await admin.depth(broker.names.dlq(q))
+    await admin.close()
 
 
 async def test_unroutable_message_is_an_error_the_publisher_sees(broker: Broker) -> None:
@@ -128,9 +124,7 @@ async def test_poison_message_is_dead_lettered_with_its_reason_and_the_consumer_
     limit = 65536 if reason in EXPECTED_REASON else 4096
     consumer = await broker.consume(queue, handler, max_message_bytes=limit)
     body, type_ = POISON[reason]
-    poison = aio_pika.Message(
-        body, message_id="poison-1", type=type_, content_type="application/json"
-    )
+    poison = Outgoing(body, message_id="poison-1", type=type_, content_type="application/json")
     await broker.publisher.publish_raw(poison, exchange=broker.names.exchange, routing_key=queue)
     good = await send(broker, queue)
 
@@ -279,7 +273,7 @@ class FailingFor:
     def __init__(self, publisher: Publisher, seconds: float) -> None:
         self.publisher, self.until, self.refused = publisher, time.monotonic() + seconds, 0
 
-    async def publish_raw(self, message: aio_pika.Message, **where: str) -> None:
+    async def publish_raw(self, message: Outgoing, **where: str) -> None:
         if time.monotonic() < self.until:
             self.refused += 1
             raise PublishRejected("the broker refused the dead letter (test)")
@@ -361,7 +355,7 @@ async def test_a_dead_lettered_body_keeps_no_card_number_in_clear(broker: Broker
         }
     ).encode()
     await broker.publisher.publish_raw(
-        aio_pika.Message(body, message_id="card-1", type="order.submit"),
+        Outgoing(body, message_id="card-1", type="order.submit"),
         exchange=broker.names.exchange,
         routing_key=queue,
     )
@@ -422,13 +416,10 @@ async def test_the_broker_counts_returns_and_dead_letters_past_its_delivery_limi
     and past `x-delivery-limit` (one above ours) dead-letters the message itself."""
     queue = broker.names.agent("inventory")
     await send(broker, queue, message_id="returned")
-    channel = await broker.connection.channel()
-    taken = await channel.get_queue(queue)
+    feed = await broker.connection.feed(prefetch=0)
     counts = []
     for _ in range(LIMIT + 2):
-        message = await eventually(
-            lambda: taken.get(no_ack=False, fail=False), what="the message back in its queue"
-        )
+        message = await eventually(lambda: feed.get(queue), what="the message back in its queue")
         counts.append((message.headers or {}).get("x-delivery-count", 0))
         assert message.redelivered is (len(counts) > 1)
         await message.reject(requeue=True)
@@ -436,22 +427,20 @@ async def test_the_broker_counts_returns_and_dead_letters_past_its_delivery_limi
     (dead,) = await eventually(lambda: broker.dead_letters(queue), what="the broker's dead letter")
     assert dead.message_id == "returned"
     assert [d["reason"] for d in dead.headers["x-death"]] == ["delivery_limit"]
-    await channel.close()
+    await feed.close()
 
 
 async def test_a_message_naming_another_user_is_refused_by_the_broker(broker: Broker) -> None:
     """The broker checks `user_id` against the publishing connection's user: what makes a
     receiver's check of the sender (shared/broker/senders.py) worth anything."""
     publisher = await Publisher.open(broker.connection, timeout=5)
-    forged = aio_pika.Message(reply().to_json(), message_id="forged", user_id="someone-else")
+    forged = Outgoing(reply().to_json(), message_id="forged", user_id="someone-else")
     with pytest.raises(PublishError):
         await publisher.publish_raw(
             forged, exchange=broker.names.exchange, routing_key=broker.names.agent("payment")
         )
-    channel = await broker.connection.channel()
-    queue = await channel.get_queue(broker.names.agent("payment"))
-    assert await queue.get(no_ack=True, fail=False) is None
-    await channel.close()
+    assert await broker.take_all(broker.names.agent("payment")) == []
+    await publisher.close()
 
 
 async def test_a_message_whose_id_another_delivery_holds_waits_out_of_hand_uncounted(
@@ -510,11 +499,6 @@ async def test_acks_sent_together_never_settle_a_delivery_still_in_hand(broker: 
         return consumer.stats.handled == 4
 
     await eventually(four_handled, what="the four around the one held handled and acked")
-    await consumer._channel.close()
-    channel = await broker.connection.channel()
-    back = await channel.get_queue(queue)
-    got = []
-    while (message := await back.get(no_ack=True, fail=False)) is not None:
-        got.append(message.message_id)
-    await channel.close()
+    await consumer._feed.close()
+    got = [message.message_id for message in await broker.take_all(queue)]
     assert got == ["held"]

@@ -15,7 +15,9 @@ import aio_pika
 import pytest
 
 from harness.nemesis.process import free_port
+from shared.broker.port import Outgoing
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq import RabbitConnection
 from shared.broker.rabbitmq.connection import FailoverConnection, connect, connected_node
 from shared.errors import PublishError, ServiceUnavailable
 from tests.conftest import RABBITMQ_URL, service_missing
@@ -157,12 +159,10 @@ async def test_a_publish_while_no_node_answers_fails_within_its_timeout() -> Non
     except ServiceUnavailable as exc:
         service_missing("RabbitMQ", exc)
     try:
-        publisher = await Publisher.open(connection, timeout=1.0)
+        publisher = await Publisher.open(RabbitConnection(connection), timeout=1.0)
         channel = await connection.channel()
         queue = await channel.declare_queue(exclusive=True)
-        await publisher.publish_raw(
-            aio_pika.Message(b"before"), exchange="", routing_key=queue.name
-        )
+        await publisher.publish_raw(Outgoing(b"before"), exchange="", routing_key=queue.name)
         await proxy.cut()
 
         async def reconnecting() -> bool:  # its reconnection attempts refused, one a second
@@ -173,9 +173,7 @@ async def test_a_publish_while_no_node_answers_fails_within_its_timeout() -> Non
         with pytest.raises(PublishError):
             # The guard only keeps a hanging publish from hanging the test.
             await asyncio.wait_for(
-                publisher.publish_raw(
-                    aio_pika.Message(b"after"), exchange="", routing_key=queue.name
-                ),
+                publisher.publish_raw(Outgoing(b"after"), exchange="", routing_key=queue.name),
                 timeout=15,
             )
         assert asyncio.get_running_loop().time() - started < 5

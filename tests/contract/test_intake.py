@@ -17,39 +17,34 @@ import asyncio
 import uuid
 from typing import Any
 
-import aio_pika
 import aiormq
 import pytest
 
 from shared.bootstrap import Runtime
 from shared.broker.consumer import ERROR, REASON, SOURCE_QUEUE, Delivery
 from shared.broker.envelope import HEADERS_DROPPED, RETRIES, SENDER
+from shared.broker.port import Outgoing
 from shared.config import load_settings
 from shared.errors import ConfigurationError
 from tests.conftest import POSTGRES_URL, RABBITMQ_URL, RABBITMQ_USER
 from tests.support.broker_harness import Broker, reply, send
 from tests.support.waiting import eventually
-from tests.support.wire_bytes import HUGE_TIMESTAMP, Raw, raw_bytes_on_the_wire
+from tests.support.wire_bytes import HUGE_TIMESTAMP, Raw
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
 
-async def _publish(b: Broker, queue: str, message: aio_pika.Message) -> None:
+async def _publish(b: Broker, queue: str, message: Outgoing) -> None:
     await b.publisher.publish_raw(message, exchange=b.names.exchange, routing_key=queue)
 
 
 async def _publish_raw(b: Broker, queue: str, body: bytes, **properties: Any) -> None:
-    """Publish below aio-pika, which turns a bytes message id into the text of its repr."""
-    channel = await b.connection.channel()
-    underlay = await channel.get_underlay_channel()
+    """Publish below the port (and aio-pika, which turns a bytes message id into the text of
+    its repr)."""
     props = aiormq.spec.Basic.Properties(message_type="step.reply", user_id=RABBITMQ_USER)
     for name, value in properties.items():
         object.__setattr__(props, name, value)  # past pamqp's own type checks
-    with raw_bytes_on_the_wire():
-        await underlay.basic_publish(
-            body, exchange=b.names.exchange, routing_key=queue, properties=props
-        )
-    await channel.close()
+    await b.publish_below(b.names.exchange, queue, body, props)
 
 
 async def _consume_recording(b: Broker, queue: str) -> list[Delivery]:
@@ -94,15 +89,13 @@ async def test_properties_no_library_can_decode_are_dead_lettered_and_the_connec
     (dead,) = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
     assert dead.headers[REASON] == reason
     assert dead.headers["x-orderflow-deliveries"] == 1  # its first delivery, no reconnect
-    assert not broker.connection.is_closed
+    assert broker.connection.connected
 
 
 async def test_a_control_character_in_the_message_id_is_refused_too(broker: Broker) -> None:
     queue = broker.names.agent("inventory")
     seen = await _consume_recording(broker, queue)
-    await _publish(
-        broker, queue, aio_pika.Message(reply().to_json(), message_id="id\x00\x1b[2J", type="x")
-    )
+    await _publish(broker, queue, Outgoing(reply().to_json(), message_id="id\x00\x1b[2J", type="x"))
     await _good_one_after(broker, queue, seen)
     (dead,) = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
     assert dead.headers[REASON] == "invalid-message-id"
@@ -139,14 +132,14 @@ async def test_headers_too_large_to_copy_are_dropped_and_the_connection_stays_up
     await _publish(
         broker,
         queue,
-        aio_pika.Message(b"{not json", message_id="big", type="step.reply", headers=big),
+        Outgoing(b"{not json", message_id="big", type="step.reply", headers=big),
     )
     await _good_one_after(broker, queue, seen)
     (dead,) = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
     assert dead.headers[REASON] == "malformed"
     assert "traceparent" not in dead.headers and "h1" not in dead.headers
     assert len(str(dead.headers[HEADERS_DROPPED])) <= 501  # the names, cut
-    assert not broker.connection.is_closed
+    assert broker.connection.connected
 
 
 async def test_forged_orderflow_headers_are_never_taken_for_ours(broker: Broker) -> None:
@@ -160,7 +153,7 @@ async def test_forged_orderflow_headers_are_never_taken_for_ours(broker: Broker)
     await _publish(
         broker,
         queue,
-        aio_pika.Message(b"[]", message_id="forged", type="order.submit", headers=forged),
+        Outgoing(b"[]", message_id="forged", type="order.submit", headers=forged),
     )
     await _good_one_after(broker, queue, seen)
     (dead,) = await eventually(lambda: broker.dead_letters(queue), what="a dead letter")
@@ -202,7 +195,7 @@ async def test_the_sender_is_kept_across_a_delayed_retry(broker: Broker) -> None
     await _publish(
         broker,
         queue,
-        aio_pika.Message(
+        Outgoing(
             reply().to_json(), message_id=message_id, type="step.reply", user_id=RABBITMQ_USER
         ),
     )
@@ -232,8 +225,9 @@ async def test_a_consumer_says_it_is_consuming_or_paused(broker: Broker) -> None
 async def test_a_consumer_the_broker_cancelled_says_it_is_not_subscribed(broker: Broker) -> None:
     queue = broker.names.agent("inventory")
     consumer = await broker.consume(queue, _noop)
-    channel = await broker.connection.channel()
-    await channel.queue_delete(queue)  # the broker cancels the consumer
+    admin = await broker.connection.admin()
+    await admin.delete(queue)  # the broker cancels the consumer
+    await admin.close()
 
     async def not_subscribed() -> bool:
         return (await consumer.intake(ready=0, stall_after_s=60))["state"] == "not-subscribed"
@@ -255,9 +249,7 @@ async def test_a_consumer_taking_nothing_while_messages_wait_says_it_is_stalled(
     await send(broker, queue)  # waits behind the first, which never finishes
 
     async def stalled() -> dict[str, Any] | None:
-        channel = await broker.connection.channel()
-        ready = (await channel.declare_queue(queue, passive=True)).declaration_result.message_count
-        await channel.close()
+        ready = await broker.depth(queue)
         status = await consumer.intake(ready=ready, stall_after_s=0.5)
         return status if status["state"] == "stalled" else None
 
@@ -305,7 +297,7 @@ async def test_routing_headers_a_sender_wrote_never_carry_our_copies_elsewhere(
     await _publish(
         broker,
         queue,
-        aio_pika.Message(
+        Outgoing(
             b"{not json",
             message_id="cc",
             type="step.request",
@@ -323,33 +315,25 @@ async def test_a_routing_key_that_is_not_utf8_reaches_the_consumer(broker: Broke
     exchange of applications, any bytes at all (pamqp alone closed the connection over them)."""
     queue = broker.names.orders
     seen = await _consume_recording(broker, queue)
-    channel = await broker.connection.channel()
-    underlay = await channel.get_underlay_channel()
     props = aiormq.spec.Basic.Properties(
         message_id="rk", message_type="step.reply", user_id=RABBITMQ_USER
     )
-    with raw_bytes_on_the_wire():
-        await underlay.basic_publish(
-            reply().to_json(),
-            exchange=broker.names.submit,
-            routing_key=Raw(b"\xff"),
-            properties=props,
-        )
-    await channel.close()
+    await broker.publish_below(broker.names.submit, Raw(b"\xff"), reply().to_json(), props)
 
     async def handled() -> bool:
         return any(d.message_id == "rk" for d in seen)
 
     await eventually(handled, what="the message handled")
     await _good_one_after(broker, queue, seen)
-    assert not broker.connection.is_closed
+    assert broker.connection.connected
 
 
 async def test_a_consumer_refuses_to_start_without_its_retry_exchange(broker: Broker) -> None:
     """A hub not initialised by this release: setting a message aside would close the shared
     publisher's channel every time, so the process says so at once instead."""
     queue = broker.names.agent("inventory")
-    channel = await broker.connection.channel()
-    await channel.exchange_delete(broker.names.retry(queue))
+    admin = await broker.connection.admin()
+    await admin.delete(broker.names.retry(queue), exchange=True)
+    await admin.close()
     with pytest.raises(ConfigurationError, match="orderflow init"):
         await broker.consume(queue, _noop)

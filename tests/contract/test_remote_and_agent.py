@@ -18,7 +18,7 @@ from services.agents.attempts import MemoryTickets
 from shared.broker.consumer import Delivery
 from shared.broker.private import PrivateQueue
 from shared.broker.publisher import Publisher
-from shared.broker.rabbitmq.connection import connect
+from shared.broker.rabbitmq import connect
 from shared.broker.topology import Names, QueuePolicy, declare_topology, delete_topology
 from shared.config import load_settings
 from shared.domain.messages import StepAction, StepOutcome, StepReply, StepRequest
@@ -261,7 +261,8 @@ async def rig(remote: Remote, hub: str) -> AsyncIterator[AgentRig]:
     names = Names(hub)
     # The agent replies through the hub's replies exchange, which the reply queue is bound to.
     policy = QueuePolicy(quorum=False, delivery_limit=5, orders_max_length=100)
-    await declare_topology(await connection.channel(), names, policy)
+    admin = await connection.admin()
+    await declare_topology(admin, names, policy)
     r = AgentRig(remote, connection, settings)
     try:
         await r.start()
@@ -269,7 +270,7 @@ async def rig(remote: Remote, hub: str) -> AsyncIterator[AgentRig]:
     finally:
         await r.queue.stop()
         await r.client.close()
-        await delete_topology(await connection.channel(), names)
+        await delete_topology(admin, names)
         await connection.close()
 
 

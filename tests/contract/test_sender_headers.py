@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import datetime
 
-import aio_pika
 import pytest
 
 from shared.broker.consumer import REASON, Delivery
+from shared.broker.port import Incoming, Outgoing
 from tests.support.broker_harness import Broker, reply
 from tests.support.waiting import eventually
 
@@ -43,20 +43,24 @@ async def test_the_broker_writes_its_count_only_on_a_redelivery_over_the_senders
 ) -> None:
     queue = broker.names.agent("inventory")
     await broker.publisher.publish_raw(
-        aio_pika.Message(reply().to_json(), message_id="counted", headers={"x-delivery-count": 99}),
+        Outgoing(reply().to_json(), message_id="counted", headers={"x-delivery-count": 99}),
         exchange=broker.names.exchange,
         routing_key=queue,
     )
-    channel = await broker.connection.channel()
-    got: asyncio.Queue[aio_pika.abc.AbstractIncomingMessage] = asyncio.Queue()
-    await (await channel.get_queue(queue)).consume(got.put)
+    feed = await broker.connection.feed(prefetch=0)
+    got: asyncio.Queue[Incoming] = asyncio.Queue()
+
+    async def take(message: Incoming) -> None:
+        got.put_nowait(message)
+
+    await feed.consume(queue, take)
     first = await asyncio.wait_for(got.get(), timeout=10)
     assert not first.redelivered and first.headers["x-delivery-count"] == 99  # the sender's
     await first.reject(requeue=True)
     again = await asyncio.wait_for(got.get(), timeout=10)
     assert again.redelivered and again.headers["x-delivery-count"] == 1  # the broker's
     await again.ack()
-    await channel.close()
+    await feed.close()
 
 
 async def test_a_count_and_deaths_its_sender_wrote_go_round_and_the_message_is_handled_once(
@@ -72,7 +76,7 @@ async def test_a_count_and_deaths_its_sender_wrote_go_round_and_the_message_is_h
 
     consumer = await broker.consume(queue, handler)
     await broker.publisher.publish_raw(
-        aio_pika.Message(reply().to_json(), message_id="forged", type="step.reply", headers=FORGED),
+        Outgoing(reply().to_json(), message_id="forged", type="step.reply", headers=FORGED),
         exchange=broker.names.exchange,
         routing_key=queue,
     )
