@@ -123,6 +123,10 @@ class RabbitSender:
                 "or the connection to it was being restored)"
             ) from exc
         except TRANSIENT as exc:
+            if lane is not None and isinstance(exc, aiormq.exceptions.ChannelClosed):
+                # The broker closed the channel (a missing exchange, say): the next publish
+                # goes on a new one rather than on this dead one.
+                lane.refused = target
             raise PublishError(f"publishing to {target} failed: {exc!r}") from exc
         finally:
             if lane is not None:
