@@ -79,9 +79,7 @@ class MemoryConnection:
         return admin
 
     async def _open(self, channel: Opened) -> Opened:
-        self.check()
-        await asyncio.sleep(0)  # the broker's answer
-        self.check()
+        await channel.round_trip()  # the broker's answer
         self._channels.append(channel)
         return channel
 
