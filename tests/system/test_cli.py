@@ -12,8 +12,9 @@ import asyncpg
 import pytest
 
 from shared.broker.rabbitmq.connection import connect
-from shared.broker.topology import Names, delete_topology
+from shared.broker.topology import Names
 from tests.conftest import POSTGRES_URL, RABBITMQ_URL, RABBITMQ_USER, service_missing
+from tests.support.topology import delete_hub
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -54,7 +55,7 @@ async def servers(hub: str) -> AsyncIterator[str]:
     finally:
         await pg.execute(f'DROP SCHEMA IF EXISTS "{hub}" CASCADE')
         await pg.close()
-        await delete_topology(await amqp.channel(), Names(hub))
+        await delete_hub(amqp, Names(hub))
         await amqp.close()
 
 

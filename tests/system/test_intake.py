@@ -28,7 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.broker.consumer import REASON
+from shared.broker.port import Outgoing
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq import connect as connect_port
 from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names
 from shared.domain.states import ProcessState
@@ -90,7 +92,7 @@ async def test_any_burst_is_dead_lettered_or_handled_at_first_delivery_and_intak
     topo: Topology, burst: list[tuple[str | None, bytes]]
 ) -> None:
     names = Names(topo.hub)
-    connection = await connect(RABBITMQ_URL, timeout=5, name="hostile-client")
+    connection = await connect_port(RABBITMQ_URL, timeout=5, name="hostile-client")
     publisher = await Publisher.open(connection, timeout=10)
     expected: dict[str, str] = {}
     try:
@@ -99,7 +101,7 @@ async def test_any_burst_is_dead_lettered_or_handled_at_first_delivery_and_intak
             kind = type_property(type_name)
             expected[message_id] = expected_outcome(kind, body)
             await publisher.publish_raw(
-                aio_pika.Message(body, message_id=message_id, type=kind),
+                Outgoing(body, message_id=message_id, type=kind),
                 exchange=names.submit,
                 routing_key="",
             )

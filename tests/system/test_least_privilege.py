@@ -31,6 +31,7 @@ import pytest
 from shared.broker.access import SERVICE_ROLES
 from shared.broker.consumer import REASON
 from shared.broker.envelope import SEAL, SENDER
+from shared.broker.port import Connection, Outgoing
 from shared.broker.private import STATUS_QUEUE, Expected, PrivateQueue, ReplyRouter
 from shared.broker.publisher import Publisher
 from shared.broker.seal import Sealed, seal_key
@@ -104,13 +105,15 @@ async def test_each_user_may_do_what_its_service_does_and_nothing_more(broker: B
         # it reads them, and declares and binds nothing (submission does both for it).
         own_name = n.status_queue(app_a)
         assert own_name in await refused(lambda: declare(app, own_name))
-        await (await conns["submission"].channel()).declare_queue(own_name, **STATUS_QUEUE)
+        await (await conns["submission"].channel()).declare_queue(
+            own_name, durable=True, auto_delete=False, arguments=STATUS_QUEUE
+        )
         await consume(app, own_name)
         own = await (await app.channel()).get_queue(own_name, ensure=True)
         await refused(lambda: own.bind(n.status, routing_key=own.name))
         await refused(lambda: declare(app, n.status_queue(app_b)))
         b_queue = await (await conns["submission"].channel()).declare_queue(
-            f"{n.status_prefix(app_b)}kept", **STATUS_QUEUE
+            f"{n.status_prefix(app_b)}kept", durable=True, auto_delete=False, arguments=STATUS_QUEUE
         )
         await consume(conns[app_b], b_queue.name)
         assert b_queue.name in await refused(lambda: consume(app, b_queue.name))
@@ -366,10 +369,10 @@ async def test_no_agent_can_answer_for_another_and_no_reply_for_another_request_
     from the wrong agent, or about another attempt, is dropped and counted; the true one is
     taken."""
     n = Names(broker.hub)
-    scheduler = await broker.connect("scheduler")
+    scheduler = await broker.port("scheduler")
     inventory, payment = (
-        await broker.connect("agent-inventory"),
-        await broker.connect("agent-payment"),
+        await broker.port("agent-inventory"),
+        await broker.port("agent-payment"),
     )
     senders = Senders.of(n.hub, None, broker.user("scheduler"), "scheduler")
     assert senders.strict
@@ -399,7 +402,7 @@ async def test_no_agent_can_answer_for_another_and_no_reply_for_another_request_
         )
         before = {r: _dropped(r) for r in ("unauthorised", "mismatch", "unknown")}
 
-        async def reply_as(connection: aio_pika.abc.AbstractConnection, reply: StepReply) -> None:
+        async def reply_as(connection: Connection, reply: StepReply) -> None:
             publisher = await Publisher.open(connection, timeout=5)
             try:
                 await publisher.publish(
@@ -512,7 +515,7 @@ async def _only_the_allowed_may_send(attack: Attack) -> None:
     )
     # 3. The operator may replay, not command: a step request of its own making, sent
     # through the payment queue's replay exchange, and a forged seal on an order.
-    forged = aio_pika.Message(
+    forged = Outgoing(
         StepRequest(
             order_id=f"{app_a}/o-same",
             step="payment",
@@ -532,7 +535,7 @@ async def _only_the_allowed_may_send(attack: Attack) -> None:
         forged, exchange=n.replay(n.agent("payment")), routing_key=""
     )
     await pubs["operator"].publish_raw(
-        aio_pika.Message(
+        Outgoing(
             SubmitOrder(order=order_data("o-by-operator")).to_json(),
             message_id="order:o-by-operator",
             type="order.submit",
@@ -599,7 +602,7 @@ async def _only_sealed_replays_are_taken(attack: Attack) -> None:
     dead = (await eventually(lambda: take_dead_letters(conns["operator"], n.orders), timeout=30))[0]
     assert dead.headers[REASON] == "conflict", dead.headers  # taken as A's, refused as before
     assert dead.headers[SENDER] == app_a and SEAL in dead.headers
-    tampered = aio_pika.Message(
+    tampered = Outgoing(
         dead.body.replace(b"c-changed", b"c-evil"),
         message_id=dead.message_id,
         type=dead.type,
@@ -671,7 +674,7 @@ async def _what_a_review_found_next_is_closed(attack: Attack) -> None:
         body=body,
     ).seal(key)
     await pubs[app_a].publish_raw(
-        aio_pika.Message(
+        Outgoing(
             body,
             message_id="order:o-as-b",
             type="order.submit",
@@ -718,8 +721,10 @@ async def test_every_forgery_planting_and_cross_application_read_is_refused(
         serve_each_under_its_own_user(topo, broker)
         await topo.wait_remote()
         conns = {r: await broker.connect(r) for r in (app_a, app_b, "scheduler", "operator")}
+        # The publishers are the runtime's, on port connections as the same users.
+        ports = {r: await broker.port(r) for r in conns}
         try:
-            pubs = {r: await Publisher.open(c, timeout=5) for r, c in conns.items()}
+            pubs = {r: await Publisher.open(c, timeout=5) for r, c in ports.items()}
 
             attack = Attack(topo, broker, conns, pubs)
             await _tenants_are_apart(attack)
@@ -734,6 +739,8 @@ async def test_every_forgery_planting_and_cross_application_read_is_refused(
         finally:
             for connection in conns.values():
                 await connection.close()
+            for port in ports.values():
+                await port.close()
         audit = await topo.audit()
         assert audit["ok"], audit
         _no_secrets(topo, broker.passwords)

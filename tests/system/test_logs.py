@@ -19,13 +19,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import pytest
 
 from harness.remote.app import declined
 from shared.broker.consumer import Consumer, ConsumerPolicy, Delivery
+from shared.broker.port import Outgoing
 from shared.broker.publisher import Publisher
-from shared.broker.rabbitmq.connection import connect
+from shared.broker.rabbitmq import connect
 from shared.broker.topology import Names, QueuePolicy, declare_topology, delete_topology
 from shared.domain.messages import StepAction, StepOutcome, StepReply, SubmitOrder
 from shared.domain.states import ProcessState
@@ -87,7 +87,7 @@ def missing(lines: list[Line], *fields: str) -> list[Line]:
 async def _publish(topo: Topology, publisher: Publisher, body: bytes, message_id: str) -> None:
     names = Names(topo.hub)
     await publisher.publish_raw(
-        aio_pika.Message(body, message_id=message_id, type="order.submit"),
+        Outgoing(body, message_id=message_id, type="order.submit"),
         exchange=names.submit,
         routing_key=names.orders,
     )
@@ -316,9 +316,9 @@ async def test_a_shared_inbox_round_trip_names_no_single_delivery(
     except Exception as exc:
         service_missing("RabbitMQ", exc)
     names = Names(hub)
-    channel = await connection.channel()
+    admin = await connection.admin()
     await declare_topology(
-        channel, names, QueuePolicy(quorum=False, delivery_limit=5, orders_max_length=100)
+        admin, names, QueuePolicy(quorum=False, delivery_limit=5, orders_max_length=100)
     )
     queue = names.agent("payment")
     handled = asyncio.Event()
@@ -331,7 +331,7 @@ async def test_a_shared_inbox_round_trip_names_no_single_delivery(
             handled.set()
 
     consumer = Consumer(
-        channel=await connection.channel(),
+        connection=connection,
         queue=queue,
         names=names,
         handler=handler,
@@ -368,7 +368,8 @@ async def test_a_shared_inbox_round_trip_names_no_single_delivery(
         await asyncio.wait_for(handled.wait(), timeout=20)
     finally:
         await consumer.stop(drain_timeout=2)
-        await delete_topology(channel, names)
+        await delete_topology(admin, names)
+        await admin.close()
         await connection.close()
 
     handling = [line for line in capture.lines if line["event"] == "handling"]

@@ -28,6 +28,7 @@ from aiohttp import web
 
 from shared.broker.envelope import ERROR, REASON, TARGET
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq import connect as connect_port
 from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names
 from shared.domain.journal import Alert, AlertKind
@@ -145,7 +146,7 @@ async def raise_alerts(topo: Topology, *ids: str, again: bool = False) -> list[A
     """Raise each alert as the processes do (stored, then published); with `again`, publish
     each stored one once more, as a second notification of the same alert."""
     names = Names(topo.hub)
-    connection = await connect(RABBITMQ_URL, timeout=5, name="alert-raiser")
+    connection = await connect_port(RABBITMQ_URL, timeout=5, name="alert-raiser")
     try:
         publisher = await Publisher.open(connection, timeout=10)
         reporter = Reporter(topo.store, publisher, names, source="test")

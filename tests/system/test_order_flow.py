@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
-import aio_pika
 import pytest
 
 from harness.remote.app import declined
+from shared.broker.port import Outgoing
 from shared.broker.publisher import Publisher
-from shared.broker.rabbitmq.connection import connect
+from shared.broker.rabbitmq import connect as connect_port
 from shared.broker.topology import Names
 from shared.domain.coordination import SUPERVISOR_LEASE
 from shared.domain.journal import AlertKind, HistoryEventType
@@ -155,7 +155,7 @@ async def _send_late_reply(topo: Topology, order_id: str) -> None:
         for line in topo.logs("scheduler-1").splitlines()
         if '"scheduler ready"' in line
     )
-    connection = await connect(RABBITMQ_URL, timeout=5, name="late-reply")
+    connection = await connect_port(RABBITMQ_URL, timeout=5, name="late-reply")
     publisher = await Publisher.open(connection, timeout=5)
     reply = StepReply(
         order_id=order_id,
@@ -477,7 +477,7 @@ async def test_a_reply_to_that_is_not_a_status_queue_of_the_app_gets_no_statuses
 ) -> None:
     await topo.start_all()
     names = Names(topo.hub)
-    connection = await connect(RABBITMQ_URL, timeout=5, name="spoofer")
+    connection = await connect_port(RABBITMQ_URL, timeout=5, name="spoofer")
     try:
         publisher = await Publisher.open(connection, timeout=5)
         # A scheduler's reply queue, and another application's status queue (the publisher
@@ -487,7 +487,7 @@ async def test_a_reply_to_that_is_not_a_status_queue_of_the_app_gets_no_statuses
             ("o-spoof-2", names.status_queue("other-app")),
         ):
             await publisher.publish_raw(
-                aio_pika.Message(
+                Outgoing(
                     SubmitOrder(order=order_data(order_id), reply_to=reply_to).to_json(),
                     message_id=f"m-{order_id}",
                     type="order.submit",

@@ -26,8 +26,9 @@ import aio_pika
 import pytest
 
 from harness.nemesis.servers import PrivateRabbitCluster
+from shared.broker.port import Outgoing
 from shared.broker.publisher import Publisher
-from shared.broker.rabbitmq.connection import connect
+from shared.broker.rabbitmq import connect as connect_port
 from shared.domain.states import SETTLED_STATES, ProcessState
 from shared.errors import PublishRejected, ServerMissing
 from tests.conftest import service_missing
@@ -204,13 +205,13 @@ async def test_a_publisher_refused_by_a_queue_whose_leader_died_is_taken_again_o
         await declaring.close()
     assert (await asyncio.to_thread(cluster.leaders))[queue] == victim.node
 
-    connection = await connect(survivor.url, timeout=10, name="failover-publisher")
+    connection = await connect_port(survivor.url, timeout=10, name="failover-publisher")
     publisher = await Publisher.open(connection, timeout=5)
     outcomes: list[tuple[float, bool]] = []
 
     async def taken() -> bool:
         try:
-            await publisher.publish_raw(aio_pika.Message(b"{}"), exchange="", routing_key=queue)
+            await publisher.publish_raw(Outgoing(b"{}"), exchange="", routing_key=queue)
         except PublishRejected:
             outcomes.append((time.monotonic() - killed_at, False))
             return False

@@ -21,7 +21,9 @@ import aio_pika
 import pytest
 from aiormq.exceptions import ChannelNotFoundEntity
 
+from shared.broker.port import Outgoing
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq import connect as connect_port
 from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names
 from shared.domain.journal import AlertKind
@@ -128,7 +130,7 @@ async def test_the_alert_feed_keeps_its_newest_notifications_and_follow_takes_th
 ) -> None:
     topo = feed_topo
     names = Names(topo.hub)
-    connection = await connect(RABBITMQ_URL, timeout=5, name="alert-raiser")
+    connection = await connect_port(RABBITMQ_URL, timeout=5, name="alert-raiser")
     try:
         publisher = await Publisher.open(connection, timeout=10)
         reporter = Reporter(topo.store, publisher, names, source="test")
@@ -136,7 +138,7 @@ async def test_the_alert_feed_keeps_its_newest_notifications_and_follow_takes_th
             await reporter.alert(AlertKind.ORDER_ERROR, f"alert {i}", alert_id=f"a-{i:02d}")
         # Not an alert: dropped by the reader with a line saying why.
         await publisher.publish_raw(
-            aio_pika.Message(b'{"schema_version": 1}', message_id="junk", type="order.submit"),
+            Outgoing(b'{"schema_version": 1}', message_id="junk", type="order.submit"),
             exchange=names.alerts,
             routing_key="",
         )
