@@ -78,7 +78,7 @@ class OrderflowGroup(click.Group):
         except ServiceUnavailable as exc:
             _fail(str(exc) + _store_hint(ctx, exc), EXIT_UNAVAILABLE)
         except OrderflowError as exc:
-            _fail(one_line(exc), EXIT_FAILURE)
+            _fail(not_initialised(ctx, exc) or one_line(exc), EXIT_FAILURE)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
         except Exception as exc:
