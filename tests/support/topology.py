@@ -14,6 +14,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from aio_pika.abc import AbstractRobustConnection
+
+from shared.broker.rabbitmq import RabbitConnection
 from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names, delete_topology
 from shared.domain.journal import HistoryEvent, HistoryEventType
@@ -279,9 +282,19 @@ async def running_topology(
         # connection held since the start would still be waiting to reconnect.
         amqp = await connect(topo.rabbitmq_url, timeout=10, name="system-tests")
         try:
-            await delete_topology(await amqp.channel(), Names(hub))
+            await delete_hub(amqp, Names(hub))
         finally:
             await amqp.close()
+
+
+async def delete_hub(raw: AbstractRobustConnection, names: Names) -> None:
+    """Delete the hub's queues and exchanges over a raw robust connection the caller holds
+    (and closes): the port's admin on it, as `delete_topology` takes."""
+    admin = await RabbitConnection(raw).admin()
+    try:
+        await delete_topology(admin, names)
+    finally:
+        await admin.close()
 
 
 async def all_orders(topo: Topology) -> list[Any]:

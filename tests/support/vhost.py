@@ -25,6 +25,9 @@ import aiormq
 
 from deployment.rabbitmq import BrokerLimits, definitions, password_variable, render
 from shared.broker.access import SERVICE_ROLES
+from shared.broker.port import BrokerRefused
+from shared.broker.rabbitmq import RabbitConnection
+from shared.broker.rabbitmq import connect as connect_port
 from shared.broker.topology import Names, QueuePolicy, declare_topology
 from shared.config import load_settings
 from tests.conftest import service_missing
@@ -61,7 +64,12 @@ class Broker:
         return f"amqp://{self.user(role)}:{self.passwords[variable]}@{AMQP_HOST}/{self.vhost}"
 
     async def connect(self, role: str) -> aio_pika.abc.AbstractConnection:
+        """A raw aio-pika connection as `role`, to poke the broker directly."""
         return await aio_pika.connect(self.url(role), timeout=5)
+
+    async def port(self, role: str) -> RabbitConnection:
+        """A broker port connection as `role`, as the runtime code takes."""
+        return await connect_port(self.url(role), timeout=5, name=f"tests-{role}")
 
 
 def import_definitions(text: str, passwords: dict[str, str]) -> None:
@@ -128,7 +136,7 @@ async def scratch_vhost(
         # The import is asynchronous.
         await eventually(can_log_in, timeout=30, interval=0.2, what="the imported users")
         if topology:
-            admin = await broker.connect("admin")
+            admin = await broker.port("admin")
             try:
                 settings = load_settings()  # the policy `orderflow init` declares with
                 policy = QueuePolicy(
@@ -136,7 +144,11 @@ async def scratch_vhost(
                     delivery_limit=settings.broker.redelivery_limit,
                     orders_max_length=settings.broker.orders_queue_max_length,
                 )
-                await declare_topology(await admin.channel(), Names(hub), policy)
+                declaring = await admin.admin()
+                try:
+                    await declare_topology(declaring, Names(hub), policy)
+                finally:
+                    await declaring.close()
             finally:
                 await admin.close()
         yield broker
@@ -147,10 +159,16 @@ async def scratch_vhost(
 
 
 async def refused(action: Callable[[], Awaitable[object]]) -> str:
-    """Run `action`; it must be refused by the broker's permissions. Returns the refusal."""
+    """Run `action`; it must be refused by the broker's permissions. Returns the refusal.
+    Raw aio-pika calls raise aiormq's `ChannelAccessRefused`; through the port, the adapter
+    maps exactly that refusal to `BrokerRefused` (not to its subclasses, which are others)."""
     try:
         await action()
     except aiormq.exceptions.ChannelAccessRefused as exc:
+        return str(exc)
+    except BrokerRefused as exc:
+        if type(exc) is not BrokerRefused:
+            raise
         return str(exc)
     raise AssertionError("the broker allowed it")
 
