@@ -22,13 +22,12 @@ import json
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import aio_pika
 import aiormq
 import pytest
 import pytest_asyncio
-from aio_pika.abc import AbstractRobustConnection
 
 from deployment.rabbitmq import BrokerLimits, definitions
 from services.operator.alerts import alert_letters
@@ -36,6 +35,7 @@ from shared.broker import dead_letters
 from shared.broker.consumer import REASON
 from shared.broker.memory import MemoryBroker, connect
 from shared.broker.memory.objects import RABBITMQ_4_0, RABBITMQ_4_3, QuorumRules
+from shared.broker.port import Outgoing
 from shared.broker.private import STATUS_QUEUES_PER_APP
 from shared.broker.publisher import Publisher
 from shared.broker.topology import Names, QueuePolicy, declare_topology
@@ -83,11 +83,11 @@ class World:
     async def submit_raw(self, body: bytes, message_id: str, app: str | None = None) -> None:
         """A message to the orders queue, as an application's user (the shop's unless
         named), with its `user_id`."""
-        connection = await self.as_user(app or self.shop)
+        connection = await self.broker.port(app or self.shop)
         try:
             publisher = await Publisher.open(connection, timeout=10)
             await publisher.publish_raw(
-                aio_pika.Message(body, message_id=message_id, type="order.submit"),
+                Outgoing(body, message_id=message_id, type="order.submit"),
                 exchange=self.names.submit,
                 routing_key=self.names.orders,
             )
@@ -309,7 +309,7 @@ async def test_listing_the_dead_letters_25_times_leaves_every_letter(world: Worl
     ids = [f"bad-listed-{i}" for i in range(3)]
     for message_id in ids:
         await world.submit_raw(b'{"schema_version": 1, "order": {}}', message_id)
-    api = cast(AbstractRobustConnection, await world.as_user("api"))
+    api = await world.broker.port("api")
     try:
 
         async def letters() -> list[str]:
@@ -372,16 +372,19 @@ async def _left_after_listings(rules: QuorumRules, *, with_policy: bool) -> int:
         for policy in _limit_policies(names):
             limit = policy["definition"]["delivery-limit"]
             broker.delivery_limit_policies.append((policy["pattern"], limit))
-    connection = connect(broker, "h-operator")
-    channel = await connection.channel()
+    connection = connect(broker, "h-operator", name="listings")
+    admin = await connection.admin()
     await declare_topology(
-        channel, names, QueuePolicy(quorum=True, delivery_limit=5, orders_max_length=100)
+        admin, names, QueuePolicy(quorum=True, delivery_limit=5, orders_max_length=100)
     )
-    dlq = await channel.get_exchange(names.dlq(names.orders))
-    undelivered = await channel.get_exchange(names.alert_dead_letters)
+    sender = await connection.sender(timeout=5)
     for i in range(3):
-        await dlq.publish(aio_pika.Message(b"{}", message_id=f"m-{i}"), "")
-        await undelivered.publish(aio_pika.Message(b"{}", message_id=f"a-{i}"), "")
+        for exchange, message_id in [
+            (names.dlq(names.orders), f"m-{i}"),
+            (names.alert_dead_letters, f"a-{i}"),
+        ]:
+            letter = Outgoing(b"{}", message_id=message_id, persistent=False)
+            await sender.publish(letter, exchange=exchange, routing_key="")
     for _ in range(LISTINGS):
         await dead_letters.dead_letters(connection, [names.orders])
         await alert_letters(connection, names)  # `orderflow alerts undelivered`

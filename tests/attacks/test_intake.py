@@ -32,6 +32,7 @@ import pytest_asyncio
 
 from shared.broker.consumer import REASON
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq import RabbitConnection
 from shared.broker.topology import Names
 from shared.domain.messages import SubmitOrder
 from shared.domain.states import ProcessState
@@ -57,7 +58,7 @@ BURST = 24
 class World:
     broker: Broker
     topo: Topology
-    app: aio_pika.abc.AbstractConnection
+    app: RabbitConnection
     publisher: Publisher
     observer: aio_pika.abc.AbstractChannel
     """The operator's channel, asking the broker about `<hub>.orders` (a passive declare)."""
@@ -113,7 +114,7 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
         ) as topo,
     ):
         topo.serve("remote", "remote", ORDERFLOW_RABBITMQ_URL=f"amqp://nobody@{AMQP_HOST}/none")
-        app = await broker.connect(broker.apps[0])
+        app = await broker.port(broker.apps[0])
         operator = await broker.connect("operator")
         try:
             w = World(

@@ -29,11 +29,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import pytest
 from aiohttp import web
 
+from shared.broker.port import Outgoing
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq import connect
 from shared.broker.topology import Names
 from tests.support.api import Answer, ApiClient, start_api, token
 from tests.support.cards import in_clear
@@ -122,7 +123,7 @@ class Run:
 
 async def _publish_attacks(url: str, names: Names) -> None:
     """As an application's broker user, below the publisher's validation (which refuses them)."""
-    connection = await aio_pika.connect(url, timeout=5)
+    connection = await connect(url, timeout=5, name="leak-attacks")
     try:
         publisher = await Publisher.open(connection, timeout=10)
         bad = order_data("o-card").model_dump(mode="json") | {"customer_id": CUSTOMER_CARD}
@@ -131,7 +132,7 @@ async def _publish_attacks(url: str, names: Names) -> None:
             (ID_CARD, {"schema_version": 1}),
             ("m-customer", {"schema_version": 1, "order": bad}),
         ]:
-            message = aio_pika.Message(
+            message = Outgoing(
                 json.dumps(body).encode(), message_id=message_id, type="order.submit"
             )
             await publisher.publish_raw(message, exchange=names.submit, routing_key=names.orders)

@@ -32,7 +32,9 @@ import aio_pika
 import hypothesis
 from hypothesis import HealthCheck, given, settings
 
+from shared.broker.port import Outgoing
 from shared.broker.publisher import Publisher
+from shared.broker.rabbitmq import connect as connect_port
 from shared.broker.rabbitmq.connection import connect
 from shared.broker.topology import Names
 from shared.domain.states import ProcessState
@@ -105,7 +107,7 @@ async def one_round(topo: Topology, bad: list[tuple[str | None, bytes, str]]) ->
     """The burst and the valid order are queued while submission is frozen (SIGSTOP), so that
     the order really waits behind all of them; the clock starts when submission thaws."""
     names = Names(topo.hub)
-    connection = await connect(RABBITMQ_URL, timeout=5, name="hostile-client")
+    connection = await connect_port(RABBITMQ_URL, timeout=5, name="hostile-client")
     publisher = await Publisher.open(connection, timeout=10)
     ids: dict[str, str] = {}
     order_id = f"behind-{uuid.uuid4().hex[:12]}"
@@ -117,7 +119,7 @@ async def one_round(topo: Topology, bad: list[tuple[str | None, bytes, str]]) ->
                 message_id = f"bad-{uuid.uuid4().hex}"
                 ids[message_id] = reason
                 await publisher.publish_raw(
-                    aio_pika.Message(body, message_id=message_id, type=kind),
+                    Outgoing(body, message_id=message_id, type=kind),
                     exchange=names.submit,
                     routing_key="",
                 )
