@@ -9,12 +9,12 @@ for by then go out together.
 for a tag below which no delivery of that channel is unsettled but those being acked. The book
 of unsettled deliveries is kept here, not read off the handlings in hand: a delivery is entered
 when it is taken (with the channel it came on, read while that channel is open), and leaves the
-book only once it is settled (acked here, or acked, rejected or returned by another path: aio-pika
-marks a message processed once its frame is queued). One whose handling ended without settling it
-(cancelled by a drain that timed out, or a requeue that failed) stays in the book until its
-channel closes, and keeps every ack above it out of a multiple ack: those go one by one. A
-delivery whose channel has closed (a reconnection since) is acked alone, and fails as it would
-have.
+book only once it is settled (acked here, or acked, rejected or returned by another path: a
+delivery is `processed` once its settling frame is queued, shared/broker/port.py). One whose
+handling ended without settling it (cancelled by a drain that timed out, or a requeue that
+failed) stays in the book until its channel closes, and keeps every ack above it out of a
+multiple ack: those go one by one. A delivery whose channel has closed (a reconnection since)
+is acked alone, and fails as it would have.
 
 Every ack still waits until its frame has been handed to the connection, as `message.ack()` does;
 a failure, of the ack or of this bookkeeping, reaches each caller whose delivery it was meant to
@@ -42,8 +42,8 @@ class _Entry:
 
     @property
     def settled(self) -> bool:
-        """Settled by another path (aio-pika marks a message processed once its frame is
-        queued); one acked here has left the book already."""
+        """Settled by another path (`processed` once its frame is queued); one acked here has
+        left the book already."""
         return self.message.processed
 
     @property
@@ -71,7 +71,7 @@ class Acks:
     def taken(self, message: Incoming) -> None:
         """A delivery came: in the book until it is settled."""
         channel: ChannelState | None = None
-        with contextlib.suppress(Exception):  # aio-pika raises for a closed channel
+        with contextlib.suppress(Exception):  # a closed channel's delivery raises
             channel = message.channel
         if channel is not self._channel:  # a reconnection: the old channel's entries can go
             self._channel = channel

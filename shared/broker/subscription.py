@@ -12,7 +12,7 @@ from typing import Any
 
 from shared import clock
 from shared.broker.delivery import intake_state
-from shared.broker.port import Connection, Feed, Incoming, QueueMissing
+from shared.broker.port import Connection, Feed, Incoming
 from shared.broker.topology import Names
 from shared.errors import ConfigurationError
 
@@ -60,12 +60,7 @@ class Subscription:
             await admin.close()
         self._feed = await self._connection.feed(prefetch=self._prefetch)
         async with self._switch:
-            try:
-                await self._subscribe()
-            except QueueMissing:
-                raise ConfigurationError(
-                    f"queue {self._queue_name} does not exist: run `orderflow init`"
-                ) from None
+            await self._subscribe()  # no such queue: `QueueMissing` (the CLI names `init`)
 
     async def _subscribe(self) -> None:
         assert self._feed is not None

@@ -268,7 +268,10 @@ def retry_queue_arguments(names: Names, queue: str) -> dict[str, Any]:
 async def declare_topology(
     admin: QueueAdmin, names: Names, policy: QueuePolicy, agents: tuple[str, ...] = AGENTS
 ) -> None:
-    """Declare every exchange and durable queue of the hub. Idempotent with the same policy."""
+    """Declare every exchange and durable queue of the hub. Idempotent with the same policy.
+    A fanout exchange ignores the routing key; each queue is bound to one with its own name as
+    the key, as aio-pika bound it before the port, so that a hub made by an older release gets
+    no second binding."""
     for exchange, kind in (
         (names.exchange, ExchangeKind.DIRECT),
         (names.dead_letters, ExchangeKind.DIRECT),
@@ -283,21 +286,23 @@ async def declare_topology(
         await _declare_queue(admin, dlq, durable_queue_arguments(policy))
         await admin.bind(dlq, names.dead_letters, routing_key=queue)
         await admin.declare_exchange(dlq, ExchangeKind.FANOUT)
-        await admin.bind(dlq, dlq)
+        await admin.bind(dlq, dlq, routing_key=dlq)
         await _declare_queue(admin, queue, input_queue_arguments(names, queue, policy))
         await admin.bind(queue, names.exchange, routing_key=queue)
         await admin.declare_exchange(retry, ExchangeKind.FANOUT)
         await _declare_queue(admin, retry, retry_queue_arguments(names, queue))
-        await admin.bind(retry, retry)
+        await admin.bind(retry, retry, routing_key=retry)
         await admin.declare_exchange(replay, ExchangeKind.FANOUT)
-        await admin.bind(queue, replay)
+        await admin.bind(queue, replay, routing_key=queue)
         if queue == names.orders:
-            await admin.bind(queue, names.submit)
+            await admin.bind(queue, names.submit, routing_key=queue)
     await _declare_queue(admin, names.alert_feed, alert_feed_arguments(policy))
-    await admin.bind(names.alert_feed, names.alerts)
+    await admin.bind(names.alert_feed, names.alerts, routing_key=names.alert_feed)
     await _declare_queue(admin, names.alert_dead_letters, durable_queue_arguments(policy))
     await admin.declare_exchange(names.alert_dead_letters, ExchangeKind.FANOUT)
-    await admin.bind(names.alert_dead_letters, names.alert_dead_letters)
+    await admin.bind(
+        names.alert_dead_letters, names.alert_dead_letters, routing_key=names.alert_dead_letters
+    )
 
 
 async def retire_unbounded_alerts_queue(admin: QueueAdmin, names: Names) -> int:

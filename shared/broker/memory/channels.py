@@ -3,8 +3,9 @@ with the deliveries it hands out (port.Feed, port.Incoming), over the broker mod
 
 A channel is robust, as RabbitMQ's adapter's is: a refused operation leaves it open, and an
 outage closes only its incarnation on the wire (`Wire`): the deliveries it held go back to their
-queues, counted, and settling one of them fails (`BrokerUnavailable`), as on a channel that was
-replaced; its consumers stay subscribed and get deliveries again when the broker returns.
+queues, counted, and settling one of them fails (`BrokerRefused`: no outage to wait out, as
+aio-pika's error on a channel that was replaced is none), and its consumers stay subscribed
+and get deliveries again when the broker returns.
 """
 
 from __future__ import annotations
@@ -216,7 +217,7 @@ class MemoryFeed(Channel):
         """Settle a delivery (`how`: as `MemoryBroker.settle`), or, `multiple`, every one the
         channel holds up to it, as AMQP has it."""
         if wire.is_closed:
-            raise BrokerUnavailable(f"the channel of delivery {tag} is gone: it went back")
+            raise BrokerRefused(f"the channel of delivery {tag} is gone: it went back")
         if tag not in self._held:
             raise BrokerRefused(f"unknown delivery tag {tag}")
         for settled in _in_turn([t for t in self._held if t <= tag] if multiple else [tag], how):
@@ -295,7 +296,7 @@ class MemoryDelivery:
     @property
     def channel(self) -> Wire:
         if self._wire.is_closed:
-            raise BrokerUnavailable("the channel this delivery came on is gone")
+            raise BrokerRefused("the channel this delivery came on is gone")
         return self._wire
 
     async def ack(self, multiple: bool = False) -> None:

@@ -4,8 +4,13 @@ only place, with its neighbours in this package, that knows aio-pika.
 Consumers are aio-pika's robust ones (restored after a reconnection) unless asked otherwise, and
 their deliveries are aio-pika's messages as they come: those have the port's `Incoming` shape.
 Administration runs on the channel below aio-pika's (aiormq's), so that nothing it declares or
-looks up is replayed on a reconnection; a refusal closes that channel, and the next call opens
-another."""
+looks up is replayed on a reconnection; after a refusal (which closes the channel) the admin
+closes it for good and the next call opens another.
+
+A channel is always closed through aio-pika, even one the broker closed already: a robust
+channel the broker closed reopens itself in the background unless it is closed by its owner,
+and one dropped without that stays open, restored after every reconnection (an API following
+a status queue not declared yet would leak one a look, every couple of seconds)."""
 
 from __future__ import annotations
 
@@ -56,6 +61,8 @@ class RabbitFeed:
         self._channel = channel
         self._queues: dict[str, AbstractRobustQueue] = {}
         self._own: dict[str, AbstractRobustQueue] = {}
+        self._taken: dict[str, AbstractRobustQueue] = {}
+        """The queues `get` looked up, each once."""
 
     async def consume(
         self, queue: str, take: Take, *, ack: bool = True, restore: bool = True
@@ -103,13 +110,17 @@ class RabbitFeed:
 
     async def get(self, queue: str) -> Incoming | None:
         try:
-            found = await self._channel.declare_queue(queue, passive=True, robust=False)
+            found = self._taken.get(queue)
+            if found is None:
+                found = await self._channel.declare_queue(queue, passive=True, robust=False)
+                self._taken[queue] = found
             return await found.get(no_ack=False, fail=False)
         except TRANSIENT as exc:
+            self._taken.pop(queue, None)
             raise refusal(exc, f"taking from {queue}") from exc
 
     async def close(self) -> None:
-        if not self._channel.is_closed:
+        with contextlib.suppress(Exception):  # closed by the broker already, or going
             await self._channel.close()
 
 
@@ -191,8 +202,8 @@ class RabbitAdmin:
 
     async def close(self) -> None:
         channel, self._channel = self._channel, None
-        if channel is not None and not channel.is_closed:
-            with contextlib.suppress(Exception):  # closing a channel that is going anyway
+        if channel is not None:
+            with contextlib.suppress(Exception):  # closed by the broker already, or going
                 await channel.close()
 
 
