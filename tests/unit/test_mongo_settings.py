@@ -38,6 +38,7 @@ from shared.store.mongo import (
 from tests.support.mongo_standin import (
     APP_DATABASE,
     StandInClient,
+    StandInServer,
     User,
     app_client,
     compose_server,
@@ -112,8 +113,49 @@ async def test_reads_go_to_the_primary_whatever_the_url_prefers() -> None:
 
 
 @pytest.mark.parametrize(
+    ("url", "kept"),
+    [
+        ("mongodb://127.0.0.1:1/orderflow", {}),
+        ("mongodb://127.0.0.1:1/orderflow?w=majority&readConcernLevel=majority", {}),
+        (
+            "mongodb://127.0.0.1:1/orderflow?wtimeoutMS=2000&journal=true",
+            {"wtimeout": 2000, "j": True},
+        ),
+    ],
+)
+async def test_the_store_writes_and_reads_with_a_majority(url: str, kept: dict[str, Any]) -> None:
+    """Issue 35: an acknowledgement a failover can take back breaks the fences, so the store's
+    database waits for a majority and reads a majority's, whatever the URL leaves out (and keeps
+    its write timeout and journal choice)."""
+    client = await client_for(url, **TIMEOUTS)
+    try:
+        db, _ = database_for(client, "orderflow")
+        for concerned in (db, db["state"]):
+            assert concerned.write_concern.document == {"w": "majority"} | kept
+            assert concerned.read_concern.level == "majority"
+    finally:
+        await client.close()
+
+
+async def test_the_stand_in_is_asked_for_a_majority_too() -> None:
+    """The stand-in has no replicas: it records what the adapter asked of its database, and no
+    run on it says anything of what a majority does."""
+    store = await MongoStore.open(StandInClient(StandInServer()), "orderflow")
+    try:
+        options = store._db.options
+        assert options["write_concern"].document == {"w": "majority"}
+        assert options["read_concern"].level == "majority"
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
     ("url", "said"),
     [
+        ("mongodb://127.0.0.1:1/orderflow?w=1", "w=1"),
+        ("mongodb://127.0.0.1:1/orderflow?w=2", "w=2"),
+        ("mongodb://127.0.0.1:1/orderflow?readConcernLevel=local", "readconcernlevel=local"),
+        ("mongodb://127.0.0.1:1/orderflow?readConcernLevel=available", "readconcernlevel=avail"),
         ("mongodb://127.0.0.1:1/orderflow?w=0", "w=0"),
         ("mongodb://127.0.0.1:1/?tls=true&tlsCAFile=/nonexistent/ca.pem", "tlscafile"),
         ("mongodb://127.0.0.1:1/?readPreference=nearest-ish", "readpreference"),

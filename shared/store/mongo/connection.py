@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 from pymongo import AsyncMongoClient, ReadPreference
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
 from pymongo.errors import OperationFailure, PyMongoError
+from pymongo.read_concern import ReadConcern
+from pymongo.write_concern import WriteConcern
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -149,14 +151,45 @@ async def client_for(
     except (PyMongoConfigurationError, ValueError, OSError, UserWarning) as exc:
         # OSError: a TLS file (tlsCAFile, tlsCertificateKeyFile) that cannot be read.
         raise ConfigurationError(f"store URL {redact(url)}: {one_line(exc)}") from exc
-    if not client.write_concern.acknowledged:
+    weaker = weaker_concern(client)
+    if weaker is not None:
         await client.close()
         raise ConfigurationError(
-            f"store URL {redact(url)}: w=0 asks for unacknowledged writes, and every fence of "
-            "orderflow (conditional updates, duplicate keys, the lease) needs the server's "
-            "answer; use w=1 or w=majority"
+            f"store URL {redact(url)}: {weaker}; orderflow writes and reads with a majority "
+            "whatever the URL says: leave it out, or say w=majority and readConcernLevel=majority"
         )
     return client
+
+
+MAJORITY = "majority"
+
+
+def weaker_concern(client: Any) -> str | None:
+    """What of the URL's write or read concern is weaker than a majority's, if anything.
+
+    An acknowledgement a failover can take back breaks the fences: a claim confirmed by one
+    member and rolled back reissues its fencing token, a conditional update confirmed and rolled
+    back lets another writer's apply over it. So every write waits for a majority, every read
+    (an outcome-unknown one's re-read included) sees only what a majority has."""
+    written = client.write_concern.document.get("w")
+    if written is not None and written != MAJORITY:
+        return f"w={written} does not wait for a majority to have a write"
+    level = client.read_concern.level
+    if level is not None and level != MAJORITY:
+        return f"readConcernLevel={level} reads what a failover may take back"
+    return None
+
+
+def majority_concerns(client: Any) -> dict[str, Any]:
+    """The write and read concerns of the store's database: a majority's, with the URL's own
+    write timeout and journal choice kept (a client without concerns, the test stand-in's,
+    gets the same, which it records)."""
+    written = dict(getattr(client, "write_concern", WriteConcern()).document)
+    written.pop("w", None)  # the rest are WriteConcern's keywords: wtimeout, j, fsync
+    return {
+        "write_concern": WriteConcern(w=MAJORITY, **written),
+        "read_concern": ReadConcern(MAJORITY),
+    }
 
 
 def database_for(client: Any, hub: str) -> tuple[Any, str]:
@@ -164,9 +197,12 @@ def database_for(client: Any, hub: str) -> tuple[Any, str]:
 
     Reads go to the primary whatever the URL's readPreference: a lagging secondary would report
     false conflicts (the duplicate-key path of `insert_order`) and hide this process's own
-    writes from it."""
+    writes from it. Writes wait for a majority and reads see a majority's (`weaker_concern`)."""
     name, prefix = hub_location(client, hub)
-    return client.get_database(name, read_preference=ReadPreference.PRIMARY), prefix
+    database = client.get_database(
+        name, read_preference=ReadPreference.PRIMARY, **majority_concerns(client)
+    )
+    return database, prefix
 
 
 def hub_location(client: Any, hub: str) -> tuple[str, str]:
