@@ -19,7 +19,6 @@ from tenacity import (
 )
 from yarl import URL
 
-from shared.broker.topology import supports_quorum
 from shared.broker.urls import NodeRotation, broker_urls
 from shared.broker.wire import tolerate_undecodable_properties
 from shared.errors import ConfigurationError, ServiceUnavailable, one_line
@@ -130,7 +129,3 @@ def server_version(connection: AbstractRobustConnection) -> str:
     props = transport.connection.server_properties
     version = props.get("version", b"0")
     return version.decode() if isinstance(version, bytes) else str(version)
-
-
-def quorum_available(connection: AbstractRobustConnection) -> bool:
-    return supports_quorum(server_version(connection))
