@@ -52,6 +52,7 @@ COMMANDS = {
     "insert_many": "insert",
     "update_one": "update",
     "update_many": "update",
+    "bulk_write": "update",
     "replace_one": "update",
     "find_one_and_update": "findAndModify",
     "find_one_and_replace": "findAndModify",
@@ -117,6 +118,9 @@ class StandInServer:
         self.fail_point = _FailPoint()
         self.commands: Counter[str] = Counter()
         """How many times each command ran (or was tried)."""
+        self.trips: Counter[tuple[str, str]] = Counter()
+        """How many times each command ran on each collection (`""` for a database's own),
+        as PyMongo's command monitoring would count the round trips."""
         self.indexes: dict[tuple[str, str], dict[str, tuple[list[tuple[str, int]], dict[str, Any]]]]
         self.indexes = {}
 
@@ -189,6 +193,16 @@ def after_write(method: str, concern: dict[str, Any], result: Any) -> None:
         raise BulkWriteError(
             {"writeErrors": [], "writeConcernErrors": [details], "nInserted": n, "upserted": []}
         )
+    if method == "bulk_write":
+        raise BulkWriteError(
+            {
+                "writeErrors": [],
+                "writeConcernErrors": [details],
+                "nModified": result.modified_count,
+                "nMatched": result.matched_count,
+                "upserted": [],
+            }
+        )
     if method.startswith("find_one_and_"):
         raise WriteConcernError(message, code, details)
     if code == 64:
@@ -214,10 +228,13 @@ class _Session:
         self.user = user
         self.auth_error = auth_error
 
-    async def run(self, db: str, method: str, call: Callable[[], Any]) -> Any:
+    async def run(
+        self, db: str, method: str, call: Callable[[], Any], *, collection: str = ""
+    ) -> Any:
         await asyncio.sleep(0)
         command = COMMANDS.get(method, method)
         self.server.commands[command] += 1
+        self.server.trips[command, collection] += 1
         if self.auth_error is not None:
             raise OperationFailure(self.auth_error, 18, {"codeName": "AuthenticationFailed"})
         self.server.authorize(self.user, db, command)
@@ -229,9 +246,12 @@ class _Session:
 
 
 class _Cursor:
-    def __init__(self, session: _Session, db: str, cursor: Any, *, ran: bool = False) -> None:
+    def __init__(
+        self, session: _Session, db: str, cursor: Any, *, ran: bool = False, collection: str = ""
+    ) -> None:
         self._session = session
         self._db = db
+        self._collection = collection
         self._cursor = cursor
         self._started = ran
         """Whether the command ran already (an aggregate's, when it was sent)."""
@@ -250,7 +270,9 @@ class _Cursor:
             docs = list(self._cursor)
         else:
             self._started = True
-            docs = await self._session.run(self._db, "find", lambda: list(self._cursor))
+            docs = await self._session.run(
+                self._db, "find", lambda: list(self._cursor), collection=self._collection
+            )
         return docs if length is None else docs[:length]
 
     def __aiter__(self) -> _Cursor:
@@ -259,7 +281,7 @@ class _Cursor:
     async def __anext__(self) -> Any:
         if not self._started:
             self._started = True
-            await self._session.run(self._db, "find", lambda: None)
+            await self._session.run(self._db, "find", lambda: None, collection=self._collection)
         await asyncio.sleep(0)
         try:
             return next(self._cursor)
@@ -275,13 +297,17 @@ class _Collection:
         self._c = session.server.mm[db][name]
 
     def find(self, *args: Any, **kwargs: Any) -> _Cursor:
-        return _Cursor(self._session, self._db, self._c.find(*args, **kwargs))
+        found = self._c.find(*args, **kwargs)
+        return _Cursor(self._session, self._db, found, collection=self.name)
 
     async def aggregate(self, pipeline: list[dict[str, Any]], **kwargs: Any) -> _Cursor:
         docs = await self._session.run(
-            self._db, "aggregate", lambda: iter(self._c.aggregate(pipeline, **kwargs))
+            self._db,
+            "aggregate",
+            lambda: iter(self._c.aggregate(pipeline, **kwargs)),
+            collection=self.name,
         )
-        return _Cursor(self._session, self._db, docs, ran=True)
+        return _Cursor(self._session, self._db, docs, ran=True, collection=self.name)
 
     async def create_index(self, keys: Any, **kwargs: Any) -> str:
         pairs = [(keys, 1)] if isinstance(keys, str) else [(k, int(d)) for k, d in keys]
@@ -303,7 +329,7 @@ class _Collection:
                 rest["partialFilterExpression"] = options["partialFilterExpression"]
             return str(self._c.create_index(pairs, name=name, **rest))
 
-        return str(await self._session.run(self._db, "create_index", create))
+        return str(await self._session.run(self._db, "create_index", create, collection=self.name))
 
     def _check_index(self, name: str, keys: list[tuple[str, int]], options: dict[str, Any]) -> None:
         for other, (other_keys, other_options) in self._session.server.indexes.get(
@@ -319,6 +345,54 @@ class _Collection:
             if other != name and other_keys == keys and same_filter:
                 raise _index_conflict(85, f"already exists with a different name: {other}")
 
+    async def find_one_and_update(
+        self,
+        filter: dict[str, Any],
+        update: dict[str, Any],
+        projection: Any = None,
+        *,
+        return_document: bool = False,
+        upsert: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """As MongoDB does it; mongomock's own applies a positional `$` (`undo_log.$.status`)
+        to the wrong element, where its `update_one` gets it right. So: the document the filter
+        finds, updated by `update_one` under the same filter, in one step (nothing runs between
+        them: atomic, as a server's single-document write). mongomock also forgets the matched
+        position once it applied a `$push`, so `$set` goes first (MongoDB applies an update's
+        operators as one)."""
+        _encode_like_the_driver((filter, update), {})
+        update = dict(sorted(update.items(), key=lambda item: item[0] != "$set"))
+
+        def apply() -> Any:
+            if upsert:
+                return self._c.find_one_and_update(
+                    filter, update, projection, return_document=return_document, upsert=True
+                )
+            found = self._c.find_one(filter, {"_id": 1}, **kwargs)
+            if found is None:
+                return None
+            key = {"_id": found["_id"]}
+            before = self._c.find_one(key, projection)
+            self._c.update_one({**filter, **key}, update)
+            return self._c.find_one(key, projection) if return_document else before
+
+        return await self._session.run(self._db, "find_one_and_update", apply, collection=self.name)
+
+    async def bulk_write(self, requests: list[Any], *, ordered: bool = True) -> Any:
+        """Update requests only (`UpdateOne`), each applied as `update_one`, in one command;
+        mongomock's own does not take PyMongo 4's requests."""
+        for request in requests:
+            _encode_like_the_driver((request._filter, request._doc), {})
+
+        def apply() -> Any:
+            results = [self._c.update_one(r._filter, r._doc, upsert=r._upsert) for r in requests]
+            return _BulkResult(
+                sum(r.matched_count for r in results), sum(r.modified_count for r in results)
+            )
+
+        return await self._session.run(self._db, "bulk_write", apply, collection=self.name)
+
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._c, name)
 
@@ -327,9 +401,17 @@ class _Collection:
                 _encode_like_the_driver(args, kwargs)
             if name == "drop":
                 self._session.server.indexes.pop((self._db, self.name), None)
-            return await self._session.run(self._db, name, lambda: method(*args, **kwargs))
+            return await self._session.run(
+                self._db, name, lambda: method(*args, **kwargs), collection=self.name
+            )
 
         return call
+
+
+@dataclass(frozen=True)
+class _BulkResult:
+    matched_count: int
+    modified_count: int
 
 
 def _index_conflict(code: int, what: str) -> OperationFailure:
