@@ -58,6 +58,9 @@ class _Recorder:
     def __getitem__(self, name: str) -> _Collection:
         return _Collection(name, self.indexes)
 
+    async def list_collection_names(self) -> list[str]:
+        return []  # an empty database: no older release's journal to move
+
 
 def indexes() -> list[IndexSpec]:
     """The indexes `MongoStore.init` creates, in its order."""

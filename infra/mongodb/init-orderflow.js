@@ -51,10 +51,6 @@ app.getCollection("state").createIndex({"next_attempt_at": 1}, {"name": "state_c
 app.getCollection("state").createIndex({"next_attempt_at": 1}, {"name": "state_compensation_claimable", "partialFilterExpression": {"process_state": "Compensating", "locked_by": null}});
 app.getCollection("state").createIndex({"process_state": 1, "complete_by": 1, "_id": 1}, {"name": "state_deadlines"});
 app.getCollection("state").createIndex({"process_state": 1, "updated_at": -1}, {"name": "state_by_state"});
-app.getCollection("history").createIndex({"order_id": 1, "at": 1, "_id": 1}, {"name": "history_by_order"});
-app.getCollection("compensation_log").createIndex({"order_id": 1, "seq": 1}, {"name": "compensation_by_order"});
-app.getCollection("history").createIndex({"at": 1, "_id": 1}, {"name": "history_by_time"});
-app.getCollection("compensation_log").createIndex({"recorded_at": 1, "_id": 1}, {"name": "compensation_by_time"});
 app.getCollection("inbox").createIndex({"expires_at": 1}, {"name": "inbox_expiry", "expireAfterSeconds": 0});
 app.getCollection("alerts").createIndex({"at": -1}, {"name": "alerts_by_time"});
 app.getCollection("alerts").createIndex({"state.changed_at": 1}, {"name": "alerts_changed", "sparse": true});

@@ -177,7 +177,12 @@ class StateQueries(Protocol):
 
 class Journal(Protocol):
     """The task hub's timeline (history) and the compensation log, as the processes read and
-    append them (a compensation entry is written with its state change: `update_state`)."""
+    append them (a compensation entry is written with its state change: `update_state`).
+
+    An order's journal belongs to its state record: an event of an order that has none (never
+    recorded, or deleted by retention) need not be kept (MongoDB keeps the journal in the
+    record's document and has nowhere to put it). A store may keep only an order's newest
+    events past a bound (MongoDB: `HISTORY_KEPT`); the events kept keep their `seq`."""
 
     async def append_history(self, event: HistoryEvent) -> None: ...
 

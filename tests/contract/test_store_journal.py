@@ -32,7 +32,15 @@ from tests.support.stores import StoreUnderTest
 H = HistoryEventType
 
 
+async def _recorded(store: StateStore, *order_ids: str) -> None:
+    """Orders with their state records: an order's journal is kept with its state record (on
+    MongoDB, in it), so every case records the order before it appends."""
+    for order_id in order_ids:
+        await store.insert_order(*order_pair(order_id))
+
+
 async def test_history_reads_back_in_append_order(store: StateStore) -> None:
+    await _recorded(store, "o-h", "o-other")
     t = utcnow()
     events = [
         HistoryEvent(order_id="o-h", type=H.ORDER_SUBMITTED, at=t),
@@ -63,6 +71,7 @@ async def test_history_reads_back_in_append_order(store: StateStore) -> None:
 async def test_compensation_log_is_ordered_idempotent_and_done_is_final(
     store: StoreUnderTest,
 ) -> None:
+    await _recorded(store, "o-comp")
     t = utcnow()
     for step, undo in (("reserve", "inventory.release"), ("charge", "payment.refund")):
         entry = CompensationEntry(
@@ -458,6 +467,7 @@ async def test_an_update_carries_its_history_and_undo_only_when_it_matches(
 
 
 async def test_history_many_appends_in_order(store: StateStore) -> None:
+    await _recorded(store, "o-many0", "o-many1")
     t = utcnow()
     events = [
         HistoryEvent(order_id=f"o-many{i % 2}", type=H.EXECUTION_STARTED, at=t, attempt=i)
@@ -493,6 +503,7 @@ async def test_workflow_usage_counts_records_per_version_and_state(store: StateS
 async def test_journal_records_keep_the_schema_version_they_were_written_with(
     store: StoreUnderTest,
 ) -> None:
+    await _recorded(store, "o-sv")
     t = utcnow()
     # A later build's layout (v2) must come back as v2, not as the store's default.
     event = HistoryEvent(order_id="o-sv", type=H.ORDER_SUBMITTED, at=t, schema_version=2)
@@ -690,3 +701,49 @@ async def _claimed_then_completing(
     if store.kind == "postgresql":
         assert store._lingering, "the completion waits for a claim"  # type: ignore[attr-defined]
     return completing, until
+
+
+async def test_no_reader_sees_a_transition_without_the_journal_it_carries(
+    store: StateStore,
+) -> None:
+    """Issue 35, hazard 1: a compensator that finds a step started must find its undo logged.
+    The MongoDB adapter once wrote the state record, then the undo with three more round
+    trips: a reader in between saw the step started and an empty undo log, undid nothing,
+    and the step acted after the order was Compensated."""
+    await _recorded(store, "o-seen")
+    t = utcnow()
+    undo = CompensationEntry(
+        order_id="o-seen",
+        step="reserve",
+        undo="inventory.release",
+        idempotency_key="o-seen:reserve:undo",
+        recorded_at=t,
+    )
+    started = HistoryEvent(order_id="o-seen", type=H.STEP_SCHEDULED, at=t, step="reserve")
+    before = len(await store.read_history("o-seen"))
+    seen: list[tuple[int, int]] = []
+    writing = True
+
+    async def observe() -> None:
+        while writing:
+            record = await store.get_state("o-seen")
+            assert record is not None
+            if record.locked_by == "o-seen:1":
+                history = len(await store.read_history("o-seen")) - before
+                seen.append((history, len(await store.read_compensation("o-seen"))))
+            await asyncio.sleep(0)
+
+    observer = asyncio.create_task(observe())
+    await asyncio.sleep(0)
+    start = Changes(fields={"locked_by": "o-seen:1", "updated_at": t})
+    for _ in range(3):  # the observer gets in between wherever a write yields
+        await asyncio.sleep(0)
+    after = await store.update_state(
+        "o-seen", Expect(locked_by=None), start, history=[started], compensation=undo
+    )
+    for _ in range(20):  # and reads what the write left
+        await asyncio.sleep(0)
+    writing = False
+    await observer
+    assert after is not None and seen, "the observer never saw the transition"
+    assert set(seen) == {(1, 1)}, f"a reader saw the transition without its journal: {seen}"

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from pymongo.errors import OperationFailure
 
-from shared.domain.journal import HistoryEvent, HistoryEventType
+from shared.domain.journal import CompensationEntry, HistoryEvent, HistoryEventType
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
-from shared.domain.updates import RecoveryPolicy, recover
+from shared.domain.updates import Changes, Expect, RecoveryPolicy, recover
 from shared.errors import ConfigurationError, StoreUnavailable
 from shared.store.mongo import MongoStore
 from shared.store.port import InboxOutcome, InsertOutcome
@@ -152,6 +152,52 @@ async def test_an_update_whose_outcome_was_unknown_is_never_a_superseded_attempt
     assert after.process_state is ProcessState.PENDING and after.locked_by is None
     history = await mongo.read_history("o-unknown")
     assert [e.type for e in history] == [HistoryEventType.RECOVERED], "history not written once"
+
+
+WRITES = ["findAndModify", "insert", "update"]
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param({"times": 1}, id="first-write"),
+        pytest.param({"skip": 1}, id="every-later-write"),
+        pytest.param({"skip": 2}, id="every-write-after-two"),
+    ],
+)
+async def test_a_transition_is_applied_whole_or_not_at_all_whichever_write_fails(
+    mongo: MongoStore, mode: Any
+) -> None:
+    """Issue 35, hazard 2: a write concern not met on any write of a transition (it applied)
+    never leaves the caller believing it was superseded, nor the record without its journal.
+    The adapter once wrote the record, then its history and undo log: a failure of those
+    raised, and the caller's retry, expecting what the record no longer was, matched nothing."""
+    claimed = await _claimed(mongo, "o-whole")
+    assert claimed.locked_by is not None
+    t = utcnow()
+    event = HistoryEvent(
+        order_id="o-whole", type=HistoryEventType.STEP_SCHEDULED, at=t, step="reserve"
+    )
+    undo = CompensationEntry(
+        order_id="o-whole",
+        step="reserve",
+        undo="inventory.release",
+        idempotency_key="o-whole:reserve:undo",
+        recorded_at=t,
+    )
+    # The caller expects the record as it read it: a retry after its own write matches nothing.
+    expect = Expect(locked_by=claimed.locked_by, updated_at=claimed.updated_at)
+    write = ("o-whole", expect, Changes(fields={"updated_at": t + timedelta(seconds=1)}))
+    applied = {"writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"}}
+    async with fail_command(mongo, mode, failCommands=WRITES, **applied):
+        try:
+            after = await mongo.update_state(*write, history=[event], compensation=undo)
+        except StoreUnavailable:
+            after = await mongo.update_state(*write, history=[event], compensation=undo)
+    assert after is not None, "the transition's own write was reported as superseded"
+    history = [e.type for e in await mongo.read_history("o-whole")]
+    assert history.count(HistoryEventType.STEP_SCHEDULED) == 1, history
+    assert [u.step for u in await mongo.read_compensation("o-whole")] == ["reserve"]
 
 
 @pytest.mark.parametrize(

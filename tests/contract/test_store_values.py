@@ -122,6 +122,7 @@ async def test_unstorable_journal_data_is_stored_exactly_or_refused(
         seq=None,
         schema_version=1,
     )
+    await store.insert_order(*order_pair("o-v"))  # an order's journal is its record's
     try:
         await store.append_history(event)
     except StoreRefused as exc:  # anything else is a failure of the contract

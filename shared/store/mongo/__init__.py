@@ -15,7 +15,8 @@ One class per part of the port, each in its module, all sharing the store's one 
 | `schema.py`       | the indexes (`init`)                                         |
 | `states.py`       | insert, read, conditional update, claim (`OrderStates`)      |
 | `queries.py`      | scans, listings, counts (`StateQueries`)                     |
-| `journal.py`      | history, compensation log (`Journal`)                        |
+| `journal.py`      | history, compensation log, in the state record (`Journal`)   |
+| `migration.py`    | the journal's move into the state records (`init`)           |
 | `inbox.py`        | MessageId dedupe (`Inbox`)                                   |
 | `coordination.py` | lease, alerts, component statuses                            |
 | `tokens.py`       | API tokens, by digest (`ApiTokens`)                          |

@@ -29,9 +29,6 @@ COLLECTIONS = frozenset(
     {
         "orders",
         "state",
-        "history",
-        "compensation_log",
-        "counters",
         "inbox",
         "lease",
         "alerts",
@@ -40,6 +37,8 @@ COLLECTIONS = frozenset(
     }
 )
 """Every collection of a hub's database."""
+OLD_COLLECTIONS = frozenset({"history", "compensation_log", "counters"})
+"""The journal's collections before layout 2 (shared/store/mongo/migration.py)."""
 SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
 
 T = TypeVar("T")
@@ -60,9 +59,6 @@ class MongoPart:
         self._recheck_s = recheck_s
         self._orders = self._named("orders")
         self._state = self._named("state")
-        self._history = self._named("history")
-        self._compensation = self._named("compensation_log")
-        self._counters = self._named("counters")
         self._inbox = self._named("inbox")
         self._lease = self._named("lease")
         self._alerts = self._named("alerts")
@@ -125,7 +121,7 @@ class MongoAdmin(MongoPart):
     async def drop(self) -> None:
         # Collection by collection: the application's user may drop collections of its
         # database (readWrite) but not the database itself.
-        for name in sorted(COLLECTIONS):
+        for name in sorted(COLLECTIONS | OLD_COLLECTIONS):
             await self._named(name).drop()
 
 
@@ -221,14 +217,27 @@ def hub_location(client: Any, hub: str) -> tuple[str, str]:
     return named, ("" if named == hub else f"{hub}.")
 
 
-def state_doc(state: StateRecord) -> dict[str, Any]:
+LAYOUT = 2
+"""The state record's layout: 2 holds its order's journal (shared/store/mongo/journal.py); a
+record without `layout` is of the layout before, which `orderflow init` migrates
+(shared/store/mongo/migration.py)."""
+JOURNAL_FIELDS = ("layout", "history", "history_count", "undo_log")
+RECORD = dict.fromkeys(JOURNAL_FIELDS, 0)
+"""The projection of a state record without its journal: what every read of the record asks
+for (the journal is read on its own, by `read_history` and `read_compensation`)."""
+
+
+def state_doc(state: StateRecord, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """A new state record's document, with its first events (`journal.events_doc`)."""
     doc: dict[str, Any] = plain(state)
     doc["_id"] = state.order_id
+    doc |= {"layout": LAYOUT, "history": history, "history_count": len(history), "undo_log": []}
     return doc
 
 
 def load_state(doc: dict[str, Any]) -> StateRecord:
-    doc.pop("_id", None)
+    for name in ("_id", *JOURNAL_FIELDS):
+        doc.pop(name, None)
     return state_from(plain(doc))
 
 

@@ -9,7 +9,7 @@ from pymongo import ASCENDING, DESCENDING
 
 from shared.domain.models import StateRecord
 from shared.domain.states import ProcessState
-from shared.store.mongo.connection import MongoPart, load_state
+from shared.store.mongo.connection import RECORD, MongoPart, load_state
 from shared.store.values import ListCursor, ScanCursor, ScanPage, StateQuery, WorkflowUse, page_of
 
 
@@ -35,7 +35,8 @@ class MongoQueries(MongoPart):
                 {"complete_by": {"$gt": after.complete_by}},
                 {"complete_by": after.complete_by, "_id": {"$gt": after.order_id}},
             ]
-        cursor = self._state.find(query).sort([("complete_by", ASCENDING), ("_id", ASCENDING)])
+        cursor = self._state.find(query, RECORD)
+        cursor = cursor.sort([("complete_by", ASCENDING), ("_id", ASCENDING)])
         docs = await cursor.limit(limit).to_list(None)
         return page_of([load_state(d) for d in docs], limit)
 
@@ -75,12 +76,12 @@ class MongoQueries(MongoPart):
             "locked_by": None,
             "next_attempt_at": {"$lt": due_before},
         }
-        cursor = self._state.find(query).sort("next_attempt_at", ASCENDING).limit(limit)
+        cursor = self._state.find(query, RECORD).sort("next_attempt_at", ASCENDING).limit(limit)
         return [load_state(d) for d in await cursor.to_list(None)]
 
     async def list_states(self, *, after: str | None, limit: int) -> list[StateRecord]:
         query = {} if after is None else {"_id": {"$gt": after}}
-        cursor = self._state.find(query).sort("_id", ASCENDING).limit(limit)
+        cursor = self._state.find(query, RECORD).sort("_id", ASCENDING).limit(limit)
         return [load_state(d) for d in await cursor.to_list(None)]
 
     async def query_states(
@@ -104,7 +105,7 @@ class MongoQueries(MongoPart):
             )
         filter_: dict[str, Any] = {"$and": conditions} if conditions else {}
         cursor = (
-            self._state.find(filter_)
+            self._state.find(filter_, RECORD)
             .sort([("updated_at", DESCENDING), ("_id", DESCENDING)])
             .limit(limit)
         )

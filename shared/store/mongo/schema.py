@@ -1,21 +1,35 @@
 """The MongoDB store's indexes: what `orderflow init` creates (and the compose deployment's
-init script is generated from, `deployment/mongodb.py`)."""
+init script is generated from, `deployment/mongodb.py`), then the journal's move into the state
+records of a hub of an older release (shared/store/mongo/migration.py)."""
 
 from __future__ import annotations
 
 from pymongo import ASCENDING, DESCENDING
-from pymongo.errors import OperationFailure
+from pymongo.errors import OperationFailure, PyMongoError
 
-from shared.errors import ConfigurationError, one_line
-from shared.store.mongo.connection import MongoPart
+from shared.errors import ConfigurationError, ServiceUnavailable, one_line
 from shared.store.mongo.errors import AUTH_CODES, INDEX_CONFLICT_CODES
+from shared.store.mongo.migration import MongoMigration
 
 
-class MongoSchema(MongoPart):
+class MongoSchema(MongoMigration):
     async def init(self) -> None:
         try:
             await self._create_indexes()
-        except OperationFailure as exc:
+        except PyMongoError as exc:
+            if getattr(exc, "timeout", False):
+                # A replica set commits a new index once every voting member has built it
+                # (commitQuorum "votingMembers"): one member down holds the build, and the
+                # command's time runs out. Not an outage of the store: say what it waits for.
+                raise ServiceUnavailable(
+                    "an index build has not committed in time: MongoDB commits an index once "
+                    "every voting member of the replica set has built it, and a member that is "
+                    "down or far behind holds it (rs.status() shows which). The build goes on "
+                    "on the server: bring the member back, then run `orderflow init` again "
+                    f"[{one_line(exc)}]"
+                ) from exc
+            if not isinstance(exc, OperationFailure):
+                raise
             if exc.code in INDEX_CONFLICT_CODES:
                 raise ConfigurationError(
                     f"an index of database {self._db.name} exists with other options or keys "
@@ -28,6 +42,7 @@ class MongoSchema(MongoPart):
                     f"the user may not create indexes in database {self._db.name}: {one_line(exc)}"
                 ) from exc
             raise
+        await self.migrate_journal()
 
     async def _create_indexes(self) -> None:
         s = self._state
@@ -47,20 +62,6 @@ class MongoSchema(MongoPart):
         )
         await s.create_index(
             [("process_state", ASCENDING), ("updated_at", DESCENDING)], name="state_by_state"
-        )
-        await self._history.create_index(
-            [("order_id", ASCENDING), ("at", ASCENDING), ("_id", ASCENDING)],
-            name="history_by_order",
-        )
-        await self._compensation.create_index(
-            [("order_id", ASCENDING), ("seq", ASCENDING)], name="compensation_by_order"
-        )
-        # Retention: the journal expires by its own time, oldest first (see `purge_journal`).
-        await self._history.create_index(
-            [("at", ASCENDING), ("_id", ASCENDING)], name="history_by_time"
-        )
-        await self._compensation.create_index(
-            [("recorded_at", ASCENDING), ("_id", ASCENDING)], name="compensation_by_time"
         )
         # MongoDB deletes expired inbox entries itself; `inbox_purge` does it at once.
         await self._inbox.create_index("expires_at", name="inbox_expiry", expireAfterSeconds=0)

@@ -1,10 +1,12 @@
 """Order and state records on MongoDB: insert, read, conditional update, claim (`OrderStates`).
 
-Single-document updates are atomic in MongoDB, so every conditional update is one
-`find_one_and_update` whose filter is the condition. The order and its state record are two
-insert-if-absent writes that share no transaction (DESIGN §4). A conditional update whose
-outcome is unknown (an outage after the write was sent) reads the record again before it says
-anything.
+Single-document updates are atomic in MongoDB, and the state record holds its order's journal
+(shared/store/mongo/journal.py), so every transition, with the history and undo-log entries it
+carries, is one `find_one_and_update` whose filter is the transition's `Expect` (README decision
+147). The order and its state record are two insert-if-absent writes that share no transaction
+(DESIGN §4). A conditional update whose outcome is unknown (an outage after the write was sent)
+reads the record again, with a majority's read concern, before it says anything: what a
+majority has, a failover cannot take back.
 """
 
 from __future__ import annotations
@@ -24,9 +26,17 @@ from shared.domain.journal import CompensationEntry, HistoryEvent
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.updates import ANY, Changes, Expect
 from shared.store.codec import plain
-from shared.store.mongo.connection import load, load_state, state_doc
+from shared.store.mongo.connection import RECORD, load, load_state, state_doc
 from shared.store.mongo.errors import is_outage
-from shared.store.mongo.journal import MongoJournal
+from shared.store.mongo.journal import (
+    MongoJournal,
+    events_doc,
+    history_push,
+    undo_absent,
+    undo_doc,
+    undo_pending,
+    undo_set,
+)
 from shared.store.port import ArrivalWatch
 from shared.store.values import NEVER, InsertOutcome, UndoMark
 
@@ -52,13 +62,10 @@ class MongoStates(MongoJournal):
                 return InsertOutcome.CONFLICT
             outcome = InsertOutcome.EXISTS
         # A crash between the two writes leaves an order without its state record; the
-        # redelivered message comes through here and completes the pair.
+        # redelivered message comes through here and completes the pair, its first events with
+        # it (they are the state record's: they come once, with it).
         with contextlib.suppress(DuplicateKeyError):
-            await self._state.insert_one(state_doc(state))
-        if outcome is InsertOutcome.CREATED and history:
-            # After the inserts, as the caller appended it before: a crash between them leaves
-            # the order without it, and the redelivered message appends it.
-            await self.append_history_many(history)
+            await self._state.insert_one(state_doc(state, events_doc(history)))
         return outcome
 
     async def watch_arrivals(self, wake: Callable[[], None]) -> ArrivalWatch:
@@ -78,7 +85,7 @@ class MongoStates(MongoJournal):
         return [found.get(order_id) for order_id in order_ids]
 
     async def get_state(self, order_id: str) -> StateRecord | None:
-        doc = await self._state.find_one({"_id": order_id})
+        doc = await self._state.find_one({"_id": order_id}, RECORD)
         return None if doc is None else load_state(doc)
 
     async def update_state(
@@ -91,35 +98,52 @@ class MongoStates(MongoJournal):
         compensation: CompensationEntry | None = None,
         undo: UndoMark | None = None,
     ) -> StateRecord | None:
-        update = sets(changes)
+        if compensation is not None and undo is not None:
+            raise ValueError("a transition logs an undo or marks one, never both")
+        fields = sets(changes)
+        record = {"_id": order_id, **conditions(expect)}
+        update: dict[str, Any] = history_push(history) if history else {}
+        if compensation is not None:
+            # Insert-if-absent: logged by the step's first start, never again.
+            push = update.setdefault("$push", {})
+            push["undo_log"] = undo_doc(compensation)
+            journal, extra = undo_absent(compensation.step), {}
+        elif undo is not None:
+            # Set unless Done: the filter finds the entry, `$` is the one it found.
+            journal, extra = undo_pending(undo.step), undo_set(undo)
+        else:
+            journal, extra = {}, {}
+        doc = await self._apply(record | journal, update | {"$set": fields | extra}, fields)
+        if doc is None and journal:
+            # Nothing matched: the record moved on, or its undo log has the entry already (an
+            # earlier start of the step logged it; the undo is Done). The transition again,
+            # without what the log has: still one write, the second only in those cases.
+            if compensation is not None:
+                del update["$push"]["undo_log"]
+                update = {k: v for k, v in update.items() if v}
+            doc = await self._apply(record, update | {"$set": fields}, fields)
+        return None if doc is None else load_state(doc)
+
+    async def _apply(
+        self, record: dict[str, Any], update: dict[str, Any], fields: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """One conditional write; the record after it, or None if nothing matched."""
         try:
-            doc = await self._state.find_one_and_update(
-                {"_id": order_id, **conditions(expect)},
-                {"$set": update},
-                return_document=ReturnDocument.AFTER,
+            doc: dict[str, Any] | None = await self._state.find_one_and_update(
+                record, update, projection=RECORD, return_document=ReturnDocument.AFTER
             )
         except Exception as exc:
             if not is_outage(exc):
                 raise
             # The outcome is unknown (a write concern not met, a connection lost after the
-            # write was sent): the record says whether it applied. Not applied, the error
-            # stands and the caller writes again; never a superseded attempt for this.
-            doc = await self._settled(lambda: self._state.find_one({"_id": order_id, **update}))
+            # write was sent): the record says whether it applied, and with it everything the
+            # write carried (one document). Not applied, the error stands and the caller writes
+            # again; never a superseded attempt for this.
+            mine = {"_id": record["_id"], **fields}
+            doc = await self._settled(lambda: self._state.find_one(mine, RECORD))
             if doc is None:
                 raise
-        if doc is None:
-            return None
-        # Without a multi-document transaction these follow the update (as separate writes
-        # would): the update is the fact, they describe it.
-        if compensation is not None:
-            await self.append_compensation(compensation)
-        if undo is not None:
-            # After the state write, never before: a crash between them leaves a step marked
-            # Compensated whose log entry is not Done yet, so the undo is asked again under its
-            # idempotency key, which the remote service answers without a second effect.
-            await self._mark_compensation(order_id, undo)
-        await self.append_history_many(history)
-        return load_state(doc)
+        return doc
 
     async def claim(
         self,
@@ -157,6 +181,7 @@ class MongoStates(MongoJournal):
         doc = await self._state.find_one_and_update(
             {"_id": candidate["_id"], "attempt": candidate["attempt"], **conditions(spec.expect)},
             {"$set": sets(changes)},
+            projection=RECORD,
             return_document=ReturnDocument.AFTER,
         )
         return None if doc is None else load_state(doc)
@@ -167,7 +192,7 @@ class MongoStates(MongoJournal):
         lock = spec.changes(candidate["_id"], candidate["attempt"]).fields["locked_by"]
         mine = {"_id": candidate["_id"], "locked_by": lock, "owner": spec.owner}
         try:
-            doc = await self._settled(lambda: self._state.find_one(mine))
+            doc = await self._settled(lambda: self._state.find_one(mine, RECORD))
         except Exception:
             with contextlib.suppress(Exception):
                 await self._state.update_one(
