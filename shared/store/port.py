@@ -316,7 +316,9 @@ class Purges(Protocol):
 
     async def record_counts(self) -> dict[str, int]:
         """How many records each table (PostgreSQL) or collection (MongoDB) of the hub holds,
-        by its name: what retention keeps bounded, for soak runs and operators."""
+        by its name: what retention keeps bounded, for soak runs and operators. The counts may
+        be estimates (MongoDB's come from each collection's metadata, without a scan, and can
+        be off after an unclean shutdown): sizes to watch, not figures to reconcile."""
 
 
 class StoreAdmin(Protocol):
