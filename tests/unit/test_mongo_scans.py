@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from shared.store.mongo import COLLECTIONS, MongoStore
+from shared.domain.states import ProcessState
+from shared.store.mongo import COLLECTIONS, MongoStore, queries
 from tests.support.factories import order_pair
 from tests.support.mongo_standin import app_client, compose_server
 
@@ -41,3 +42,20 @@ async def test_record_counts_read_each_collections_metadata_not_its_documents(
     ran = {k: n - before.get(k, 0) for k, n in _commands(app_store).items()}
     assert (counts["orders"], counts["state"]) == (3, 3)
     assert {k: n for k, n in ran.items() if n} == {"count": len(COLLECTIONS)}
+
+
+@pytest.mark.parametrize("records", [5, 4], ids=["a part page", "full pages"])
+async def test_workflow_usage_groups_a_page_of_records_at_a_time(
+    app_store: MongoStore, monkeypatch: pytest.MonkeyPatch, records: int
+) -> None:
+    monkeypatch.setattr(queries, "USAGE_PAGE", 2)
+    await _orders(app_store, records - 1)
+    await _orders(app_store, 1, version=2)
+    before = _commands(app_store)["aggregate"]
+    usage = {(u.workflow, u.version, u.state): u.count for u in await app_store.workflow_usage()}
+    assert usage == {
+        ("order", 1, ProcessState.PENDING): records - 1,
+        ("order", 2, ProcessState.PENDING): 1,
+    }
+    # 2 records a command; a last full page is followed by one that finds none.
+    assert _commands(app_store)["aggregate"] - before == records // 2 + 1
