@@ -27,7 +27,7 @@ from shared.domain.journal import AlertKind, HistoryEvent, HistoryEventType
 from shared.domain.models import OrderRecord, StateRecord
 from shared.domain.states import LIVE_STATES, SETTLED_STATES, ProcessState
 from shared.domain.workflow import get_workflow
-from shared.store.port import StateStore
+from shared.store.port import AlertCursor, StateStore
 
 PAGE = 5000
 BUDGET = 6
@@ -316,16 +316,22 @@ def _check_first_order_kept(
 async def _check_conflicts_kept_the_first(report: AuditReport, store: StateStore) -> None:
     """Invariant 4 from the other side: a submission refused as a conflict (its alert names
     the refused data's fingerprint) did not become the stored order."""
-    alerts = await store.list_alerts(limit=100_000)
-    for alert in alerts:
-        if alert.kind is not AlertKind.DUAL_WRITE_CONFLICT or alert.order_id is None:
+    after: AlertCursor | None = None
+    while alerts := await store.list_alerts(limit=PAGE, after=after):
+        after = AlertCursor(alerts[-1].at, alerts[-1].alert_id)
+        conflicts = [
+            (alert.order_id, alert.alert_id.rpartition(":")[2])
+            for alert in alerts
+            if alert.kind is AlertKind.DUAL_WRITE_CONFLICT and alert.order_id is not None
+        ]
+        if not conflicts:
             continue
-        refused = alert.alert_id.rpartition(":")[2]
-        order = await store.get_order(alert.order_id)
-        if order is not None and refused and order.fingerprint.startswith(refused):
-            report.violate(
-                4, alert.order_id, "a submission refused as a conflict replaced the first order"
-            )
+        orders = await store.get_orders([order_id for order_id, _ in conflicts])
+        for (order_id, refused), order in zip(conflicts, orders, strict=True):
+            if order is not None and refused and order.fingerprint.startswith(refused):
+                report.violate(
+                    4, order_id, "a submission refused as a conflict replaced the first order"
+                )
 
 
 def _check_fenced_history(report: AuditReport, order_id: str, events: list[HistoryEvent]) -> None:

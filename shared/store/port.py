@@ -20,6 +20,7 @@ from shared.domain.states import ProcessState
 from shared.domain.tokens import ApiToken
 from shared.domain.updates import Changes, Expect
 from shared.store.values import (
+    AlertCursor,
     InboxClaim,
     InboxDone,
     InsertOutcome,
@@ -34,6 +35,7 @@ from shared.store.values import (
 )
 
 __all__ = [
+    "AlertCursor",
     "Alerts",
     "ApiTokens",
     "ArrivalWatch",
@@ -240,8 +242,11 @@ class Alerts(Protocol):
     async def raise_alert(self, alert: Alert) -> bool:
         """Store the alert unless one with its id exists; True if it was new."""
 
-    async def list_alerts(self, *, since: datetime | None = None, limit: int = 100) -> list[Alert]:
-        """Newest first."""
+    async def list_alerts(
+        self, *, since: datetime | None = None, limit: int = 100, after: AlertCursor | None = None
+    ) -> list[Alert]:
+        """Alerts raised at or after `since`, newest first (then by id); with `after` (the last
+        alert read), those that come after it: the next page."""
 
     async def mark_alert(
         self, alert_id: str, action: AlertAction, *, by: str, at: datetime
@@ -316,7 +321,9 @@ class Purges(Protocol):
 
     async def record_counts(self) -> dict[str, int]:
         """How many records each table (PostgreSQL) or collection (MongoDB) of the hub holds,
-        by its name: what retention keeps bounded, for soak runs and operators."""
+        by its name: what retention keeps bounded, for soak runs and operators. The counts may
+        be estimates (MongoDB's come from each collection's metadata, without a scan, and can
+        be off after an unclean shutdown): sizes to watch, not figures to reconcile."""
 
 
 class StoreAdmin(Protocol):

@@ -94,6 +94,15 @@ class ListCursor:
 
 
 @dataclass(frozen=True)
+class AlertCursor:
+    """Where the next page of alerts starts: after this (at, alert_id), newest first (alerts
+    raised at one time come by id: many are raised at once, and a page may end among them)."""
+
+    at: datetime
+    alert_id: str
+
+
+@dataclass(frozen=True)
 class WorkflowUse:
     """How many state records of one workflow version are in one state."""
 

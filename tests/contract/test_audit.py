@@ -4,7 +4,11 @@ first order) against every store adapter, from records written as the processes 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
+import pytest
+
+from services.operator import invariants
 from services.operator.invariants import audit
 from shared.domain.journal import Alert, AlertKind, HistoryEvent, HistoryEventType, Severity
 from shared.domain.models import OrderRecord
@@ -72,3 +76,47 @@ async def test_the_audit_finds_an_order_whose_data_changed_after_submission(
     assert [(n, o) for n, o, _ in found] == [(4, "o-changed"), (4, "o-changed")]
     assert any("changed since first submitted" in m for _, _, m in found)
     assert any("refused as a conflict replaced the first order" in m for _, _, m in found)
+
+
+async def test_the_audit_reads_alerts_in_pages_and_checks_every_conflict(
+    store: StateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The alerts are read a page at a time, never all in one read; a conflict on any page,
+    also among many alerts raised at one time, is checked."""
+    monkeypatch.setattr(invariants, "PAGE", 2)
+    at = utcnow()
+    for n in range(5):  # a page ends among alerts raised at one time
+        await store.raise_alert(
+            Alert(
+                alert_id=f"bad-body:{n}",  # before "conflict:…" among equals
+                kind=AlertKind.POISON_MESSAGE,
+                severity=Severity.WARNING,
+                message="malformed body",
+                at=at,
+            )
+        )
+    changed, changed_state = order_pair("o-changed", customer_id="c-later")
+    await store.insert_order(changed, changed_state)
+    await _submitted(store, changed, changed.fingerprint)
+    await store.raise_alert(
+        Alert(
+            alert_id=f"conflict:o-changed:{changed.fingerprint[:16]}",
+            kind=AlertKind.DUAL_WRITE_CONFLICT,
+            severity=Severity.CRITICAL,
+            message="order o-changed resubmitted with different data",
+            at=at,
+            order_id="o-changed",
+        )
+    )
+    limits: list[int] = []
+    list_alerts = store.list_alerts
+
+    async def counted(**kwargs: Any) -> list[Alert]:
+        limits.append(kwargs["limit"])
+        return await list_alerts(**kwargs)
+
+    monkeypatch.setattr(store, "list_alerts", counted)
+    found = await _violations(store)
+    assert [(n, o) for n, o, _ in found] == [(4, "o-changed")]
+    assert "refused as a conflict replaced the first order" in found[0][2]
+    assert len(limits) == 4 and set(limits) == {2}, limits  # 6 alerts, 2 a page, then none

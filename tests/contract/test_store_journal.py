@@ -23,7 +23,7 @@ from shared.domain.journal import (
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.domain.updates import Changes, Expect
-from shared.store.port import InboxClaim, InboxDone, StateStore, UndoMark
+from shared.store.port import AlertCursor, InboxClaim, InboxDone, StateStore, UndoMark
 from shared.store.postgres import PostgresStore
 from tests.conftest import POSTGRES_URL
 from tests.support.factories import order_pair
@@ -375,6 +375,28 @@ async def test_changed_alerts_page_through_many_changed_at_one_time(store: State
         assert last_state.changed_at is not None
         since, after = last_state.changed_at, last_alert.alert_id
     assert seen == [*ids, "later"], "each once, in order, none skipped"
+
+
+async def test_alerts_page_newest_first_through_many_raised_at_one_time(
+    store: StateStore,
+) -> None:
+    t = utcnow().replace(microsecond=0)
+    raised = [("old", t - timedelta(hours=2)), ("new", t + timedelta(seconds=1))]
+    raised += [(f"t{i}", t) for i in (3, 0, 4, 1, 2)]  # one time, a page ends among them
+    for alert_id, at in raised:
+        await store.raise_alert(_alert(alert_id, at))
+    for since, expected in [
+        (None, ["new", "t0", "t1", "t2", "t3", "t4", "old"]),
+        (t - timedelta(hours=1), ["new", "t0", "t1", "t2", "t3", "t4"]),
+    ]:
+        seen: list[str] = []
+        after: AlertCursor | None = None
+        while page := await store.list_alerts(since=since, limit=2, after=after):
+            assert len(page) <= 2
+            seen += [a.alert_id for a in page]
+            after = AlertCursor(page[-1].at, page[-1].alert_id)
+        assert seen == expected, "each once, newest first, none skipped"
+        assert [a.alert_id for a in await store.list_alerts(since=since)] == expected
 
 
 async def test_inbox_claims_are_reentrant_for_their_holder(store: StoreUnderTest) -> None:

@@ -62,6 +62,7 @@ COMMANDS = {
     "find_one": "find",
     "find": "find",
     "count_documents": "aggregate",
+    "estimated_document_count": "count",
     "aggregate": "aggregate",
     "create_index": "createIndexes",
     "drop": "drop",
@@ -69,7 +70,7 @@ COMMANDS = {
 """The MongoDB command each collection method sends (as PyMongo sends it)."""
 
 WRITES = frozenset({"insert", "update", "findAndModify", "delete", "createIndexes", "drop"})
-READS = frozenset({"find", "aggregate"})
+READS = frozenset({"find", "aggregate", "count"})
 NOT_PRIMARY_CODES = frozenset({10058, 10107, 13435, 13436, 11602, 189, 91, 11600})
 """The codes PyMongo raises as `NotPrimaryError` (its `_NOT_PRIMARY_CODES`)."""
 ROLE_ACTIONS = {

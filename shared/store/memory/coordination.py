@@ -9,6 +9,7 @@ from datetime import datetime
 from shared.domain.coordination import ComponentStatus, Lease
 from shared.domain.journal import Alert, AlertAction, AlertState
 from shared.store.memory.tables import MemoryPart
+from shared.store.values import AlertCursor
 
 
 class MemoryCoordination(MemoryPart):
@@ -49,8 +50,19 @@ class MemoryCoordination(MemoryPart):
         self._alerts[alert.alert_id] = alert
         return True
 
-    async def list_alerts(self, *, since: datetime | None = None, limit: int = 100) -> list[Alert]:
-        found = [a for a in self._alerts.values() if since is None or a.at >= since]
+    async def list_alerts(
+        self, *, since: datetime | None = None, limit: int = 100, after: AlertCursor | None = None
+    ) -> list[Alert]:
+        found = [
+            a
+            for a in self._alerts.values()
+            if (since is None or a.at >= since)
+            and (
+                after is None
+                or a.at < after.at
+                or (a.at == after.at and a.alert_id > after.alert_id)
+            )
+        ]
         found.sort(key=lambda a: a.alert_id)
         found.sort(key=lambda a: a.at, reverse=True)
         return found[:limit]

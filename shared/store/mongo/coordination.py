@@ -14,6 +14,7 @@ from shared.domain.coordination import ComponentStatus, Lease
 from shared.domain.journal import Alert, AlertAction, AlertState
 from shared.store.codec import plain
 from shared.store.mongo.connection import MongoPart, load
+from shared.store.values import AlertCursor
 
 
 class MongoCoordination(MongoPart):
@@ -67,8 +68,20 @@ class MongoCoordination(MongoPart):
             return False
         return True
 
-    async def list_alerts(self, *, since: datetime | None = None, limit: int = 100) -> list[Alert]:
-        query = {} if since is None else {"at": {"$gte": since}}
+    async def list_alerts(
+        self, *, since: datetime | None = None, limit: int = 100, after: AlertCursor | None = None
+    ) -> list[Alert]:
+        window: dict[str, Any] = {}
+        if since is not None:
+            window["$gte"] = since
+        if after is not None:  # `$lte` bounds the scan of `alerts_by_time`; `$or` skips the read
+            window["$lte"] = after.at
+        query: dict[str, Any] = {"at": window} if window else {}
+        if after is not None:
+            query["$or"] = [
+                {"at": {"$lt": after.at}},
+                {"at": after.at, "_id": {"$gt": after.alert_id}},
+            ]
         cursor = self._alerts.find(query).sort([("at", DESCENDING), ("_id", ASCENDING)])
         return [_alert(d) for d in await cursor.limit(limit).to_list(None)]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
@@ -11,6 +12,9 @@ from shared.domain.models import StateRecord
 from shared.domain.states import ProcessState
 from shared.store.mongo.connection import RECORD, MongoPart, load_state
 from shared.store.values import ListCursor, ScanCursor, ScanPage, StateQuery, WorkflowUse, page_of
+
+USAGE_PAGE = 10_000
+"""State records one command of `workflow_usage` reads (through the `_id` index)."""
 
 
 class MongoQueries(MongoPart):
@@ -51,24 +55,32 @@ class MongoQueries(MongoPart):
         return int(await self._state.count_documents(query))
 
     async def workflow_usage(self) -> list[WorkflowUse]:
-        pipeline: list[dict[str, Any]] = [
-            {
-                "$group": {
-                    "_id": {
-                        "w": "$workflow",
-                        "v": "$workflow_version",
-                        "s": "$process_state",
-                    },
-                    "n": {"$sum": 1},
-                }
-            }
-        ]
-        cursor = await self._state.aggregate(pipeline)
-        rows = [
-            (d["_id"]["w"], d["_id"]["v"], d["_id"]["s"], d["n"])
-            for d in await cursor.to_list(None)
-        ]
-        return [WorkflowUse(w, v, ProcessState(s), n) for w, v, s, n in sorted(rows)]
+        # Every record counts (finished ones too, until retention takes them) and no index
+        # holds (workflow, version, state): the records are read in pages of `_id`, each page
+        # grouped on the server, so that no one command reads the whole collection under the
+        # command timeout, and what comes back is a few counts a page.
+        counts: Counter[tuple[str, int, str]] = Counter()
+        after = ""  # every order id is greater
+        while True:
+            pipeline: list[dict[str, Any]] = [
+                {"$match": {"_id": {"$gt": after}}},
+                {"$sort": {"_id": ASCENDING}},
+                {"$limit": USAGE_PAGE},
+                {
+                    "$group": {
+                        "_id": {"w": "$workflow", "v": "$workflow_version", "s": "$process_state"},
+                        "n": {"$sum": 1},
+                        "last": {"$max": "$_id"},
+                    }
+                },
+            ]
+            groups = await (await self._state.aggregate(pipeline)).to_list(None)
+            for d in groups:
+                counts[(d["_id"]["w"], d["_id"]["v"], d["_id"]["s"])] += d["n"]
+            if sum(d["n"] for d in groups) < USAGE_PAGE:
+                break
+            after = max(d["last"] for d in groups)
+        return [WorkflowUse(w, v, ProcessState(s), n) for (w, v, s), n in sorted(counts.items())]
 
     async def find_stuck_pending(self, *, due_before: datetime, limit: int) -> list[StateRecord]:
         query = {

@@ -13,6 +13,7 @@ from shared.domain.journal import Alert, AlertAction, AlertState
 from shared.domain.models import STORED
 from shared.store.codec import jsonable
 from shared.store.postgres.connection import PostgresPart, affected, read_row
+from shared.store.values import AlertCursor
 
 ALERT_COLUMNS = "alert_id, kind, severity, message, at, order_id, source, data, schema_version"
 STATE_COLUMNS = "acknowledged_at, acknowledged_by, resolved_at, resolved_by"
@@ -85,13 +86,19 @@ class PostgresCoordination(PostgresPart):
         )
         return bool(created)
 
-    async def list_alerts(self, *, since: datetime | None = None, limit: int = 100) -> list[Alert]:
+    async def list_alerts(
+        self, *, since: datetime | None = None, limit: int = 100, after: AlertCursor | None = None
+    ) -> list[Alert]:
+        # `at <= $3` alone bounds the scan of `alerts_by_time`; the rest skips what was read.
         rows = await self._pool.fetch(
             f"SELECT {ALERT_COLUMNS} FROM {self._s}.alerts "
             "WHERE ($1::timestamptz IS NULL OR at >= $1) "
+            "AND ($3::timestamptz IS NULL OR (at <= $3 AND (at < $3 OR alert_id > $4))) "
             "ORDER BY at DESC, alert_id LIMIT $2",
             since,
             limit,
+            None if after is None else after.at,
+            "" if after is None else after.alert_id,
         )
         return [read_row(Alert, r) for r in rows]
 
