@@ -103,10 +103,10 @@ class Accounts:
     def fence_checks(
         self, account: str, order_id: str, fencing_token: str, signature: object
     ) -> bool:
-        """Whether `fencing_token` is an attempt of `order_id` (`<order_id>:<attempt>`) and
-        `signature` is the one the account's schedulers give it. The token names its order: a
-        real signed token of another order, sent with this one's id, would move this order's
-        fence to that attempt."""
+        """Whether `fencing_token` is an attempt of `order_id` (`<order_id>:<attempt>.<nonce>`,
+        or `<order_id>:<attempt>` from before nonces) and `signature` is the one the account's
+        schedulers give it. The token names its order: a real signed token of another order,
+        sent with this one's id, would move this order's fence to that attempt."""
         known = self._accounts.get(account)
         return (
             known is not None

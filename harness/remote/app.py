@@ -20,7 +20,8 @@ harness/remote/admin.py), `GET /health` (open).
 
 What orderflow asks of a real remote service, and this stand-in does (README, "The remote
 service"): one effect per idempotency key, the first outcome returned to every repeat; fencing
-tokens that only move forward per order; and an undo that commutes with the call it undoes: an
+tokens that only move forward per order (and one token per attempt number: the first to make an
+effect owns it); and an undo that commutes with the call it undoes: an
 undo recorded for an (order, operation), even one that found nothing to undo, refuses every later
 effect of that operation for the order. A compensation may overtake its own step's call (a call
 hung inside the service while the attempt that sent it gave up and compensated under the same

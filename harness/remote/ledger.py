@@ -2,8 +2,11 @@
 attempts: every call it was asked, whatever it answered.
 
 One effect per key: a repeated key returns the first outcome and makes no second effect. Fencing
-tokens (instance ids `<order_id>:<attempt>`, shared/domain/identity.py) only move forward per
-order: a request carrying an older attempt than one already seen is refused. Once an undo of an
+tokens (instance ids `<order_id>:<attempt>.<nonce>`, shared/domain/identity.py) only move forward
+per order: a request carrying an older attempt than one already seen is refused, and so is one
+carrying another token of the attempt number seen last. The first token that makes an effect at
+an attempt number owns that number: a second one is a claim that a rollback took back and made
+again (same number, another nonce), and the two must never both act. Once an undo of an
 operation is recorded for an order (whether it undid an effect or found none), no effect of that
 operation is made for the order any more: an undo commutes with the call it undoes, so a call
 that arrives, or wakes from a hang, after its undo can never leave an effect without one. Keys,
@@ -58,6 +61,7 @@ CREATE TABLE IF NOT EXISTS account_fences (
     account TEXT NOT NULL,
     order_id TEXT NOT NULL,
     attempt INTEGER NOT NULL,
+    token TEXT,
     PRIMARY KEY (account, order_id)
 );
 """
@@ -67,11 +71,22 @@ INSERT INTO account_effects
     (seq, account, idempotency_key, operation, order_id, fencing_token, outcome, result, at)
     SELECT seq, '', idempotency_key, operation, order_id, fencing_token, outcome, result, at
       FROM effects;
-INSERT INTO account_fences SELECT '', order_id, attempt FROM fences;
+INSERT INTO account_fences (account, order_id, attempt) SELECT '', order_id, attempt FROM fences;
 DROP TABLE effects;
 DROP TABLE fences;
 """
 """A ledger written before accounts existed: its effects belong to the unnamed account."""
+
+OWN_FENCES = """
+UPDATE account_fences SET token = (
+    SELECT e.fencing_token FROM account_effects AS e
+     WHERE e.account = account_fences.account AND e.order_id = account_fences.order_id
+     ORDER BY e.seq DESC LIMIT 1)
+ WHERE token IS NULL;
+"""
+"""A ledger written before fences kept their token: each fence's token is that of the order's
+newest effect. A new effect is made only at the fence's attempt or above, and moves the fence to
+its own, so the newest effect's token is the one that holds the fence's attempt."""
 
 COLUMNS = "seq, account, idempotency_key, operation, order_id, fencing_token, outcome, result, at"
 ATTEMPT_COLUMNS = (
@@ -157,7 +172,12 @@ class Ledger:
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'effects'"
         ).fetchone()
         if old is not None:
-            self._db.executescript(f"BEGIN; {MIGRATE_UNSCOPED} COMMIT;")
+            self._db.executescript(f"BEGIN; {MIGRATE_UNSCOPED} {OWN_FENCES} COMMIT;")
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(account_fences)")}
+        if "token" not in columns:
+            self._db.executescript(
+                f"BEGIN; ALTER TABLE account_fences ADD COLUMN token TEXT; {OWN_FENCES} COMMIT;"
+            )
 
     def close(self) -> None:
         self._db.close()
@@ -201,7 +221,8 @@ class Ledger:
     ) -> tuple[Effect, bool]:
         """Record an effect unless its key has one; (the effect, True if this call made it).
 
-        Raises `StaleFencingToken` for a new effect whose attempt is older than one seen, and
+        Raises `StaleFencingToken` for a new effect whose attempt is older than one seen, or
+        whose token is not the one that holds its attempt number, and
         `Undone` for a new effect when one of the operations `undone_by` (the undos of this
         one) is recorded for the order. Everything happens in one transaction, so two requests
         never both make an effect, and no effect is made after its undo.
@@ -213,7 +234,7 @@ class Ledger:
             if existing is not None:
                 db.execute("COMMIT")
                 return existing, False
-            self._admit(account, order_id, operation, attempt_of(fencing_token), undone_by)
+            self._admit(account, order_id, operation, fencing_token, undone_by)
             named = (account, idempotency_key, operation, order_id, fencing_token, outcome)
             effect = self._insert(Effect(0, *named, result, _now()))  # its seq comes with it
             db.execute("COMMIT")
@@ -223,21 +244,44 @@ class Ledger:
         return effect, True
 
     def _admit(
-        self, account: str, order_id: str, operation: str, attempt: int, undone_by: tuple[str, ...]
+        self,
+        account: str,
+        order_id: str,
+        operation: str,
+        fencing_token: str,
+        undone_by: tuple[str, ...],
     ) -> None:
         """Refuse a new effect of a superseded attempt, or of an operation undone first; else
-        move the order's fence up to `attempt`. Within `record`'s transaction."""
-        fence = self._fence(account, order_id)
-        if fence is not None and fence > attempt:
-            raise StaleFencingToken(f"attempt {attempt} of {order_id} superseded by {fence}")
+        move the order's fence to `fencing_token`. Within `record`'s transaction."""
+        self._check_fence(account, order_id, fencing_token)
         undo = self._undo_of(account, order_id, undone_by)
         if undo is not None:
             raise Undone(f"{operation} of {order_id} was undone first ({undo})")
+        # Admitted: the token's attempt is the fence's or above, so it holds the fence now.
         self._db.execute(
-            "INSERT INTO account_fences VALUES (?, ?, ?) ON CONFLICT (account, order_id) "
-            "DO UPDATE SET attempt = max(attempt, excluded.attempt)",
-            (account, order_id, attempt),
+            "INSERT INTO account_fences (account, order_id, attempt, token) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (account, order_id) "
+            "DO UPDATE SET attempt = excluded.attempt, token = excluded.token",
+            (account, order_id, attempt_of(fencing_token), fencing_token),
         )
+
+    def _check_fence(self, account: str, order_id: str, fencing_token: str) -> None:
+        """Raise `StaleFencingToken` unless the token may act: no attempt of the order made an
+        effect yet, or its attempt is above the newest that did, or it is that attempt's token.
+        A fence without a token (one no effect has claimed since the upgrade found none to give
+        it) is taken by the first token of its attempt."""
+        fence = self._fence(account, order_id)
+        if fence is None:
+            return
+        attempt, holder = fence
+        mine = attempt_of(fencing_token)
+        if mine < attempt:
+            raise StaleFencingToken(f"attempt {mine} of {order_id} superseded by {attempt}")
+        if mine == attempt and holder is not None and holder != fencing_token:
+            raise StaleFencingToken(
+                f"{fencing_token} superseded by {holder}, which holds attempt {attempt} of "
+                f"{order_id}"
+            )
 
     def _insert(self, effect: Effect) -> Effect:
         """Write a new effect; it with the `seq` the ledger gave it."""
@@ -257,13 +301,14 @@ class Ledger:
         )
         return dataclasses.replace(effect, seq=cur.lastrowid or 0)
 
-    def _fence(self, account: str, order_id: str) -> int | None:
-        """The newest attempt of the order that made an effect in the account, if any did."""
+    def _fence(self, account: str, order_id: str) -> tuple[int, str | None] | None:
+        """The newest attempt of the order that made an effect in the account, if any did, and
+        the token that holds it."""
         row = self._db.execute(
-            "SELECT attempt FROM account_fences WHERE account = ? AND order_id = ?",
+            "SELECT attempt, token FROM account_fences WHERE account = ? AND order_id = ?",
             (account, order_id),
         ).fetchone()
-        return None if row is None else int(row[0])
+        return None if row is None else (int(row[0]), row[1])
 
     def _undo_of(self, account: str, order_id: str, undos: tuple[str, ...]) -> str | None:
         """The first of `undos` recorded for the order (any outcome), as `<operation> <outcome>`."""
@@ -329,9 +374,7 @@ class Ledger:
 
     def observe_fence(self, account: str, order_id: str, fencing_token: str) -> None:
         """Refuse now if the token is stale (used before a call hangs or waits)."""
-        fence = self._fence(account, order_id)
-        if fence is not None and fence > attempt_of(fencing_token):
-            raise StaleFencingToken(f"attempt of {fencing_token} superseded by {fence}")
+        self._check_fence(account, order_id, fencing_token)
 
 
 def _effect(row: tuple[Any, ...]) -> Effect:

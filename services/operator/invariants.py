@@ -89,7 +89,7 @@ async def audit(
     report.by_state = dict(sorted(counts.items()))
     _check_no_order_lost(report, order_ids, states, now=now, grace=grace)
     _check_effects(report, states, effects)
-    _check_fenced_effects(report, effects)
+    check_fenced_effects(report, effects)
     _check_settled_unlocked(report, states)
     budgets = None if attempts is None else Budgets(_by_order(attempts), undo_attempts)
     await _check_journal(report, store, states, budgets)
@@ -226,22 +226,31 @@ def check_dead_letters(report: AuditReport, letters: list[dict[str, Any]]) -> No
             )
 
 
-def _check_fenced_effects(report: AuditReport, effects: list[dict[str, Any]]) -> None:
+def check_fenced_effects(report: AuditReport, effects: list[dict[str, Any]]) -> None:
     """Invariant 3 at the remote service: once an attempt of an order made an effect, no older
-    attempt made one after it (the ledger lists effects in the order they were made)."""
+    attempt made one after it, nor another token of the same attempt number (a claim that a
+    rollback took back and a later claim that numbered its attempt the same are two attempts;
+    shared/domain/identity.py). The ledger lists effects in the order they were made."""
     newest: dict[str, tuple[int, str]] = {}
     for effect in sorted(effects, key=lambda e: int(e["seq"])):
-        attempt = attempt_of(effect["fencing_token"])
+        token = effect["fencing_token"]
+        attempt = attempt_of(token)
         seen = newest.get(effect["order_id"])
         if seen is not None and attempt < seen[0]:
             report.violate(
                 3,
                 effect["order_id"],
-                f"{effect['operation']} by superseded {effect['fencing_token']} after an effect "
-                f"by {seen[1]}",
+                f"{effect['operation']} by superseded {token} after an effect by {seen[1]}",
+            )
+        elif seen is not None and attempt == seen[0] and token != seen[1]:
+            report.violate(
+                3,
+                effect["order_id"],
+                f"{effect['operation']} by {token} after an effect by {seen[1]}: two tokens "
+                f"of attempt {attempt}",
             )
         else:
-            newest[effect["order_id"]] = (attempt, effect["fencing_token"])
+            newest[effect["order_id"]] = (attempt, token)
 
 
 def _check_settled_unlocked(report: AuditReport, states: dict[str, StateRecord]) -> None:

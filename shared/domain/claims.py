@@ -6,6 +6,11 @@ its next attempt with that attempt's instance id as the lock). Both come from th
 source state it expects and the target state it sets. The memory store applies a claim with
 `matches` and `apply`; the PostgreSQL and MongoDB stores translate it into one statement or one
 conditional write per record, and the contract suite checks that they agree.
+
+The instance id carries the claim's `nonce`, made once per claim call: `changes` stays a pure
+function of its arguments and the claim (an adapter may call it twice for one record and gets
+the same lock), while a claim that a rollback took back never lends its token to the next one
+(shared/domain/identity.py).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shared.domain.identity import instance_id
+from shared.domain.identity import instance_id, new_nonce
 from shared.domain.states import ProcessState
 from shared.domain.transitions import Action, check_transition, transition_for
 from shared.domain.updates import Changes, Expect
@@ -31,6 +36,8 @@ class Claim:
     owner: str
     complete_by: datetime
     limit: int
+    nonce: str
+    """Random, one per claim call: every token this claim issues ends with it."""
 
     @property
     def expect(self) -> Expect:
@@ -51,7 +58,7 @@ class Claim:
         """What a claimed record, now at `attempt`, becomes: `fields`, and its next attempt
         locked by that attempt's instance id (which fences every later write of it)."""
         following = attempt + 1
-        lock = {"attempt": following, "locked_by": instance_id(order_id, following)}
+        lock = {"attempt": following, "locked_by": instance_id(order_id, following, self.nonce)}
         return Changes(fields={**self.fields, **lock})
 
 
@@ -63,7 +70,7 @@ def _claim(
     [target] = row.targets
     assert source is not None  # a claim takes existing records (only submission creates)
     check_transition(action, source, target)
-    return Claim(action, source, target, now, owner, complete_by, limit)
+    return Claim(action, source, target, now, owner, complete_by, limit, new_nonce())
 
 
 def claim_orders(*, now: datetime, limit: int, owner: str, complete_by: datetime) -> Claim:

@@ -43,7 +43,7 @@ QueueName = Annotated[
     str, StringConstraints(min_length=1, max_length=255), AfterValidator(refuse_unsafe)
 ]
 Token = Annotated[str, StringConstraints(pattern=r"^[\x21-\x7e]{1,200}$")]
-"""A fencing token or an idempotency key: printable ASCII (`<order_id>:<attempt>`)."""
+"""A fencing token or an idempotency key: printable ASCII (`<order_id>:<attempt>.<nonce>`)."""
 Timestamp = Annotated[AwareDatetime, AfterValidator(in_range)]
 """A time on the wire: with its offset (a naive time cannot be compared with the clock), and
 within the years every store and every deadline computation can hold."""

@@ -209,7 +209,8 @@ class StateRecord(_Strict):
     order_id: OrderId
     process_state: ProcessState
     locked_by: Annotated[str, StringConstraints(max_length=128)] | None = None
-    """The attempt-specific instance id `<order_id>:<attempt>` while an attempt holds it."""
+    """The attempt-specific instance id `<order_id>:<attempt>.<nonce>` (shared/domain/identity.py)
+    while an attempt holds it."""
     owner: Annotated[str, StringConstraints(max_length=200)] | None = None
     """The scheduler process running the current attempt (for operators; not a fence)."""
     complete_by: datetime | None = None

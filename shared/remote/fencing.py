@@ -1,16 +1,17 @@
 """A fencing token's signature: what makes a token unguessable by anyone but its attempt.
 
-A fencing token is the attempt's instance id, `<order_id>:<attempt>` (shared/domain/identity.py,
-the state record's `locked_by`), and anyone can write one: a caller sending attempt 999999 for
-an order would move the order's fence past every real attempt, and the remote service would
-refuse the real one as superseded. So the scheduler that claimed the attempt signs each token it
-sends: an HMAC-SHA256 under the **fence key** it shares with the remote service (one per
-account: `ORDERFLOW_REMOTE_FENCE_KEY` on the schedulers, the account's entry in
-`ORDERFLOW_REMOTE_ACCOUNTS` on the remote), over the account and the token. The step request
-carries the signature, the agent passes it on, and the remote refuses a call whose signature
-does not check before it counts or applies anything (harness/remote/app.py). The agents never
-hold the fence key: a caller with the account's key can still only use tokens a scheduler
-signed, so only the attempt that holds a token can advance an order's fence to it.
+A fencing token is the attempt's instance id, `<order_id>:<attempt>.<nonce>`
+(shared/domain/identity.py, the state record's `locked_by`), and anyone can write one: a caller
+sending attempt 999999 for an order would move the order's fence past every real attempt, and
+the remote service would refuse the real one as superseded; one sending a made-up nonce at the
+current attempt would take that attempt number from the real token. So the scheduler that
+claimed the attempt signs each token it sends: an HMAC-SHA256 under the **fence key** it shares
+with the remote service (one per account: `ORDERFLOW_REMOTE_FENCE_KEY` on the schedulers, the
+account's entry in `ORDERFLOW_REMOTE_ACCOUNTS` on the remote), over the account and the token.
+The step request carries the signature, the agent passes it on, and the remote refuses a call
+whose signature does not check before it counts or applies anything (harness/remote/app.py).
+The agents never hold the fence key: a caller with the account's key can still only use tokens
+a scheduler signed, so only the attempt that holds a token can advance an order's fence to it.
 
 One HMAC of a short string per step request, and one per call at the remote: microseconds.
 """

@@ -130,9 +130,11 @@ class OrderStates(Protocol):
     ) -> list[StateRecord]:
         """Claim up to `limit` due, unlocked Pending records for one new attempt each.
 
-        Each becomes Processing with `attempt`+1, `locked_by` = `<order_id>:<attempt>`, the
-        given `owner`, and `complete_by` (so an attempt that dies before its first step is
-        still found by the supervisor). Concurrent claimers never claim the same record twice.
+        Each becomes Processing with `attempt`+1, `locked_by` = `<order_id>:<attempt>.<nonce>`
+        (one random nonce per call: a claim a failover rolls back never lends its token to the
+        next one, shared/domain/identity.py), the given `owner`, and `complete_by` (so an
+        attempt that dies before its first step is still found by the supervisor). Concurrent
+        claimers never claim the same record twice.
         With `compensating`, claims unlocked Compensating records instead (they stay
         Compensating).
         """

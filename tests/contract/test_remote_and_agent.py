@@ -122,6 +122,9 @@ async def test_a_ledger_from_before_accounts_is_migrated_to_the_unnamed_account(
         assert kept is not None and (kept.seq, kept.account) == (7, "")
         with pytest.raises(StaleFencingToken):
             ledger.observe_fence("", "o-1", "o-1:1")
+        with pytest.raises(StaleFencingToken):  # the fence holds the token of its effect
+            ledger.observe_fence("", "o-1", "o-1:2.another")
+        ledger.observe_fence("", "o-1", "o-1:2")
         again = Ledger(str(path))  # a second open finds nothing left to migrate
         again.close()
     finally:

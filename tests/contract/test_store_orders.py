@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
 from shared.domain.claims import claim_for
+from shared.domain.identity import nonce_of, parse_instance_id
 from shared.domain.journal import HistoryEvent
 from shared.domain.journal import HistoryEventType as H
 from shared.domain.models import ErrorInfo, OrderRecord, StateRecord
@@ -247,21 +249,23 @@ async def test_write_fenced_by_a_superseded_attempt_changes_nothing(store: State
     order, state = order_pair("o-fence")
     await store.insert_order(order, state)
     first = await claim_one(store, "o-fence", timeout=0.001)
-    assert first.locked_by == "o-fence:1"
+    assert first.locked_by is not None
+    assert parse_instance_id(first.locked_by) == ("o-fence", 1)
 
     # The first attempt's deadline passes; the supervisor recovers; a second attempt claims.
     await asyncio.sleep(0.01)  # let a 1 ms deadline pass in wall-clock time (not a sync wait)
     rec = recover(first, now=utcnow(), policy=RecoveryPolicy(1_000, lambda n: timedelta(0)))
     assert await store.update_state("o-fence", rec.expect, rec.changes) is not None
     second = await claim_one(store, "o-fence")
-    assert second.locked_by == "o-fence:2"
+    assert second.locked_by is not None
+    assert parse_instance_id(second.locked_by) == ("o-fence", 2)
 
     # The first attempt wakes up and tries to record a result: nothing changes.
     late = complete_step(
         first,
         ORDER_WORKFLOW,
         "reserve",
-        instance="o-fence:1",
+        instance=first.locked_by,
         now=utcnow(),
         result={"reservation": "r1"},
         attempts_used=1,
@@ -282,7 +286,8 @@ async def test_claim_takes_only_due_unlocked_pending_records(store: StateStore) 
     assert [r.order_id for r in claimed] == ["o-due"]
     record = claimed[0]
     assert record.process_state is ProcessState.PROCESSING
-    assert (record.attempt, record.locked_by, record.owner) == (1, "o-due:1", "sched-a")
+    assert (record.attempt, record.owner) == (1, "sched-a")
+    assert record.locked_by is not None and parse_instance_id(record.locked_by) == ("o-due", 1)
     assert record.complete_by == deadline
     assert await store.claim(now=now, limit=10, owner="sched-b", complete_by=deadline) == []
 
@@ -534,9 +539,11 @@ async def test_claiming_compensations_takes_only_unlocked_compensating_records(
         )
     later = now + timedelta(seconds=30)
     claimed = await store.claim(now=now, limit=10, owner="s", complete_by=later, compensating=True)
-    assert [(r.order_id, r.process_state, r.locked_by, r.attempt) for r in claimed] == [
-        ("o-comp-0", ProcessState.COMPENSATING, "o-comp-0:2", 2)
+    assert [(r.order_id, r.process_state, r.attempt) for r in claimed] == [
+        ("o-comp-0", ProcessState.COMPENSATING, 2)
     ]
+    assert claimed[0].locked_by is not None
+    assert parse_instance_id(claimed[0].locked_by) == ("o-comp-0", 2)
     assert claimed[0].complete_by == later
     forward = await store.claim(now=now, limit=10, owner="s", complete_by=later)
     assert [r.order_id for r in forward] == ["o-comp-2"]
@@ -614,9 +621,11 @@ async def test_a_claim_changes_each_record_exactly_as_the_pure_claim_says(
         assert await store.update_state(order_id, Expect(), Changes(fields=fields)) is not None
     before = {order_id: await store.get_state(order_id) for order_id in CLAIM_CASES}
     terms = {"now": now, "limit": 50, "owner": "s", "complete_by": now + timedelta(seconds=30)}
-    spec = claim_for(**terms, compensating=compensating)
-
     claimed = await store.claim(**terms, compensating=compensating)
+    # One claim, one nonce: every token it issued carries it (shared/domain/identity.py).
+    [nonce] = {nonce_of(r.locked_by or "") for r in claimed}
+    assert nonce is not None
+    spec = replace(claim_for(**terms, compensating=compensating), nonce=nonce)
 
     expected = {
         order_id: apply(record, spec.changes(order_id, record.attempt))

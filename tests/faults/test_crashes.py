@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared.domain.coordination import SUPERVISOR_LEASE
+from shared.domain.identity import attempt_of
 from shared.domain.journal import HistoryEventType
 from shared.domain.states import ProcessState, StepStatus
 from tests.faults.conftest import FaultRun
@@ -219,7 +220,7 @@ async def test_a_scheduler_dies_at_each_point_of_an_attempt(topo: Topology, poin
         # idempotency key, got its outcome without a second effect (settle counts them).
         attempts = {s.order_id: s.attempt for s in states}
         assert any(
-            e["fencing_token"] == f"{e['order_id']}:1" and attempts[e["order_id"]] >= 2
+            attempt_of(e["fencing_token"]) == 1 and attempts[e["order_id"]] >= 2
             for e in effects
             if e["order_id"] in started_by_dead
         )

@@ -13,14 +13,17 @@ S = timedelta(seconds=1)
 
 
 @pytest.mark.parametrize(
-    ("order_id", "attempt", "expected"), [("o-1", 1, "o-1:1"), ("a.b_c", 12, "a.b_c:12")]
+    ("order_id", "attempt", "nonce", "expected"),
+    [("o-1", 1, "n0nce_-A", "o-1:1.n0nce_-A"), ("a.b_c", 12, "x", "a.b_c:12.x")],
 )
-def test_instance_id_round_trips(order_id: str, attempt: int, expected: str) -> None:
-    assert instance_id(order_id, attempt) == expected
+def test_instance_id_round_trips(order_id: str, attempt: int, nonce: str, expected: str) -> None:
+    assert instance_id(order_id, attempt, nonce) == expected
     assert parse_instance_id(expected) == (order_id, attempt)
 
 
-@pytest.mark.parametrize("bad", ["o-1", "o-1:", ":3", "o-1:x"])
+@pytest.mark.parametrize(
+    "bad", ["o-1", "o-1:", ":3", "o-1:x", "o-1:1.", "o-1:1.a.b", "o-1:1.a b", "o-1:.ab"]
+)
 def test_parse_instance_id_refuses_what_is_not_one(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_instance_id(bad)
@@ -28,7 +31,16 @@ def test_parse_instance_id_refuses_what_is_not_one(bad: str) -> None:
 
 @pytest.mark.parametrize(
     ("token", "attempt"),
-    [("o-1:3", 3), ("shop/o-1:2", 2), ("f-1", 0), (":3", 0), ("o-1:x", 0), ("o-1:\u00b2", 0)],
+    [
+        ("o-1:3", 3),
+        ("shop/o-1:2", 2),
+        ("o-1:4.Zq9_-x0A", 4),
+        ("f-1", 0),
+        (":3", 0),
+        ("o-1:x", 0),
+        ("o-1:\u00b2", 0),
+        ("o-1:3.", 0),
+    ],
 )
 def test_the_remote_service_reads_a_fencing_tokens_attempt_by_the_same_parser(
     token: str, attempt: int
@@ -40,7 +52,7 @@ def test_the_remote_service_reads_a_fencing_tokens_attempt_by_the_same_parser(
 
 def test_attempts_are_numbered_from_one() -> None:
     with pytest.raises(ValueError):
-        instance_id("o", 0)
+        instance_id("o", 0, "n")
 
 
 def test_deadline_and_expiry() -> None:

@@ -246,11 +246,13 @@ class PostgresStates(PostgresPart):
         where = conditions(spec.expect, arg, literal_states=True)
         # One round trip for a whole batch; SKIP LOCKED lets concurrent claimers pass each
         # other by instead of queueing on the same rows. The attempt and its lock are
-        # `Claim.changes` in SQL: attempt + 1, and `<order_id>:<attempt>` (`instance_id`).
+        # `Claim.changes` in SQL: attempt + 1, and `<order_id>:<attempt>.<nonce>` with the
+        # claim's nonce (`instance_id`).
         statement = f"""
             UPDATE {self._s}.state AS s
                SET {", ".join(sets)}, attempt = s.attempt + 1,
-                   locked_by = s.order_id || ':' || (s.attempt + 1)
+                   locked_by = s.order_id || ':' || (s.attempt + 1) || '.'
+                               || {arg(spec.nonce)}::text
               FROM (SELECT order_id FROM {self._s}.state
                      WHERE {" AND ".join(where)}
                      ORDER BY next_attempt_at
