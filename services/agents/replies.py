@@ -86,6 +86,11 @@ def reply_of(request: StepRequest, outcome: Outcome) -> StepReply:
     kind = ErrorKind.PERMANENT if outcome.error is not None else ErrorKind.TRANSIENT
     message = str(outcome.error) if outcome.error is not None else str(outcome.transient)
     if isinstance(outcome.error, RemoteFenced):
+        # Not the step's failure: another attempt acted at this attempt's number or above. A
+        # superseded attempt's release matches nothing; the attempt that still holds the
+        # order (another claim at its number was rolled back, and acted) gives it back, and
+        # the next claim's higher number passes the fence (README decision 148).
+        kind = ErrorKind.TRANSIENT
         message = f"superseded: {message}"
     return StepReply(
         order_id=request.order_id,
