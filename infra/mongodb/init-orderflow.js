@@ -51,7 +51,7 @@ app.getCollection("state").createIndex({"next_attempt_at": 1}, {"name": "state_c
 app.getCollection("state").createIndex({"next_attempt_at": 1}, {"name": "state_compensation_claimable", "partialFilterExpression": {"process_state": "Compensating", "locked_by": null}});
 app.getCollection("state").createIndex({"process_state": 1, "complete_by": 1, "_id": 1}, {"name": "state_deadlines"});
 app.getCollection("state").createIndex({"process_state": 1, "updated_at": -1}, {"name": "state_by_state"});
-app.getCollection("inbox").createIndex({"expires_at": 1}, {"name": "inbox_expiry", "expireAfterSeconds": 0});
+app.getCollection("inbox").createIndex({"expires_at": 1}, {"name": "inbox_expiry_late", "expireAfterSeconds": 3600});
 app.getCollection("alerts").createIndex({"at": -1}, {"name": "alerts_by_time"});
 app.getCollection("alerts").createIndex({"state.changed_at": 1}, {"name": "alerts_changed", "sparse": true});
 app.getCollection("components").createIndex({"expires_at": 1}, {"name": "components_expiry", "expireAfterSeconds": 3600});

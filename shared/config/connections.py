@@ -119,13 +119,17 @@ class BrokerSettings(Section):
         return self
 
 
+MAX_CLOCK_SKEW_S = 3600
+"""The most `clock_skew_s` may allow (and what MongoDB's TTL monitor waits past an expiry)."""
+
+
 class ProcessSettings(Section):
     """What every process shares: how long it waits for a server, how far clocks may differ,
     how it drains."""
 
     connect_timeout_s: float = Field(default=5.0, gt=0)
     """How long to wait for a server when connecting."""
-    clock_skew_s: float = Field(default=2.0, ge=0, le=3600)
+    clock_skew_s: float = Field(default=2.0, ge=0, le=MAX_CLOCK_SKEW_S)
     """How far apart the clocks of two hosts may be. Wherever one process judges a time another
     set (a step's deadline, a lease, an inbox claim), it allows this much before it acts: a
     supervisor ahead by less never recovers a live attempt, an agent behind by less never takes

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from pymongo.errors import OperationFailure
 
+from shared.config.connections import MAX_CLOCK_SKEW_S
 from shared.domain.journal import CompensationEntry, HistoryEvent, HistoryEventType
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
@@ -241,10 +242,11 @@ async def test_a_completion_after_the_ttl_monitor_deleted_its_claim_leaves_a_ded
     now = utcnow()
     short = {"now": now, "claim_until": now + timedelta(seconds=1)}
     assert await mongo.inbox_claim("q", "m-ttl", holder="a", **short) is InboxOutcome.CLAIMED
-    later = now + timedelta(seconds=90)
+    # The server's own TTL monitor (every 60 s), once the most skew allowed has passed too.
+    later = now + timedelta(seconds=MAX_CLOCK_SKEW_S + 90)
     client = mongo._client
     if isinstance(client, StandInClient):
-        assert client.server.ttl_pass(later) >= 1  # the server's own TTL monitor, every 60 s
+        assert client.server.ttl_pass(later) >= 1
     else:
         assert await mongo.inbox_purge(now=later, limit=10) == 1  # what the monitor would do
     assert await mongo.inbox_complete("q", "m-ttl", holder="a", keep_until=later + timedelta(1))
@@ -252,10 +254,32 @@ async def test_a_completion_after_the_ttl_monitor_deleted_its_claim_leaves_a_ded
     assert await mongo.inbox_claim("q", "m-ttl", holder="b", **claim) is InboxOutcome.DUPLICATE
 
 
+async def test_the_ttl_monitor_never_deletes_a_live_claim_by_a_clock_ahead(
+    bare: MongoStore,
+) -> None:
+    """The server's clock may be ahead of the processes' by as much as the settings allow; its
+    TTL monitor once deleted an inbox claim as soon as that clock passed the claim's expiry,
+    and another consumer could take the message while the first still handled it."""
+    # An older release's index (expiry at once) goes with `init`.
+    await bare._inbox.create_index("expires_at", name="inbox_expiry", expireAfterSeconds=0)
+    await bare.init()
+    await bare.init()  # and its absence is no error
+    now = utcnow()
+    claim = {"now": now, "claim_until": now + timedelta(seconds=30)}
+    assert await bare.inbox_claim("q", "m-live", holder="a", **claim) is InboxOutcome.CLAIMED
+    client = bare._client
+    if not isinstance(client, StandInClient):
+        pytest.skip("a real server's TTL monitor runs by its own clock, which a test cannot move")
+    ahead = now + timedelta(seconds=30 + MAX_CLOCK_SKEW_S - 60)
+    assert client.server.ttl_pass(ahead) == 0, "a live claim deleted by a clock ahead"
+    later = {"now": now, "claim_until": now + timedelta(seconds=60)}
+    assert await bare.inbox_claim("q", "m-live", holder="b", **later) is InboxOutcome.BUSY
+
+
 @pytest.mark.parametrize(
     ("collection", "keys", "options"),
     [
-        pytest.param("inbox", "expires_at", {"name": "inbox_expiry", "expireAfterSeconds": 5}),
+        pytest.param("inbox", "expires_at", {"name": "inbox_expiry_late", "expireAfterSeconds": 5}),
         pytest.param("state", [("updated_at", 1)], {"name": "state_by_state"}, id="keys"),
         pytest.param(
             "state",

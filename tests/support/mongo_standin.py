@@ -65,11 +65,14 @@ COMMANDS = {
     "estimated_document_count": "count",
     "aggregate": "aggregate",
     "create_index": "createIndexes",
+    "drop_index": "dropIndexes",
     "drop": "drop",
 }
 """The MongoDB command each collection method sends (as PyMongo sends it)."""
 
-WRITES = frozenset({"insert", "update", "findAndModify", "delete", "createIndexes", "drop"})
+WRITES = frozenset(
+    {"insert", "update", "findAndModify", "delete", "createIndexes", "dropIndexes", "drop"}
+)
 READS = frozenset({"find", "aggregate", "count"})
 NOT_PRIMARY_CODES = frozenset({10058, 10107, 13435, 13436, 11602, 189, 91, 11600})
 """The codes PyMongo raises as `NotPrimaryError` (its `_NOT_PRIMARY_CODES`)."""
@@ -331,6 +334,18 @@ class _Collection:
             return str(self._c.create_index(pairs, name=name, **rest))
 
         return str(await self._session.run(self._db, "create_index", create, collection=self.name))
+
+    async def drop_index(self, name: str) -> None:
+        def drop() -> None:
+            indexes = self._session.server.indexes.get((self._db, self.name), {})
+            if name not in indexes:
+                raise OperationFailure(
+                    f"index not found with name [{name}]", 27, {"codeName": "IndexNotFound"}
+                )
+            del indexes[name]
+            self._c.drop_index(name)
+
+        await self._session.run(self._db, "drop_index", drop, collection=self.name)
 
     def _check_index(self, name: str, keys: list[tuple[str, int]], options: dict[str, Any]) -> None:
         for other, (other_keys, other_options) in self._session.server.indexes.get(

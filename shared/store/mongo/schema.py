@@ -7,9 +7,12 @@ from __future__ import annotations
 from pymongo import ASCENDING, DESCENDING
 from pymongo.errors import OperationFailure, PyMongoError
 
+from shared.config.connections import MAX_CLOCK_SKEW_S
 from shared.errors import ConfigurationError, ServiceUnavailable, one_line
 from shared.store.mongo.errors import AUTH_CODES, INDEX_CONFLICT_CODES
 from shared.store.mongo.migration import MongoMigration
+
+INDEX_NOT_FOUND = 27
 
 
 class MongoSchema(MongoMigration):
@@ -63,8 +66,19 @@ class MongoSchema(MongoMigration):
         await s.create_index(
             [("process_state", ASCENDING), ("updated_at", DESCENDING)], name="state_by_state"
         )
-        # MongoDB deletes expired inbox entries itself; `inbox_purge` does it at once.
-        await self._inbox.create_index("expires_at", name="inbox_expiry", expireAfterSeconds=0)
+        # MongoDB deletes expired inbox entries itself, by the server's clock, which may be
+        # ahead of the processes': only once the most skew the settings allow has passed too, so
+        # that it never deletes a live claim (`inbox_purge` deletes on time, by the leader's
+        # clock, with the skew allowed). The index of older releases (expiry at once) goes
+        # first: MongoDB keeps one index of a key pattern and options.
+        try:
+            await self._inbox.drop_index("inbox_expiry")
+        except OperationFailure as exc:
+            if exc.code != INDEX_NOT_FOUND:
+                raise
+        await self._inbox.create_index(
+            "expires_at", name="inbox_expiry_late", expireAfterSeconds=MAX_CLOCK_SKEW_S
+        )
         await self._alerts.create_index([("at", DESCENDING)], name="alerts_by_time")
         await self._alerts.create_index(
             [("state.changed_at", ASCENDING)], name="alerts_changed", sparse=True
