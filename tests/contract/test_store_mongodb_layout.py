@@ -23,6 +23,7 @@ from shared.store.mongo.journal import HISTORY_KEPT
 from shared.store.values import UndoMark
 from tests.contract.test_store_mongodb_server import bare, fail_command, mongo
 from tests.support.factories import order_pair
+from tests.support.mongo_standin import StandInClient
 
 __all__ = ["bare", "mongo"]  # the fixtures
 
@@ -162,3 +163,32 @@ async def test_an_index_build_held_by_a_member_that_is_down_is_said_plainly(
         with pytest.raises(ServiceUnavailable, match="every voting member") as raised:
             await bare.init()
     assert "bring the member back" in str(raised.value)
+
+
+async def test_a_transition_with_its_journal_is_one_command_and_no_counter(
+    mongo: MongoStore,
+) -> None:
+    """Issue 35, hazards 1 and 4: the state, its events and its undo in one write; no shared
+    counter document every undo log once incremented (a hotspot under load)."""
+    client = mongo._client
+    if not isinstance(client, StandInClient):
+        pytest.skip("counts the stand-in's commands")
+    await mongo.insert_order(*order_pair("o-one"))
+    t = utcnow()
+    event = HistoryEvent(order_id="o-one", type=H.STEP_SCHEDULED, at=t, step="reserve")
+    undo = CompensationEntry(
+        order_id="o-one",
+        step="reserve",
+        undo="inventory.release",
+        idempotency_key="o-one:reserve:undo",
+        recorded_at=t,
+    )
+    client.server.trips.clear()
+    changes = Changes(fields={"locked_by": "o-one:1.abcdefgh", "updated_at": t})
+    after = await mongo.update_state(
+        "o-one", Expect(locked_by=None), changes, history=[event], compensation=undo
+    )
+    assert after is not None
+    assert dict(client.server.trips) == {("findAndModify", f"{mongo._prefix}state"): 1}
+    names = await mongo._db.list_collection_names()
+    assert not [n for n in names if n.endswith("counters")]

@@ -580,7 +580,8 @@ def test_the_definitions_command() -> None:
 
 def test_the_init_script_makes_the_adapters_indexes() -> None:
     names = [spec.options["name"] for spec in indexes()]
-    assert "state_claimable" in names and "inbox_expiry_late" in names and len(set(names)) == len(names)
+    assert "state_claimable" in names and "inbox_expiry_late" in names
+    assert len(set(names)) == len(names)
     script = init_script("orderflow")
     assert all(f'"name": "{name}"' in script for name in names)
     # MongoDB compares a partial filter as written: the script keeps the adapter's key order,
