@@ -82,13 +82,15 @@ def consumer_policy(settings: Settings) -> ConsumerPolicy:
     )
 
 
-async def connect_store(settings: Settings) -> StateStore:
-    """The store the settings name, with the crash drill's hook in its claims when asked."""
+async def connect_store(settings: Settings, *, initialising: bool = False) -> StateStore:
+    """The store the settings name, with the crash drill's hook in its claims when asked
+    (`initialising`: for `orderflow init`, see `open_store`)."""
     return await open_store(
         settings.store,
         settings.hub,
         connect_timeout_s=settings.process.connect_timeout_s,
         before_claim_commit=claim_drill(settings.drills),
+        initialising=initialising,
     )
 
 
@@ -334,7 +336,7 @@ class InitReport:
 
 async def initialise(settings: Settings) -> InitReport:
     """Create the store's schema and indexes and declare the hub's topology. Idempotent."""
-    store: StateStore = await connect_store(settings)
+    store: StateStore = await connect_store(settings, initialising=True)
     try:
         await store.init()
     finally:

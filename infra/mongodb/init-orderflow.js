@@ -50,7 +50,7 @@ if (apiPassword) {
 app.getCollection("state").createIndex({"next_attempt_at": 1}, {"name": "state_claimable", "partialFilterExpression": {"process_state": "Pending", "locked_by": null}});
 app.getCollection("state").createIndex({"next_attempt_at": 1}, {"name": "state_compensation_claimable", "partialFilterExpression": {"process_state": "Compensating", "locked_by": null}});
 app.getCollection("state").createIndex({"process_state": 1, "complete_by": 1, "_id": 1}, {"name": "state_deadlines"});
-app.getCollection("state").createIndex({"process_state": 1, "updated_at": -1}, {"name": "state_by_state"});
+app.getCollection("state").createIndex({"process_state": 1, "updated_at": 1, "_id": 1}, {"name": "state_by_time"});
 app.getCollection("inbox").createIndex({"expires_at": 1}, {"name": "inbox_expiry_late", "expireAfterSeconds": 3600});
 app.getCollection("alerts").createIndex({"at": -1}, {"name": "alerts_by_time"});
 app.getCollection("alerts").createIndex({"state.changed_at": 1}, {"name": "alerts_changed", "sparse": true});

@@ -375,7 +375,9 @@ def check_retry_budget(
         return
     undos = {step.undo for step in workflow.steps}
     forward = Counter(a["operation"] for a in attempts if a["operation"] not in undos)
-    if events:  # an expired journal cannot say how many grants the order had
+    # An expired journal cannot say how many grants the order had, nor one whose oldest events
+    # a store's bound cut (its first event kept is not the first: MongoDB, decision 147).
+    if events and events[0].seq in (None, 1):
         grants = 1 + sum(1 for e in events if e.type is HistoryEventType.RESUBMITTED)
         granted = state.retry_budget.limit * grants
         spent = forward.total()

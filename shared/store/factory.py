@@ -17,12 +17,14 @@ async def open_store(
     *,
     connect_timeout_s: float,
     before_claim_commit: BeforeClaimCommit | None = None,
+    initialising: bool = False,
 ) -> StateStore:
     """Connect to the store `ORDERFLOW_STORE_URL` names, in the hub's schema or database.
     Only its adapter is imported: a process on PostgreSQL never loads PyMongo, nor the other
     way round. `before_claim_commit`: a drill's hook in a PostgreSQL claim (the bootstrap's
     choice, `shared.bootstrap.claim_drill`); None, as in production, makes a claim one
-    autocommitted statement."""
+    autocommitted statement. `initialising`: for `orderflow init`, which brings an older
+    release's store to this one's layout (every other caller is refused such a store)."""
     url, pool_size = settings.store_url, settings.store_pool_size
     command_timeout = settings.store_command_timeout_s
     if settings.store_kind != "postgresql":
@@ -34,6 +36,7 @@ async def open_store(
             pool_size=pool_size,
             timeout=connect_timeout_s,
             command_timeout=command_timeout,
+            initialising=initialising,
         )
     from shared.store.postgres import PostgresStore  # noqa: PLC0415 - only its own adapter
 

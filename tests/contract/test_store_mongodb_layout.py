@@ -15,7 +15,7 @@ import pytest
 from shared.domain.journal import CompensationEntry, HistoryEvent, HistoryEventType, UndoStatus
 from shared.domain.timing import utcnow
 from shared.domain.updates import Changes, Expect
-from shared.errors import ServiceUnavailable, StoreUnavailable
+from shared.errors import ConfigurationError, ServiceUnavailable, StoreUnavailable
 from shared.store.codec import plain
 from shared.store.mongo import MongoStore
 from shared.store.mongo import migration as migration_module
@@ -23,7 +23,7 @@ from shared.store.mongo.journal import HISTORY_KEPT
 from shared.store.values import UndoMark
 from tests.contract.test_store_mongodb_server import bare, fail_command, mongo
 from tests.support.factories import order_pair
-from tests.support.mongo_standin import StandInClient
+from tests.support.mongo_standin import StandInClient, app_client
 
 __all__ = ["bare", "mongo"]  # the fixtures
 
@@ -192,3 +192,28 @@ async def test_a_transition_with_its_journal_is_one_command_and_no_counter(
     assert dict(client.server.trips) == {("findAndModify", f"{mongo._prefix}state"): 1}
     names = await mongo._db.list_collection_names()
     assert not [n for n in names if n.endswith("counters")]
+
+
+async def test_a_process_refuses_a_hub_init_has_not_moved_yet(
+    bare: MongoStore, hub: str, mongodb_url: str | None
+) -> None:
+    """Issue 35 review: a process of this release on a record not moved would see no undo log
+    and compensate nothing; it refuses to start until `orderflow init` moved the journal."""
+    await _old_hub(bare, 2)
+    client: Any = bare._client
+
+    async def reopen(*, initialising: bool = False) -> MongoStore:
+        if isinstance(client, StandInClient):
+            return await MongoStore.open(app_client(client.server), hub, initialising=initialising)
+        assert mongodb_url is not None
+        timeouts = {"pool_size": 2, "timeout": 5.0, "command_timeout": 10.0}
+        return await MongoStore.connect(mongodb_url, hub, initialising=initialising, **timeouts)
+
+    with pytest.raises(ConfigurationError, match="orderflow init"):
+        await reopen()
+    initialising = await reopen(initialising=True)
+    await initialising.init()
+    await initialising.close()
+    after = await reopen()
+    assert await _journals(after, 2) == [MOVED] * 2
+    await after.close()

@@ -280,7 +280,7 @@ async def test_the_ttl_monitor_never_deletes_a_live_claim_by_a_clock_ahead(
     ("collection", "keys", "options"),
     [
         pytest.param("inbox", "expires_at", {"name": "inbox_expiry_late", "expireAfterSeconds": 5}),
-        pytest.param("state", [("updated_at", 1)], {"name": "state_by_state"}, id="keys"),
+        pytest.param("state", [("updated_at", 1)], {"name": "state_by_time"}, id="keys"),
         pytest.param(
             "state",
             [("next_attempt_at", 1)],

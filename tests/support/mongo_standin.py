@@ -397,7 +397,10 @@ class _Collection:
 
     async def bulk_write(self, requests: list[Any], *, ordered: bool = True) -> Any:
         """Update requests only (`UpdateOne`), each applied as `update_one`, in one command;
-        mongomock's own does not take PyMongo 4's requests."""
+        mongomock's own does not take PyMongo 4's requests. Unlike a server, which lets other
+        writers in between a bulk's operations, the stand-in applies them in one step: each
+        write the adapter sends in a bulk is conditional on its own record, so none relies on
+        the other's company (and a write concern error still comes after all applied)."""
         for request in requests:
             _encode_like_the_driver((request._filter, request._doc), {})
 

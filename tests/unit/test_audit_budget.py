@@ -77,6 +77,16 @@ def test_an_expired_journal_leaves_forward_attempts_unchecked_but_not_undos() ->
     )
 
 
+def test_a_history_cut_by_its_bound_leaves_forward_attempts_unchecked() -> None:
+    """MongoDB keeps an order's newest events (decision 147): its early Resubmitted events may
+    be gone, so the grants cannot be counted from what is left (a false breach otherwise)."""
+    calls = [attempt("payment.charge")] * 9
+    cut = [RESUBMITTED.model_copy(update={"seq": 51})]
+    assert violations(state(4), cut, calls) == []
+    whole = [SUBMITTED.model_copy(update={"seq": 1}), RESUBMITTED.model_copy(update={"seq": 2})]
+    assert len(violations(state(4), whole, calls)) == 1
+
+
 def test_undos_do_not_draw_on_the_budget_and_count_per_undo_request() -> None:
     forward = [attempt("payment.charge")] * 2
     undos = [attempt("payment.refund", "o-1:1")] * 3 + [attempt("payment.refund", "o-1:2")] * 3

@@ -79,25 +79,43 @@ class MongoStore(
 
     @classmethod
     async def connect(
-        cls, url: str, hub: str, *, pool_size: int, timeout: float, command_timeout: float
+        cls,
+        url: str,
+        hub: str,
+        *,
+        pool_size: int,
+        timeout: float,
+        command_timeout: float,
+        initialising: bool = False,
     ) -> MongoStore:
         client = await client_for(
             url, pool_size=pool_size, timeout=timeout, command_timeout=command_timeout
         )
-        return await cls.open(client, hub, url=url, recheck_s=command_timeout)
+        return await cls.open(
+            client, hub, url=url, recheck_s=command_timeout, initialising=initialising
+        )
 
     @classmethod
     async def open(
-        cls, client: Any, hub: str, *, url: str = "", recheck_s: float = 10.0
+        cls,
+        client: Any,
+        hub: str,
+        *,
+        url: str = "",
+        recheck_s: float = 10.0,
+        initialising: bool = False,
     ) -> MongoStore:
         """The hub's store over a client (PyMongo's, or the test stand-in's); checks that the
-        server answers and lets the user in, and closes the client if not."""
+        server answers, lets the user in and, unless for `orderflow init`, holds the journal in
+        this release's layout (`check_layout`); closes the client if not."""
         where = f"MongoDB at {redact(url)}" if url else "MongoDB"
         try:
             db, prefix = database_for(client, hub)
             store = cls(db, client, prefix=prefix, recheck_s=recheck_s)
             await store.ping()
             await store._check_access()
+            if not initialising:
+                await store.check_layout()
         except ConfigurationError as exc:
             await client.close()
             raise ConfigurationError(f"{where}: {exc}") from exc

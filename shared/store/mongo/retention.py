@@ -89,7 +89,7 @@ class MongoRetention(MongoPart):
         as_read = {
             "_id": doc["_id"],
             "history_count": doc.get("history_count"),
-            "undo_log": {"$size": len(undo_log)},
+            "undo_log": {"$size": len(undo_log)} if "undo_log" in doc else {"$exists": False},
         }
         result = await self._state.update_one(as_read, {"$push": trims})
         return (h, c, whole) if result.modified_count == 1 else (0, 0, True)

@@ -136,9 +136,10 @@ class MongoStates(MongoJournal):
             if not is_outage(exc):
                 raise
             # The outcome is unknown (a write concern not met, a connection lost after the
-            # write was sent): the record says whether it applied, and with it everything the
-            # write carried (one document). Not applied, the error stands and the caller writes
-            # again; never a superseded attempt for this.
+            # write was sent): the record, as a majority has it, says whether it applied, and
+            # with it everything the write carried (one document). Not found there (not
+            # applied, or not replicated yet), the error stands: an outage, and the caller
+            # writes again; never a superseded attempt for this.
             mine = {"_id": record["_id"], **fields}
             doc = await self._settled(lambda: self._state.find_one(mine, RECORD))
             if doc is None:
