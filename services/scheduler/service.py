@@ -22,7 +22,6 @@ from shared.backoff import Backoff
 from shared.bootstrap import Runtime
 from shared.broker.private import PrivateQueue, ReplyRouter
 from shared.crash import crash_point
-from shared.domain.journal import HistoryEventType
 from shared.domain.models import StateRecord
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
@@ -151,7 +150,6 @@ class Scheduler:
                 continue
             if burst and not (claimed or undo or self._tasks):
                 return  # nothing due, nothing running: the burst is over
-            await self._started(claimed)
             for record in claimed:
                 self._spawn(runner.run, record)
             backlog = bool(want) and len(claimed) == want
@@ -207,26 +205,6 @@ class Scheduler:
         else:
             self._arrived.set()  # whatever arrived while nobody watched
 
-    async def _started(self, claimed: list[StateRecord]) -> None:
-        """One history append for the whole claimed batch (before any of its steps). A failure
-        costs only the timeline entry: the attempts run anyway."""
-        if not claimed:
-            return
-        report = self._report
-        events = [
-            report.event(
-                r.order_id,
-                HistoryEventType.EXECUTION_STARTED,
-                attempt=r.attempt,
-                instance_id=r.locked_by,
-            )
-            for r in claimed
-        ]
-        try:
-            await self._rt.store.append_history_many(events)
-        except Exception as exc:
-            log.warning("could not record ExecutionStarted", extra={"error": repr(exc)})
-
     async def _claim(self, limit: int, *, compensating: bool = False) -> list[StateRecord]:
         now = utcnow()
         claimed = await self._rt.store.claim(
@@ -235,6 +213,8 @@ class Scheduler:
             owner=self.name,
             complete_by=now + self._settings.workflow.step_timeout,
             compensating=compensating,
+            # Each attempt's ExecutionStarted goes with its claim: no append of its own.
+            started_by=None if compensating else self.name,
         )
         CLAIMS.labels("compensation" if compensating else "forward").inc(len(claimed))
         if claimed and not compensating:

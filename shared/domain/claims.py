@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from shared.domain.identity import instance_id, new_nonce
+from shared.domain.journal import HistoryEvent, HistoryEventType
 from shared.domain.states import ProcessState
 from shared.domain.transitions import Action, check_transition, transition_for
 from shared.domain.updates import Changes, Expect
@@ -60,6 +61,19 @@ class Claim:
         following = attempt + 1
         lock = {"attempt": following, "locked_by": instance_id(order_id, following, self.nonce)}
         return Changes(fields={**self.fields, **lock})
+
+    def started(self, order_id: str, attempt: int, *, by: str) -> HistoryEvent:
+        """The `ExecutionStarted` event of a record claimed at `attempt` (before the claim):
+        what a claim carries into the record's history when asked (`claim(started_by=…)`)."""
+        following = attempt + 1
+        return HistoryEvent(
+            order_id=order_id,
+            type=HistoryEventType.EXECUTION_STARTED,
+            at=self.now,
+            attempt=following,
+            instance_id=instance_id(order_id, following, self.nonce),
+            data={"by": by},
+        )
 
 
 def _claim(

@@ -127,6 +127,7 @@ class OrderStates(Protocol):
         owner: str,
         complete_by: datetime,
         compensating: bool = False,
+        started_by: str | None = None,
     ) -> list[StateRecord]:
         """Claim up to `limit` due, unlocked Pending records for one new attempt each.
 
@@ -136,7 +137,9 @@ class OrderStates(Protocol):
         attempt that dies before its first step is still found by the supervisor). Concurrent
         claimers never claim the same record twice.
         With `compensating`, claims unlocked Compensating records instead (they stay
-        Compensating).
+        Compensating). With `started_by`, each record claimed gets its `ExecutionStarted`
+        event (`Claim.started`, by that process) in the same write: no history append of its
+        own after the claim.
         """
 
 

@@ -292,6 +292,31 @@ async def test_claim_takes_only_due_unlocked_pending_records(store: StateStore) 
     assert await store.claim(now=now, limit=10, owner="sched-b", complete_by=deadline) == []
 
 
+async def test_a_claim_carries_each_attempts_execution_started_when_asked(
+    store: StateStore,
+) -> None:
+    """One write a claimed record, its ExecutionStarted with it (no append after the claim)."""
+    for i in range(3):
+        await store.insert_order(*order_pair(f"o-st-{i}"))
+    now = utcnow()
+    deadline = now + timedelta(seconds=30)
+    claimed = await store.claim(
+        now=now, limit=2, owner="sched-a", complete_by=deadline, started_by="scheduler-a"
+    )
+    assert len(claimed) == 2
+    for record in claimed:
+        started = [
+            e for e in await store.read_history(record.order_id) if e.type is H.EXECUTION_STARTED
+        ]
+        assert [(e.attempt, e.instance_id, e.at, e.data) for e in started] == [
+            (1, record.locked_by, now, {"by": "scheduler-a"})
+        ]
+    # Not asked: no event.
+    [rest] = await store.claim(now=now, limit=5, owner="sched-b", complete_by=deadline)
+    history = await store.read_history(rest.order_id)
+    assert H.EXECUTION_STARTED not in [e.type for e in history]
+
+
 async def test_claim_respects_its_limit(store: StateStore) -> None:
     for i in range(7):
         await store.insert_order(*order_pair(f"o-lim-{i}"))

@@ -77,6 +77,7 @@ class MemoryStates(MemoryJournal):
         owner: str,
         complete_by: datetime,
         compensating: bool = False,
+        started_by: str | None = None,
     ) -> list[StateRecord]:
         spec = claim_for(
             now=now, limit=limit, owner=owner, complete_by=complete_by, compensating=compensating
@@ -87,4 +88,6 @@ class MemoryStates(MemoryJournal):
             changes = spec.changes(record.order_id, record.attempt)
             claimed.append(apply(record, changes))
             self._states[record.order_id] = claimed[-1]
+            if started_by is not None:
+                self._append_history([spec.started(record.order_id, record.attempt, by=started_by)])
         return claimed

@@ -154,6 +154,7 @@ class MongoStates(MongoJournal):
         owner: str,
         complete_by: datetime,
         compensating: bool = False,
+        started_by: str | None = None,
     ) -> list[StateRecord]:
         spec = claim_for(
             now=now, limit=limit, owner=owner, complete_by=complete_by, compensating=compensating
@@ -162,7 +163,7 @@ class MongoStates(MongoJournal):
         cursor = self._state.find(due, {"attempt": 1}).sort("next_attempt_at", ASCENDING)
         candidates = await cursor.limit(spec.limit * _CLAIM_SPREAD).to_list(None)
         picked = random.sample(candidates, min(spec.limit, len(candidates)))
-        takes = (self._take(spec, c) for c in picked)
+        takes = (self._take(spec, c, started_by) for c in picked)
         outcomes = await asyncio.gather(*takes, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
@@ -176,12 +177,19 @@ class MongoStates(MongoJournal):
                 raise failed[0][1]
         return claimed
 
-    async def _take(self, spec: Claim, candidate: dict[str, Any]) -> StateRecord | None:
-        """One record of the claim, if it is still as the claim found it (the same attempt)."""
-        changes = spec.changes(candidate["_id"], candidate["attempt"])
+    async def _take(
+        self, spec: Claim, candidate: dict[str, Any], started_by: str | None
+    ) -> StateRecord | None:
+        """One record of the claim, if it is still as the claim found it (the same attempt),
+        with its `ExecutionStarted` event when asked."""
+        order_id, attempt = candidate["_id"], candidate["attempt"]
+        changes = spec.changes(order_id, attempt)
+        update: dict[str, Any] = {"$set": sets(changes)}
+        if started_by is not None:
+            update |= history_push([spec.started(order_id, attempt, by=started_by)])
         doc = await self._state.find_one_and_update(
-            {"_id": candidate["_id"], "attempt": candidate["attempt"], **conditions(spec.expect)},
-            {"$set": sets(changes)},
+            {"_id": order_id, "attempt": attempt, **conditions(spec.expect)},
+            update,
             projection=RECORD,
             return_document=ReturnDocument.AFTER,
         )

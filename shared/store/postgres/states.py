@@ -229,6 +229,7 @@ class PostgresStates(PostgresPart):
         owner: str,
         complete_by: datetime,
         compensating: bool = False,
+        started_by: str | None = None,
     ) -> list[StateRecord]:
         spec = claim_for(
             now=now, limit=limit, owner=owner, complete_by=complete_by, compensating=compensating
@@ -261,6 +262,19 @@ class PostgresStates(PostgresPart):
              WHERE s.order_id = due.order_id
             RETURNING s.*
             """
+        if started_by is not None:
+            # Each claimed record's ExecutionStarted, in the same statement: its attempt and
+            # lock from the row, the rest as every one of the batch has it.
+            _, kind, at, _, _, _, data, version = history_row(spec.started("x", 0, by=started_by))
+            statement = f"""
+                WITH c AS ({statement}),
+                     h AS (INSERT INTO {self._s}.history
+                           (order_id, type, at, attempt, instance_id, step, data, schema_version)
+                           SELECT order_id, {arg(kind)}, {arg(at)}::timestamptz, attempt,
+                                  locked_by, NULL, {arg(data)}::text::jsonb, {arg(version)}::int
+                             FROM c ORDER BY order_id)
+                SELECT * FROM c
+                """
         hook = self._before_claim_commit
         if hook is None:
             rows = await self._pool.fetch(statement, *args)
