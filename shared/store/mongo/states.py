@@ -102,26 +102,24 @@ class MongoStates(MongoJournal):
             raise ValueError("a transition logs an undo or marks one, never both")
         fields = sets(changes)
         record = {"_id": order_id, **conditions(expect)}
-        update: dict[str, Any] = history_push(history) if history else {}
+        transition: dict[str, Any] = {"$set": fields, **(history_push(history) if history else {})}
+        journal: dict[str, Any] = {}  # what the undo log must be for `logged` to apply
+        logged = transition
         if compensation is not None:
             # Insert-if-absent: logged by the step's first start, never again.
-            push = update.setdefault("$push", {})
-            push["undo_log"] = undo_doc(compensation)
-            journal, extra = undo_absent(compensation.step), {}
+            journal = undo_absent(compensation.step)
+            push = {**transition.get("$push", {}), "undo_log": undo_doc(compensation)}
+            logged = {**transition, "$push": push}
         elif undo is not None:
             # Set unless Done: the filter finds the entry, `$` is the one it found.
-            journal, extra = undo_pending(undo.step), undo_set(undo)
-        else:
-            journal, extra = {}, {}
-        doc = await self._apply(record | journal, update | {"$set": fields | extra}, fields)
+            journal = undo_pending(undo.step)
+            logged = {**transition, "$set": fields | undo_set(undo)}
+        doc = await self._apply(record | journal, logged, fields)
         if doc is None and journal:
             # Nothing matched: the record moved on, or its undo log has the entry already (an
             # earlier start of the step logged it; the undo is Done). The transition again,
             # without what the log has: still one write, the second only in those cases.
-            if compensation is not None:
-                del update["$push"]["undo_log"]
-                update = {k: v for k, v in update.items() if v}
-            doc = await self._apply(record, update | {"$set": fields}, fields)
+            doc = await self._apply(record, transition, fields)
         return None if doc is None else load_state(doc)
 
     async def _apply(
