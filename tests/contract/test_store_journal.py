@@ -26,7 +26,7 @@ from shared.domain.updates import Changes, Expect
 from shared.store.port import AlertCursor, InboxClaim, InboxDone, StateStore, UndoMark
 from shared.store.postgres import PostgresStore
 from tests.conftest import POSTGRES_URL
-from tests.support.factories import order_pair
+from tests.support.factories import order_pair, undo_entry
 from tests.support.stores import StoreUnderTest
 
 H = HistoryEventType
@@ -94,13 +94,7 @@ async def test_an_undo_outcome_is_fenced_like_the_record_and_done_is_final(
     order, state = order_pair("o-undo")
     await store.insert_order(order, state)
     t = utcnow()
-    entry = CompensationEntry(
-        order_id="o-undo",
-        step="charge",
-        undo="payment.refund",
-        idempotency_key="o-undo:charge:undo",
-        recorded_at=t,
-    )
+    entry = undo_entry("o-undo", "charge", at=t)
     await store.append_compensation(entry)
     live = Changes(fields={"locked_by": "o-undo:2", "updated_at": t})
     assert await store.update_state("o-undo", Expect(), live) is not None
@@ -452,13 +446,7 @@ async def test_an_update_carries_its_history_and_undo_only_when_it_matches(
         ),
         HistoryEvent(order_id="o-carry", type=H.STEP_COMPLETED, at=t, step="reserve"),
     ]
-    undo = CompensationEntry(
-        order_id="o-carry",
-        step="reserve",
-        undo="inventory.release",
-        idempotency_key="o-carry:reserve:undo",
-        recorded_at=t,
-    )
+    undo = undo_entry("o-carry", "reserve", at=t)
     missed = await store.update_state(
         "o-carry",
         Expect(locked_by="someone-else"),
@@ -734,13 +722,7 @@ async def test_no_reader_sees_a_transition_without_the_journal_it_carries(
     and the step acted after the order was Compensated."""
     await _recorded(store, "o-seen")
     t = utcnow()
-    undo = CompensationEntry(
-        order_id="o-seen",
-        step="reserve",
-        undo="inventory.release",
-        idempotency_key="o-seen:reserve:undo",
-        recorded_at=t,
-    )
+    undo = undo_entry("o-seen", "reserve", at=t)
     started = HistoryEvent(order_id="o-seen", type=H.STEP_SCHEDULED, at=t, step="reserve")
     before = len(await store.read_history("o-seen"))
     seen: list[tuple[int, int]] = []

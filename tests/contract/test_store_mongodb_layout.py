@@ -22,7 +22,7 @@ from shared.store.mongo import migration as migration_module
 from shared.store.mongo.journal import HISTORY_KEPT
 from shared.store.values import UndoMark
 from tests.contract.test_store_mongodb_server import bare, fail_command, mongo
-from tests.support.factories import order_pair
+from tests.support.factories import order_pair, undo_entry
 from tests.support.mongo_standin import StandInClient, app_client
 
 __all__ = ["bare", "mongo"]  # the fixtures
@@ -133,13 +133,7 @@ async def test_what_the_new_release_wrote_before_init_is_kept_after_the_old_jour
     # the undo of a step the old log does not have.
     later = utcnow()
     event = HistoryEvent(order_id="o-old-0000", type=H.STEP_COMPLETED, at=later, step="reserve")
-    undo = CompensationEntry(
-        order_id="o-old-0000",
-        step="charge",
-        undo="payment.refund",
-        idempotency_key="o-old-0000:charge:undo",
-        recorded_at=later,
-    )
+    undo = undo_entry("o-old-0000", "charge", at=later)
     changes = Changes(fields={"updated_at": later})
     assert await bare.update_state("o-old-0000", Expect(), changes, history=[event]) is not None
     assert await bare.update_state("o-old-0000", Expect(), changes, compensation=undo)
@@ -176,13 +170,7 @@ async def test_a_transition_with_its_journal_is_one_command_and_no_counter(
     await mongo.insert_order(*order_pair("o-one"))
     t = utcnow()
     event = HistoryEvent(order_id="o-one", type=H.STEP_SCHEDULED, at=t, step="reserve")
-    undo = CompensationEntry(
-        order_id="o-one",
-        step="reserve",
-        undo="inventory.release",
-        idempotency_key="o-one:reserve:undo",
-        recorded_at=t,
-    )
+    undo = undo_entry("o-one", "reserve", at=t)
     client.server.trips.clear()
     changes = Changes(fields={"locked_by": "o-one:1.abcdefgh", "updated_at": t})
     after = await mongo.update_state(

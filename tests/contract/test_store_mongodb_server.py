@@ -21,7 +21,7 @@ import pytest
 from pymongo.errors import OperationFailure
 
 from shared.config.connections import MAX_CLOCK_SKEW_S
-from shared.domain.journal import CompensationEntry, HistoryEvent, HistoryEventType
+from shared.domain.journal import HistoryEvent, HistoryEventType
 from shared.domain.states import ProcessState
 from shared.domain.timing import utcnow
 from shared.domain.updates import Changes, Expect, RecoveryPolicy, recover
@@ -29,7 +29,7 @@ from shared.errors import ConfigurationError, StoreUnavailable
 from shared.store.mongo import MongoStore
 from shared.store.port import InboxOutcome, InsertOutcome
 from tests.contract.conftest import _open
-from tests.support.factories import order_pair
+from tests.support.factories import order_pair, undo_entry
 from tests.support.mongo_standin import StandInClient, root_client
 
 MONGO_KINDS = [
@@ -179,13 +179,7 @@ async def test_a_transition_is_applied_whole_or_not_at_all_whichever_write_fails
     event = HistoryEvent(
         order_id="o-whole", type=HistoryEventType.STEP_SCHEDULED, at=t, step="reserve"
     )
-    undo = CompensationEntry(
-        order_id="o-whole",
-        step="reserve",
-        undo="inventory.release",
-        idempotency_key="o-whole:reserve:undo",
-        recorded_at=t,
-    )
+    undo = undo_entry("o-whole", "reserve", at=t)
     # The caller expects the record as it read it: a retry after its own write matches nothing.
     expect = Expect(locked_by=claimed.locked_by, updated_at=claimed.updated_at)
     write = ("o-whole", expect, Changes(fields={"updated_at": t + timedelta(seconds=1)}))

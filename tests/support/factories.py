@@ -6,6 +6,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
+from shared.domain.journal import CompensationEntry
 from shared.domain.models import Address, OrderData, OrderLine, OrderRecord, StateRecord
 from shared.domain.timing import utcnow
 from shared.domain.workflow import ORDER_WORKFLOW, new_state_record
@@ -46,3 +47,19 @@ def order_pair(
         order, ORDER_WORKFLOW, now=now, retry_budget=retry_budget, reply_to=reply_to
     )
     return order, state.model_copy(update={"next_attempt_at": now + due_in})
+
+
+UNDOS = {"reserve": "inventory.release", "charge": "payment.refund", "ship": "shipping.cancel"}
+"""The undo of each step of the order workflow."""
+
+
+def undo_entry(order_id: str, step: str, *, at: datetime, **overrides: Any) -> CompensationEntry:
+    """A compensation-log entry of `step`, as the scheduler logs it when the step starts."""
+    return CompensationEntry(
+        order_id=order_id,
+        step=step,
+        undo=UNDOS[step],
+        idempotency_key=f"{order_id}:{step}:undo",
+        recorded_at=at,
+        **overrides,
+    )
