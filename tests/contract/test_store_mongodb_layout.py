@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from pymongo.errors import ServerSelectionTimeoutError
 
 from shared.domain.journal import CompensationEntry, HistoryEvent, HistoryEventType, UndoStatus
 from shared.domain.timing import utcnow
@@ -157,6 +158,26 @@ async def test_an_index_build_held_by_a_member_that_is_down_is_said_plainly(
         with pytest.raises(ServiceUnavailable, match="every voting member") as raised:
             await bare.init()
     assert "bring the member back" in str(raised.value)
+
+
+async def test_a_server_gone_during_init_is_an_outage_not_a_held_index_build(
+    bare: MongoStore,
+) -> None:
+    """Only a createIndexes that ran out of the server's time is blamed on a member that is
+    down (review): a connection lost, or a server not found, is an outage like any other (both
+    are PyMongo timeouts, which the first version of the message took for a held build)."""
+    async with fail_command(bare, "alwaysOn", failCommands=["createIndexes"], closeConnection=True):
+        with pytest.raises(ServiceUnavailable) as raised:
+            await bare.init()
+    assert "voting member" not in str(raised.value)
+
+    async def unreachable() -> None:
+        raise ServerSelectionTimeoutError("stand-in:27017: [Errno 111] Connection refused")
+
+    bare._create_indexes = unreachable  # type: ignore[method-assign]
+    with pytest.raises(ServiceUnavailable) as raised:
+        await bare.init()
+    assert "voting member" not in str(raised.value)
 
 
 async def test_a_transition_with_its_journal_is_one_command_and_no_counter(
