@@ -69,7 +69,11 @@ class StatusFollower:
         if refused is not None:  # only our processes report an order's status
             self._tell(f"a status message dropped: {refused}")
             return
-        self.statuses[contract.order_id] = contract.status
+        # Statuses come from several processes, in no order between them: a Received sent again
+        # for a copy of the order's message (decision 150) may arrive after its final status,
+        # which it does not undo. A final status stands until another final one.
+        if contract.status in FINAL or self.statuses.get(contract.order_id) not in FINAL:
+            self.statuses[contract.order_id] = contract.status
         detail = f" ({contract.detail})" if contract.detail else ""
         self._tell(f"{contract.order_id}: {contract.status.value}{detail}")
         if all(self.statuses.get(o) in FINAL for o in self.pending):

@@ -2,7 +2,10 @@
 
 The order record and the state record are two insert-if-absent writes. A resubmission with the
 same data is accepted as it is; different data under a known order id overwrites nothing: the
-message is dead-lettered (`conflict`) and an alert raised. While the outstanding backlog
+message is dead-lettered (`conflict`) and an alert raised. Those writes are this queue's dedupe:
+a copy of an order's message (a redelivery, a publisher's retry, a replay) finds its order
+recorded and sends its `Received` status again, under the same message id, so the consumer
+claims no inbox entry for it (decision 150). While the outstanding backlog
 (Pending + Processing) is over the threshold, submission stops taking orders (admission control):
 they wait in `<hub>.orders`, which refuses publishers once it is full.
 
@@ -141,10 +144,17 @@ class Submission:
             self._counted(self._backlog + 1)
             if self._backlog > self._threshold:
                 await self._pause()
-        elif not await self._submitted(order_id):
-            # A redelivery after a crash between the inserts and the append (MongoDB) finds the
-            # records in place but no OrderSubmitted: the timeline gets it now.
-            await self._rt.store.append_history(submitted)
+        else:
+            log.info("order recorded already: a copy of its message, or a resubmission")
+            events = {e.type for e in await self._rt.store.read_history(order_id)}
+            if not events:
+                # A redelivery after a crash between the inserts and the append (MongoDB) finds
+                # the records in place but no OrderSubmitted: the timeline gets it now.
+                await self._rt.store.append_history(submitted)
+            elif events != {HistoryEventType.ORDER_SUBMITTED}:
+                # Its run has begun (or its timeline was cut, long after): a Received now could
+                # reach the application after the statuses that followed it.
+                return
         await self._report.status(
             order_id,
             reply_to,
@@ -166,10 +176,6 @@ class Submission:
                 reason="unauthorised",
             )
         return message.order.model_copy(update={"order_id": scoped(user, message.order.order_id)})
-
-    async def _submitted(self, order_id: str) -> bool:
-        events = await self._rt.store.read_history(order_id)
-        return any(e.type is HistoryEventType.ORDER_SUBMITTED for e in events)
 
     async def close(self) -> None:
         await self._binder.close()
@@ -236,7 +242,8 @@ class Submission:
 async def serve_submission(runtime: Runtime, stop: asyncio.Event, *, burst: bool = False) -> None:
     """Record orders until `stop`; in `burst` mode, until none is left to record."""
     submission = Submission(runtime)
-    consumer = await runtime.consumer(runtime.names.orders, submission.handle)
+    # The order's insert-if-absent is the dedupe, keyed by the order (decision 150): no inbox.
+    consumer = await runtime.consumer(runtime.names.orders, submission.handle, dedupe=False)
     await submission.attach(consumer)
     async with runtime.heartbeat("submission", submission.status):
         await consumer.start()

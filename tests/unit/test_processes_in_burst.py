@@ -12,7 +12,7 @@ from harness.simulation.shop import Placed
 from services.scheduler.compensator import Compensator
 from services.scheduler.context import AttemptContext, attempt_rules
 from services.scheduler.runner import OrderRunner
-from services.shop.orders import message_id_of
+from services.scheduler.service import serve_scheduler
 from services.supervisor.service import serve_supervisor
 from shared.broker.private import PrivateQueue, ReplyRouter
 from shared.domain.journal import AlertKind
@@ -47,6 +47,41 @@ def test_an_order_is_processed_by_one_burst_of_each_process() -> None:
             OrderStatus.PROCESSING,
             OrderStatus.COMPLETED,
         ]
+
+    run(scenario)
+
+
+def test_copies_of_an_order_message_record_one_order_and_claim_no_inbox_entry() -> None:
+    async def scenario(hub: MemoryHub) -> None:
+        placed = await hub.place()
+        await hub.shop.place(placed)  # the same message again: a publisher's retry
+        await hub.submission()
+        assert (await hub.state(placed)).process_state is P.PENDING
+        assert await _history(hub, placed.order_id) == [H.ORDER_SUBMITTED]
+        # The order's insert is the dedupe (decision 150): the orders queue has no inbox.
+        assert (await hub.store.record_counts())["inbox"] == 0
+        await hub.sleep(0.1)
+        # Each copy is told Received again, under its stable message id (decision 17).
+        assert set(placed.statuses) == {OrderStatus.RECEIVED}
+
+    run(scenario)
+
+
+def test_a_copy_of_an_order_message_after_its_run_began_sends_no_status() -> None:
+    async def scenario(hub: MemoryHub) -> None:
+        placed = await hub.place()
+        await hub.submission()
+        await hub.scheduler()
+        await hub.sleep(0.1)
+        told = list(placed.statuses)
+        assert told[-1] is OrderStatus.COMPLETED
+        await hub.shop.place(placed)  # a copy, late: a replay, or a publisher's retry
+        await hub.submission()
+        await hub.sleep(0.1)
+        # Nothing added, and no Received after Completed.
+        assert placed.statuses == told
+        assert (await _history(hub, placed.order_id)).count(H.ORDER_SUBMITTED) == 1
+        assert (await hub.state(placed)).process_state is P.PROCESSED
 
     run(scenario)
 
@@ -226,13 +261,14 @@ class _Twice:
 # -- what the simulation found: a message waiting for something else is never held, so no
 # crash, and no broker restart, counts a delivery against it (seed 203491 of 16 orders, 12
 # faults: an accepted order dead-lettered `redelivery-limit` after its submission process died
-# five times while the message waited on the inbox claim the first one had left)
+# five times while the message waited on the inbox claim the first one had left). Submission
+# claims no inbox entry any more (decision 150): the case is played on an agent's queue.
 
 
-async def _dies_repeatedly(hub: MemoryHub, times: int, every_s: float) -> None:
-    """A submission process that dies `times` times, `every_s` apart, and is started again
+async def _dies_repeatedly(hub: MemoryHub, kind: str, times: int, every_s: float) -> None:
+    """A process of `kind` that dies `times` times, `every_s` apart, and is started again
     (the simulation's process: a crash severs its connection, then cancels every task)."""
-    process = hub.world.add("submission", "submission-dying")
+    process = hub.world.add(kind, f"{kind}-dying")
     for _ in range(times):
         process.start()
         await hub.sleep(every_s)
@@ -241,16 +277,28 @@ async def _dies_repeatedly(hub: MemoryHub, times: int, every_s: float) -> None:
 
 def test_a_message_waiting_on_a_dead_consumers_claim_is_not_counted_by_crashes() -> None:
     async def scenario(hub: MemoryHub) -> None:
-        placed = await hub.place()
-        # A submission that died handling it left its inbox claim for the claim's time.
-        key = f"shop/{message_id_of(placed.data)}"
+        await hub.place()
+        await hub.submission()
+        # The scheduler asks for the first step with no agent running: the request waits.
+        await serve_scheduler(await hub.runtime("scheduler"), asyncio.Event(), burst=True)
+        queue = hub.names.agent("inventory")
+        request = hub.world.broker.delivered(hub.world.broker.queues[queue].ready[0])
+        # An agent that died handling it left its inbox claim for the claim's time.
+        key = f"{request.user_id}/{request.message_id}"
         until = utcnow() + timedelta(seconds=hub.settings.broker.inbox_claim_ttl_s)
         await hub.store.inbox_claim_many(
-            hub.names.orders, [InboxClaim(key, "dead-holder", until)], now=utcnow()
+            queue, [InboxClaim(key, "dead-holder", until)], now=utcnow()
         )
-        await _dies_repeatedly(hub, hub.settings.broker.redelivery_limit + 1, every_s=3.0)
+        limit = hub.settings.broker.redelivery_limit
+        await _dies_repeatedly(hub, "agent-inventory", limit + 1, every_s=3.0)
+        queues = hub.world.broker.queues
+        waiting = [m for n, q in queues.items() if n.startswith(queue) for m in q.ready]
+        assert len(waiting) == 1 and not queues[f"{queue}.dlq"].ready, "dead-lettered"
         await hub.sleep(hub.settings.broker.inbox_claim_ttl_s)
-        await hub.submission()
-        assert (await hub.state(placed)).process_state is P.PENDING, "the order was lost"
+        async with hub.agents():
+            await hub.sleep(1.0)
+        # Handled once the claim expired (its deadline had passed: no call), not dead-lettered.
+        assert not queues[queue].ready
+        assert not [n for n, q in queues.items() if n.startswith(queue) and q.ready], "parked"
 
     run(scenario)
