@@ -300,6 +300,10 @@ class _Collection:
         self.name = name
         self._c = session.server.mm[db][name]
 
+    def with_options(self, **options: Any) -> _Collection:
+        """The same collection: the stand-in is one node, whose reads see every write."""
+        return self
+
     def find(self, *args: Any, **kwargs: Any) -> _Cursor:
         found = self._c.find(*args, **kwargs)
         return _Cursor(self._session, self._db, found, collection=self.name)

@@ -20,6 +20,7 @@ from typing import Any
 
 from pymongo import ASCENDING, ReturnDocument
 from pymongo.errors import DuplicateKeyError
+from pymongo.read_concern import ReadConcern
 
 from shared.domain.claims import Claim, claim_for
 from shared.domain.journal import CompensationEntry, HistoryEvent
@@ -57,7 +58,12 @@ class MongoStates(MongoJournal):
         try:
             await self._orders.insert_one(doc)
         except DuplicateKeyError:
-            existing = await self._orders.find_one({"_id": order.order_id}, {"fingerprint": 1})
+            # The primary holds the order; a majority read may not see it yet (a copy of the
+            # message inserting it right now, its write not yet acknowledged by a majority), and
+            # would call it a conflict. So the primary's own view: should that write be rolled
+            # back, its copy was not acknowledged and comes again.
+            primary = self._orders.with_options(read_concern=ReadConcern("local"))
+            existing = await primary.find_one({"_id": order.order_id}, {"fingerprint": 1})
             if existing is None or existing["fingerprint"] != order.fingerprint:
                 return InsertOutcome.CONFLICT
             outcome = InsertOutcome.EXISTS
