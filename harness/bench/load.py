@@ -89,7 +89,7 @@ async def _publish_until_taken(
             await asyncio.sleep(0.2)  # the orders queue is full: admission control
         except PublishError:
             # No confirm in time (a loaded broker) or a lost connection: the same message id
-            # again, which the inbox drops if the first copy arrived.
+            # again, which finds its order recorded if the first copy arrived.
             await asyncio.sleep(1.0)
 
 

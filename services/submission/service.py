@@ -4,8 +4,9 @@ The order record and the state record are two insert-if-absent writes. A resubmi
 same data is accepted as it is; different data under a known order id overwrites nothing: the
 message is dead-lettered (`conflict`) and an alert raised. Those writes are this queue's dedupe:
 a copy of an order's message (a redelivery, a publisher's retry, a replay) finds its order
-recorded and sends its `Received` status again, under the same message id, so the consumer
-claims no inbox entry for it (decision 150). While the outstanding backlog
+recorded, adds nothing, and sends its `Received` status again, under the same message id, while
+the order waits for its first claim; so the consumer claims no inbox entry for it (decision
+150). While the outstanding backlog
 (Pending + Processing) is over the threshold, submission stops taking orders (admission control):
 they wait in `<hub>.orders`, which refuses publishers once it is full.
 
@@ -145,15 +146,19 @@ class Submission:
             if self._backlog > self._threshold:
                 await self._pause()
         else:
-            log.info("order recorded already: a copy of its message, or a resubmission")
-            events = {e.type for e in await self._rt.store.read_history(order_id)}
-            if not events:
-                # A redelivery after a crash between the inserts and the append (MongoDB) finds
-                # the records in place but no OrderSubmitted: the timeline gets it now.
-                await self._rt.store.append_history(submitted)
-            elif events != {HistoryEventType.ORDER_SUBMITTED}:
-                # Its run has begun (or its timeline was cut, long after): a Received now could
-                # reach the application after the statuses that followed it.
+            # A copy of its message, or a resubmission. Every store writes the order, its state
+            # record and its first event together, so all three are in place.
+            existing = await self._rt.store.get_state(order_id)
+            begun = existing is not None and (
+                existing.process_state is not ProcessState.PENDING or existing.attempt > 0
+            )
+            log.info(
+                "order recorded already: a copy of its message, or a resubmission",
+                extra={"run_begun": begun},
+            )
+            if begun:
+                # A Received now could reach the application after the statuses that followed
+                # the first one's.
                 return
         await self._report.status(
             order_id,

@@ -46,6 +46,7 @@ DEBUG_AGENT = "payment"
 """Runs at DEBUG, so that its successes are logged too."""
 GARBAGE_ID = "m-garbage"
 CONFLICT_ID = "m-conflict"
+RECORDED_ALREADY = "order recorded already: a copy of its message, or a resubmission"
 
 Line = dict[str, Any]
 
@@ -103,7 +104,7 @@ async def _submit_and_wait(topo: Topology) -> None:
         for order_id in ORDER_IDS:
             body = SubmitOrder(order=order_data(order_id)).to_json()
             await _publish(topo, publisher, body, f"m-{order_id}")
-        # The first order again under the same message id: a duplicate the inbox drops.
+        # The first order again under the same message id: a copy its record dedupes.
         await _publish(
             topo,
             publisher,
@@ -129,8 +130,8 @@ async def _submit_and_wait(topo: Topology) -> None:
 
         return lambda: asyncio.sleep(0, written())
 
-    dropped = submission_wrote(f"m-{ORDER_IDS[0]}", "duplicate message dropped")
-    await eventually(dropped, what="the duplicate dropped")
+    dropped = submission_wrote(f"m-{ORDER_IDS[0]}", RECORDED_ALREADY)
+    await eventually(dropped, what="the copy found recorded")
     for message_id in (CONFLICT_ID, GARBAGE_ID):
         refused = submission_wrote(message_id, "message dead-lettered", "alert raised")
         await eventually(refused, what=f"{message_id} dead-lettered and alerted")
@@ -220,7 +221,7 @@ def test_submission_lines_about_an_order_name_the_order_and_the_message(run: Run
     lines = run.order_lines("submission")
     assert not missing(lines, "order_id", "message_id")
     by_event = {line["event"]: line for line in lines}
-    duplicate = by_event["duplicate message dropped"]
+    duplicate = by_event[RECORDED_ALREADY]
     assert (duplicate["order_id"], duplicate["message_id"]) == (ORDER_IDS[0], f"m-{ORDER_IDS[0]}")
     conflict = [line for line in lines if line.get("message_id") == CONFLICT_ID]
     assert {line["event"] for line in conflict} >= {"alert raised", "message dead-lettered"}

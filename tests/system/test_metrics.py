@@ -168,12 +168,13 @@ async def test_every_process_serves_metrics_with_real_values(topo: Topology) -> 
     remote = await scraped(ports["remote"])
     assert value(remote, "process_cpu_seconds_total") > 0
 
-    # The first order of the same seed again: the same message id, dropped by the inbox.
+    # The first order of the same seed again: the same message id, handled again and found
+    # recorded (the orders queue is deduped by its records, decision 150).
     assert submit(topo, "--count", "1", "--seed", "11")["published"] == 1
     submission = await metric_reaches(
-        ports["submission"], "orderflow_messages_total", 1, queue=orders, outcome="duplicate"
+        ports["submission"], "orderflow_messages_total", 21, queue=orders, outcome="handled"
     )
-    assert value(submission, "orderflow_messages_total", queue=orders, outcome="handled") == 20
+    assert value(submission, "orderflow_messages_total", queue=orders, outcome="duplicate") == 0
     # Poison input is dead-lettered with its reason, and the depth of the dead letters shows.
     connection = await connect(RABBITMQ_URL, timeout=5, name="metrics-test")
     try:
