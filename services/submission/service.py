@@ -6,9 +6,9 @@ message is dead-lettered (`conflict`) and an alert raised. Those writes are this
 a copy of an order's message (a redelivery, a publisher's retry, a replay) finds its order
 recorded, adds nothing, and sends its `Received` status again, under the same message id, while
 the order waits for its first claim; so the consumer claims no inbox entry for it (decision
-150). While the outstanding backlog
-(Pending + Processing) is over the threshold, submission stops taking orders (admission control):
-they wait in `<hub>.orders`, which refuses publishers once it is full.
+150). While the outstanding backlog (Pending + Processing) is over the threshold, submission
+stops taking orders (admission control): they wait in `<hub>.orders`, which refuses publishers
+once it is full.
 
 The consumer binds each delivery's `message_id` and `order_id` to the lines written while it is
 handled: the refused reply_to, the conflict (its alert and its dead-letter) and a pause that an
