@@ -143,11 +143,10 @@ class Submission:
             )
         if outcome is InsertOutcome.CREATED:
             self._counted(self._backlog + 1)
-            if self._backlog > self._threshold:
-                await self._pause()
         else:
-            # A copy of its message, or a resubmission. Every store writes the order, its state
-            # record and its first event together, so all three are in place.
+            # A copy of its message, or a resubmission: `insert_order` has put the state record
+            # and its first event in place before it answered. (A majority read on MongoDB may
+            # not see them yet: None, taken as not begun, and the Received goes again.)
             existing = await self._rt.store.get_state(order_id)
             begun = existing is not None and (
                 existing.process_state is not ProcessState.PENDING or existing.attempt > 0
@@ -167,6 +166,11 @@ class Submission:
             ProcessState.PENDING,
             message_id=f"{order_id}:status:received",
         )
+        # After the status: a pause that fails (the broker refusing the cancel, the store the
+        # alert) has the message handled again, when the order may have been claimed already
+        # and the copy would send no Received.
+        if outcome is InsertOutcome.CREATED and self._backlog > self._threshold:
+            await self._pause()
 
     def _owned(self, message: SubmitOrder, user: str | None) -> OrderData:
         """The order under its id in the system: where applications are told apart by their
