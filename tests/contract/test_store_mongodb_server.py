@@ -289,3 +289,38 @@ async def test_an_index_with_other_options_is_a_configuration_error(
     await bare._named(collection).create_index(keys, **options)
     with pytest.raises(ConfigurationError, match="dropIndex"):
         await bare.init()
+
+
+class _MajorityLagging:
+    """The orders collection as a majority read sees it while another copy's insert has not
+    reached a majority yet: the document is on the primary, not in a majority's view."""
+
+    def __init__(self, collection: Any) -> None:
+        self._collection = collection
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._collection, name)
+
+    async def find_one(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def with_options(self, **options: Any) -> Any:
+        read_concern = options.get("read_concern")
+        if read_concern is None or read_concern.level == "majority":
+            return self
+        return self._collection.with_options(**options)
+
+
+async def test_a_copy_racing_the_first_insert_is_not_a_conflict(mongo: MongoStore) -> None:
+    """Two copies of an order message recorded at once (submission has no inbox, decision
+    150): the loser's duplicate-key read must not need a majority to see the winner's order."""
+    order, state = order_pair("o-racing")
+    assert await mongo.insert_order(order, state) is InsertOutcome.CREATED
+    orders = mongo._orders
+    mongo._orders = _MajorityLagging(orders)
+    try:
+        assert await mongo.insert_order(order, state) is InsertOutcome.EXISTS
+        other, other_state = order_pair("o-racing", customer_id="someone-else")
+        assert await mongo.insert_order(other, other_state) is InsertOutcome.CONFLICT
+    finally:
+        mongo._orders = orders

@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import pytest
+
 from harness.simulation.shop import Placed
 from services.scheduler.compensator import Compensator
 from services.scheduler.context import AttemptContext, attempt_rules
 from services.scheduler.runner import OrderRunner
 from services.scheduler.service import serve_scheduler
+from services.submission.service import Submission, serve_submission
 from services.supervisor.service import serve_supervisor
 from shared.broker.private import PrivateQueue, ReplyRouter
 from shared.domain.journal import AlertKind
@@ -20,6 +23,7 @@ from shared.domain.journal import HistoryEventType as H
 from shared.domain.messages import OrderStatus
 from shared.domain.states import ProcessState, StepStatus
 from shared.domain.timing import utcnow
+from shared.errors import StoreUnavailable
 from shared.store.values import InboxClaim
 from tests.support.memory_hub import MemoryHub, run
 
@@ -82,6 +86,38 @@ def test_a_copy_of_an_order_message_after_its_run_began_sends_no_status() -> Non
         assert placed.statuses == told
         assert (await _history(hub, placed.order_id)).count(H.ORDER_SUBMITTED) == 1
         assert (await hub.state(placed)).process_state is P.PROCESSED
+
+    run(scenario)
+
+
+def test_an_order_whose_pause_failed_was_told_received_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The order that tips the backlog pauses submission; a pause that fails has its message
+    handled again, and by then a scheduler may have claimed the order: its Received must have
+    gone already (a copy of a claimed order's message sends none)."""
+
+    async def scenario(hub: MemoryHub) -> None:
+        failed: list[bool] = []
+
+        async def pause_failing_once(self: Submission) -> None:
+            if not failed:
+                failed.append(True)
+                # A scheduler claims meanwhile, then the broker refuses the cancel.
+                now = utcnow()
+                await hub.store.claim(
+                    now=now, limit=10, owner="scheduler-1", complete_by=now + timedelta(seconds=60)
+                )
+                raise StoreUnavailable("the broker refused the cancel")
+
+        monkeypatch.setattr(Submission, "_pause", pause_failing_once)
+        first, second = await hub.place(), await hub.place()
+        runtime = await hub.runtime("submission", backlog_threshold=1)
+        await serve_submission(runtime, asyncio.Event(), burst=True)
+        await hub.sleep(0.1)
+        assert failed, "the second order tipped the backlog"
+        assert first.statuses == second.statuses == [OrderStatus.RECEIVED]
+        assert (await hub.state(second)).attempt == 1
 
     run(scenario)
 
