@@ -4,7 +4,8 @@ DESIGN §6: tenacity retries transient failures only, stopped by the request's a
 and its deadline; a pybreaker circuit breaker per remote endpoint fails fast while the endpoint is
 down; no new side effect starts after the deadline. The agent answers ok or a non-transient error;
 once transient failures spent its allowance it answers `transient` with the attempts used, so the
-attempt gives the order back at once (README decision 27, a departure from DESIGN §6's silence).
+attempt gives the order back at once (decision:transient-failures-reported-not-waited-out, a
+departure from DESIGN §6's silence).
 It stays silent when the deadline came first or an open circuit let no call through, and the
 supervisor recovers the step after its deadline.
 
@@ -64,7 +65,8 @@ class Agent:
         ticket_queue: str | None = None,
     ) -> None:
         """`ticket_queue`: the inbox queue of `tickets` when they are inbox claims, so the
-        first can be taken along with a request's own inbox claim (decision 132);
+        first can be taken along with a request's own inbox claim
+        (decision:first-attempt-ticket-with-inbox-claim);
         `ticket_keep_s`: how long a ticket is kept (the broker's dedupe window)."""
         self.name = name
         self._tickets = tickets

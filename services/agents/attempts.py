@@ -18,7 +18,8 @@ Tickets are inbox entries under a name of their own (`<agent queue>:attempts`, w
 reads), each claimed by a holder used once and kept until well after the request's deadline: the
 inbox is the store's "take this key once within a window" primitive, which is what a ticket is,
 so the store's port and schema stay as they are, and both stores have it. The first ticket of a
-request is asked for with the request's own inbox claim, in one round trip (decision 132): the
+request is asked for with the request's own inbox claim, in one round trip
+(decision:first-attempt-ticket-with-inbox-claim): the
 handling is handed its outcome (`Allowance(first=...)`) and asks the store from ticket 2 on.
 """
 
@@ -112,7 +113,8 @@ class Allowance:
         first: bool | None = None,
     ):
         """`first`: whether ticket 1 was taken for this handling already, along with its
-        message's inbox claim (decision 132); None when it was not asked for."""
+        message's inbox claim (decision:first-attempt-ticket-with-inbox-claim); None when it was not
+        asked for."""
         self._tickets = tickets
         self._request = request
         self.allowed = allowed

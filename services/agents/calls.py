@@ -202,5 +202,5 @@ def _stopped(
         # gives the order back at once.
         return None, str(exc)
     # An open circuit that let no call through stays silent: the step's deadline paces the
-    # retries while the remote service is down (decision 15).
+    # retries while the remote service is down (decision:open-circuit-fails-fast).
     return CIRCUIT_OPEN, None

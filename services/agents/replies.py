@@ -89,7 +89,7 @@ def reply_of(request: StepRequest, outcome: Outcome) -> StepReply:
         # Not the step's failure: another attempt acted at this attempt's number or above. A
         # superseded attempt's release matches nothing; the attempt that still holds the
         # order (another claim at its number was rolled back, and acted) gives it back, and
-        # the next claim's higher number passes the fence (README decision 148).
+        # the next claim's higher number passes the fence (decision:fencing-token-nonce).
         kind = ErrorKind.TRANSIENT
         message = f"superseded: {message}"
     return StepReply(

@@ -5,8 +5,10 @@ gathers them from a hub).
 Violations are numbered by DESIGN §8 (1-5); `6` is the retry budget (DESIGN §6, §9): an order
 whose remote calls exceed what it was granted. Forward calls (every operation of the order that
 is not one of its workflow's undos) draw on the order's budget, `retry_budget.limit` per grant:
-the submission, and each operator resubmit, which grants a fresh budget (README decision 21).
-Undos do not draw on it (decision 20): each undo *request* may spend `undo_attempts`, and an undo
+the submission, and each operator resubmit, which grants a fresh budget
+(decision:operator-resubmit-grants-fresh-retry-budget).
+Undos do not draw on it (decision:undos-spend-no-retry-budget): each undo *request* may spend
+`undo_attempts`, and an undo
 request is one compensation attempt's call of one undo, named by its fencing token (a
 compensation attempt asks each undo once; a crash or a released compensation is a new attempt,
 with a new token). An order whose journal has expired (retention) cannot say how often it was
@@ -376,7 +378,8 @@ def check_retry_budget(
     undos = {step.undo for step in workflow.steps}
     forward = Counter(a["operation"] for a in attempts if a["operation"] not in undos)
     # An expired journal cannot say how many grants the order had, nor one whose oldest events
-    # a store's bound cut (its first event kept is not the first: MongoDB, decision 147).
+    # a store's bound cut (its first event kept is not the first: MongoDB,
+    # decision:mongodb-transition-one-write).
     if events and events[0].seq in (None, 1):
         grants = 1 + sum(1 for e in events if e.type is HistoryEventType.RESUBMITTED)
         granted = state.retry_budget.limit * grants

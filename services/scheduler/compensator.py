@@ -11,7 +11,8 @@ CompensationFailed order again later; the undos already Done are skipped.
 The attempt that failed compensates under its own fencing token, so a call of the failed step
 that still hangs inside the remote service (the agent gave up on it) is not fenced off by the
 undo: it may wake after the undo was recorded as a no-op. The remote service refuses that
-call's effect, since an undo commutes with the call it undoes (README decision 78), whoever
+call's effect, since an undo commutes with the call it undoes (decision:undo-commutes-with-call),
+whoever
 compensates and under whichever token.
 """
 

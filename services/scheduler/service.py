@@ -42,7 +42,7 @@ CLAIM_GAP_S = 0.05
 """The least time between two claims of a starter that arrivals woke: an order arriving after a
 quiet spell is claimed at once; under a steady stream, the orders that arrive within the gap go
 in one claim, and their steps to the agents together, which costs every process less per order
-than a claim each (decision 103)."""
+than a claim each (decision:claim-gap-50-ms)."""
 
 WATCH_RETRY_S = 1.0
 """How often a starter tries again to watch for arrivals after a watch was lost."""

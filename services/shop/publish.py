@@ -70,7 +70,8 @@ class StatusFollower:
             self._tell(f"a status message dropped: {refused}")
             return
         # Statuses come from several processes, in no order between them: a Received sent again
-        # for a copy of the order's message (decision 150) may arrive after its final status,
+        # for a copy of the order's message (decision:orders-deduped-by-order) may arrive after its
+        # final status,
         # which it does not undo. A final status stands until another final one.
         if contract.status in FINAL or self.statuses.get(contract.order_id) not in FINAL:
             self.statuses[contract.order_id] = contract.status

@@ -5,8 +5,9 @@ same data is accepted as it is; different data under a known order id overwrites
 message is dead-lettered (`conflict`) and an alert raised. Those writes are this queue's dedupe:
 a copy of an order's message (a redelivery, a publisher's retry, a replay) finds its order
 recorded, adds nothing, and sends its `Received` status again, under the same message id, while
-the order waits for its first claim; so the consumer claims no inbox entry for it (decision
-150). While the outstanding backlog (Pending + Processing) is over the threshold, submission
+the order waits for its first claim; so the consumer claims no inbox entry for it
+(decision:orders-deduped-by-order). While the outstanding backlog (Pending + Processing) is over the
+threshold, submission
 stops taking orders (admission control): they wait in `<hub>.orders`, which refuses publishers
 once it is full.
 
@@ -251,7 +252,8 @@ class Submission:
 async def serve_submission(runtime: Runtime, stop: asyncio.Event, *, burst: bool = False) -> None:
     """Record orders until `stop`; in `burst` mode, until none is left to record."""
     submission = Submission(runtime)
-    # The order's insert-if-absent is the dedupe, keyed by the order (decision 150): no inbox.
+    # The order's insert-if-absent is the dedupe, keyed by the order
+    # (decision:orders-deduped-by-order): no inbox.
     consumer = await runtime.consumer(runtime.names.orders, submission.handle, dedupe=False)
     await submission.attach(consumer)
     async with runtime.heartbeat("submission", submission.status):

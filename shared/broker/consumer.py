@@ -142,7 +142,8 @@ class Consumer(Subscription):
         along: Callable[[Delivery], Sequence[AlongClaim]] | None = None,
     ) -> None:
         """`along`: the claims a delivery's handler will make first, to be made with the
-        delivery's own inbox claim, in the same round trip (decision 132)."""
+        delivery's own inbox claim, in the same round trip
+        (decision:first-attempt-ticket-with-inbox-claim)."""
         super().__init__(connection=connection, queue=queue, names=names, prefetch=policy.prefetch)
         self._handler = handler
         self._policy = policy

@@ -40,7 +40,7 @@ def inbox_key(delivery: Delivery) -> str:
 
 
 class AlongClaim(NamedTuple):
-    """A claim made along with a delivery's own (decision 132)."""
+    """A claim made along with a delivery's own (decision:first-attempt-ticket-with-inbox-claim)."""
 
     queue: str
     """The inbox queue it is in."""
@@ -59,7 +59,8 @@ class Claim:
     key: str
     holder: str
     along: Sequence[AlongClaim] = ()
-    """Claims the handler will make first, made now in the same round trip (decision 132)."""
+    """Claims the handler will make first, made now in the same round trip
+    (decision:first-attempt-ticket-with-inbox-claim)."""
 
     async def take(self) -> tuple[InboxOutcome, TakenAlong]:
         """The delivery's outcome, and those of the claims made along with it."""

@@ -69,7 +69,8 @@ class Delivery:
     """Delayed retries this message has had (0 the first time it is handled)."""
     taken_along: TakenAlong = field(default_factory=dict)
     """The outcomes of the claims made along with this delivery's inbox claim, by (inbox
-    queue, message id): what its handler asked to have claimed first (decision 132)."""
+    queue, message id): what its handler asked to have claimed first
+    (decision:first-attempt-ticket-with-inbox-claim)."""
 
 
 Handler = Callable[[Delivery], Awaitable[None]]

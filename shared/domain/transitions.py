@@ -41,7 +41,7 @@ class Action(StrEnum):
     """The supervisor releases an expired attempt, or parks the order at the failure threshold."""
     RELEASE = "release"
     """The live attempt gives its order back at once after transient failures, as a recovery
-    would after the deadline (README decision 27)."""
+    would after the deadline (decision:transient-failures-reported-not-waited-out)."""
     RESUBMIT = "resubmit"
     """An operator sends an order in Error back to Pending."""
     COMPENSATE = "compensate"

@@ -142,7 +142,8 @@ async def test_a_handling_run_again_after_a_store_outage_spends_nothing_more(
     """The consumer holds a message whose handler raised an outage and runs the handler again
     in place. Here the outage strikes after the calls, as it would for any store write the
     handling makes after them: the second run must find the allowance spent, also when its
-    first ticket is asked for with its claim again (decision 132)."""
+    first ticket is asked for with its claim again
+    (decision:first-attempt-ticket-with-inbox-claim)."""
     agent = rig.agent(along=along)
     struck: list[str] = []
 
@@ -253,7 +254,8 @@ async def test_every_run_of_a_handling_shares_one_allowance_when_runs_overlap(ri
 async def test_a_requests_first_ticket_goes_with_its_inbox_claim(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Decision 132: the agent's consumer claims a request and takes its first attempt ticket
+    """decision:first-attempt-ticket-with-inbox-claim: the agent's consumer claims a request and
+    takes its first attempt ticket
     in one round trip (on PostgreSQL, one statement) instead of two in a row; the allowance
     is kept all the same."""
     rounds: list[set[tuple[str, str]]] = []

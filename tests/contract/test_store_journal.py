@@ -616,8 +616,9 @@ async def test_processes_writing_the_same_ids_in_crossing_order_never_deadlock(
 async def test_a_completion_alone_is_written_and_its_id_is_then_a_duplicate(
     store: StateStore,
 ) -> None:
-    """A completion with no claim to go with (PostgreSQL holds it a moment for one: decision
-    130) is still written, and soon: a claim of its id by another holder then finds it done."""
+    """A completion with no claim to go with (PostgreSQL holds it a moment for one:
+    decision:completion-waits-for-claim-postgresql) is still written, and soon: a claim of its id by
+    another holder then finds it done."""
     now = utcnow()
     until = now + timedelta(seconds=30)
     assert await store.inbox_claim_many("q", [InboxClaim("a", "h1", until)], now=now) == [

@@ -1,7 +1,8 @@
 """Contract, searched: any sequence of transitions carrying journal entries leaves every store
 where the reference store (memory) is, transition by transition.
 
-Decision 147 made a MongoDB transition one write whose filter holds the undo log's conditions
+decision:mongodb-transition-one-write made a MongoDB transition one write whose filter holds the
+undo log's conditions
 (insert-if-absent, Done is final), with a second write when only those failed; this asks
 hypothesis for the sequences nobody wrote down: a step started twice, an undo marked before it
 was logged, after it was Done, by a superseded fence.

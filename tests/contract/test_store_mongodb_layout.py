@@ -1,5 +1,6 @@
-"""Contract: the MongoDB adapter's layout 2, an order's journal in its state record (README
-decision 147): bounded, and moved there from an older release's hub by `orderflow init`.
+"""Contract: the MongoDB adapter's layout 2, an order's journal in its state record (
+decision:mongodb-transition-one-write): bounded, and moved there from an older release's hub by
+`orderflow init`.
 
 Run on the in-process stand-in (`mongodb-standin`, NOT MongoDB) and, where
 `ORDERFLOW_TEST_MONGODB_URL` names one, on a real server (`mongodb-real`).

@@ -312,8 +312,9 @@ class _MajorityLagging:
 
 
 async def test_a_copy_racing_the_first_insert_is_not_a_conflict(mongo: MongoStore) -> None:
-    """Two copies of an order message recorded at once (submission has no inbox, decision
-    150): the loser's duplicate-key read must not need a majority to see the winner's order."""
+    """Two copies of an order message recorded at once (submission has no inbox,
+    decision:orders-deduped-by-order): the loser's duplicate-key read must not need a majority to
+    see the winner's order."""
     order, state = order_pair("o-racing")
     assert await mongo.insert_order(order, state) is InsertOutcome.CREATED
     orders = mongo._orders

@@ -167,7 +167,8 @@ async def test_a_scheduler_dies_at_each_point_of_an_attempt(topo: Topology, poin
     # in hand (at its first claim for `claim-uncommitted`, so it never commits one). Every
     # payment is declined in the compensation run, so the attempts undo. Claims of 5 at most
     # share the 60 orders between the schedulers: claimed 50 at a time and at most every 50 ms
-    # (decision 103), one scheduler could take all but a few, and scheduler-1 never reach its
+    # (decision:claim-gap-50-ms), one scheduler could take all but a few, and scheduler-1 never
+    # reach its
     # 5th (so it went, in CI and here).
     topo.serve(
         "scheduler-1",

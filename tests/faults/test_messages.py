@@ -62,7 +62,8 @@ async def test_duplicate_delivery_of_every_message_type(topo: Topology, declines
     }
     for label in ("inventory", "payment", "shipping"):
         assert "duplicate message dropped" in topo.logs(label), label
-    # Submission claims no inbox entry: the order's insert is its dedupe (decision 150).
+    # Submission claims no inbox entry: the order's insert is its dedupe
+    # (decision:orders-deduped-by-order).
     assert "order recorded already" in topo.logs("submission")
     assert "duplicate message dropped" not in topo.logs("submission")
     # The second copy of every reply finds its request answered already.

@@ -31,7 +31,7 @@ REGRESSIONS: list[tuple[int, int, int]] = [
     # it, and each later delivery waited in hand (up to the claim's 30 s) for the claim the
     # dead one had left; four more deaths and a broker restart meanwhile each counted one
     # delivery (every return counts before RabbitMQ 4.3). Fixed: such a message waits out of
-    # hand, uncounted (decision 99).
+    # hand, uncounted (decision:message-never-waits-for-another-claim).
     (203491, 16, 12),
 ]
 """(seed, orders, faults) of every run that found a violation, once it was fixed."""

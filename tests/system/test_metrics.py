@@ -169,7 +169,7 @@ async def test_every_process_serves_metrics_with_real_values(topo: Topology) -> 
     assert value(remote, "process_cpu_seconds_total") > 0
 
     # The first order of the same seed again: the same message id, handled again and found
-    # recorded (the orders queue is deduped by its records, decision 150).
+    # recorded (the orders queue is deduped by its records, decision:orders-deduped-by-order).
     assert submit(topo, "--count", "1", "--seed", "11")["published"] == 1
     submission = await metric_reaches(
         ports["submission"], "orderflow_messages_total", 21, queue=orders, outcome="handled"

@@ -316,7 +316,7 @@ async def test_dead_letters_are_listed_shown_replayed_once_and_purged(topo: Topo
 
         await eventually(processed, timeout=30, what="the replayed order Processed")
         # The same message dead-lettered and replayed again adds nothing: its order is recorded
-        # (the orders queue is deduped by its records, decision 150).
+        # (the orders queue is deduped by its records, decision:orders-deduped-by-order).
         await _dead_letter(channel, names, body)
         await eventually(lambda: _count_dlq(topo, 2), timeout=10, what="the second copy in the DLQ")
         ok(topo.cli("dlq", "replay", "order:o-replayed:1"))

@@ -41,7 +41,8 @@ def replicated() -> Iterator[ReplicatedPostgres]:
 
 
 async def _listeners(pair: ReplicatedPostgres, hub: str) -> int:
-    """Sessions on the new primary LISTENing for the hub's arrivals (decision 100)."""
+    """Sessions on the new primary LISTENing for the hub's arrivals
+    (decision:new-order-claimed-on-arrival)."""
     rows = await asyncio.to_thread(
         pair.standby.sql,
         f"SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"{hub}.arrivals\"'",

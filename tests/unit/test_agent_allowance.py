@@ -105,7 +105,8 @@ async def test_no_run_of_handlings_spends_beyond_the_allowance(
     allowed: int, answers: list[Answer], cuts: list[Cut], along: bool
 ) -> None:
     """`along`: each handling's first ticket is asked for with its inbox claim, as the
-    consumer does for an agent (decision 132), and what that claim answered is handed in."""
+    consumer does for an agent (decision:first-attempt-ticket-with-inbox-claim), and what that claim
+    answered is handed in."""
     remote = Remote(answers)
     tickets = FlakyTickets()
     replies = Replies(remote)

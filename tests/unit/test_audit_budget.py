@@ -78,7 +78,8 @@ def test_an_expired_journal_leaves_forward_attempts_unchecked_but_not_undos() ->
 
 
 def test_a_history_cut_by_its_bound_leaves_forward_attempts_unchecked() -> None:
-    """MongoDB keeps an order's newest events (decision 147): its early Resubmitted events may
+    """MongoDB keeps an order's newest events (decision:mongodb-transition-one-write): its early
+    Resubmitted events may
     be gone, so the grants cannot be counted from what is left (a false breach otherwise)."""
     calls = [attempt("payment.charge")] * 9
     cut = [RESUBMITTED.model_copy(update={"seq": 51})]

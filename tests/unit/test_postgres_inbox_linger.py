@@ -1,4 +1,5 @@
-"""A PostgreSQL store that closes writes the inbox completions it holds back (decision 130),
+"""A PostgreSQL store that closes writes the inbox completions it holds back
+(decision:completion-waits-for-claim-postgresql),
 whether or not their callers still wait.
 
 The pool here is a stand-in with asyncpg's one trait that matters: once closing, it refuses new

@@ -62,10 +62,11 @@ def test_copies_of_an_order_message_record_one_order_and_claim_no_inbox_entry() 
         await hub.submission()
         assert (await hub.state(placed)).process_state is P.PENDING
         assert await _history(hub, placed.order_id) == [H.ORDER_SUBMITTED]
-        # The order's insert is the dedupe (decision 150): the orders queue has no inbox.
+        # The order's insert is the dedupe (decision:orders-deduped-by-order): the orders queue has
+        # no inbox.
         assert (await hub.store.record_counts())["inbox"] == 0
         await hub.sleep(0.1)
-        # Each copy is told Received, under its stable message id (decision 17).
+        # Each copy is told Received, under its stable message id (decision:status-messages).
         assert placed.statuses == [OrderStatus.RECEIVED, OrderStatus.RECEIVED]
 
     run(scenario)
@@ -298,7 +299,8 @@ class _Twice:
 # crash, and no broker restart, counts a delivery against it (seed 203491 of 16 orders, 12
 # faults: an accepted order dead-lettered `redelivery-limit` after its submission process died
 # five times while the message waited on the inbox claim the first one had left). Submission
-# claims no inbox entry any more (decision 150): the case is played on an agent's queue.
+# claims no inbox entry any more (decision:orders-deduped-by-order): the case is played on an
+# agent's queue.
 
 
 async def _dies_repeatedly(hub: MemoryHub, kind: str, times: int, every_s: float) -> None:

@@ -1,5 +1,6 @@
 """When a scheduler claims new orders: at once after a quiet spell (the arrival watch wakes it),
-and under a steady stream the arrivals of the claim gap together (decisions 100, 103). A real
+and under a steady stream the arrivals of the claim gap together
+(decision:new-order-claimed-on-arrival, decision:claim-gap-50-ms). A real
 scheduler and agents on the memory adapters under virtual time (tests/support/memory_hub.py)."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """`submit --wait`'s status follower: a final status stands against the statuses that reach it
-late (statuses come from several processes, in no order between them; decision 150)."""
+late (statuses come from several processes, in no order between them;
+decision:orders-deduped-by-order)."""
 
 from __future__ import annotations
 

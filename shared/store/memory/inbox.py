@@ -35,7 +35,8 @@ class MemoryInbox(MemoryPart):
     def _inbox_complete(
         self, queue: str, message_id: str, holder: str, keep_until: datetime
     ) -> bool:
-        # Written even where the claim expired and was purged (decision 90); an entry another
+        # Written even where the claim expired and was purged (decision:inbox-completion-upsert); an
+        # entry another
         # holder has taken since stays theirs.
         key = (queue, message_id)
         entry = self._inbox.get(key)

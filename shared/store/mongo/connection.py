@@ -167,7 +167,8 @@ def weaker_concern(client: Any) -> str | None:
     member and rolled back reissues its fencing token, a conditional update confirmed and rolled
     back lets another writer's apply over it. So every write waits for a majority, every read
     (an outcome-unknown one's re-read included) sees only what a majority has; one exception,
-    `insert_order`'s duplicate-key read, asks the primary's own view (decision 150)."""
+    `insert_order`'s duplicate-key read, asks the primary's own view
+    (decision:orders-deduped-by-order)."""
     written = client.write_concern.document.get("w")
     if written is not None and written != MAJORITY:
         return f"w={written} does not wait for a majority to have a write"

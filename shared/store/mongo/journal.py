@@ -1,6 +1,7 @@
 """The journal on MongoDB: an order's history and undo log live in its state record.
 
-What one transition changes is one document (README decision 147): the state record holds
+What one transition changes is one document (decision:mongodb-transition-one-write): the state
+record holds
 `history` (the newest `HISTORY_KEPT` events, with `history_count`, how many were ever appended)
 and `undo_log` (the compensation log, in the order its steps started), so a state change and the
 journal entries that describe it are one conditional write, as PostgreSQL's one statement is.

@@ -1,4 +1,5 @@
-"""`orderflow init` moves a hub's journal into its state records (layout 2, README decision 147).
+"""`orderflow init` moves a hub's journal into its state records (layout 2,
+decision:mongodb-transition-one-write).
 
 Before layout 2, an order's history and undo log were documents of their own (the collections
 `history` and `compensation_log`, with a shared sequence in `counters`). Init moves them, a

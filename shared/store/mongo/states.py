@@ -2,8 +2,9 @@
 
 Single-document updates are atomic in MongoDB, and the state record holds its order's journal
 (shared/store/mongo/journal.py), so every transition, with the history and undo-log entries it
-carries, is one `find_one_and_update` whose filter is the transition's `Expect` (README decision
-147). The order and its state record are two insert-if-absent writes that share no transaction
+carries, is one `find_one_and_update` whose filter is the transition's `Expect`
+(decision:mongodb-transition-one-write). The order and its state record are two insert-if-absent
+writes that share no transaction
 (DESIGN §4). A conditional update whose outcome is unknown (an outage after the write was sent)
 reads the record again, with a majority's read concern, before it says anything: what a
 majority has, a failover cannot take back.
@@ -76,7 +77,7 @@ class MongoStates(MongoJournal):
 
     async def watch_arrivals(self, wake: Callable[[], None]) -> ArrivalWatch:
         """No watch here: a change stream needs a replica set and a cursor per scheduler, and
-        the scheduler's poll finds every record (README decision 100)."""
+        the scheduler's poll finds every record (decision:new-order-claimed-on-arrival)."""
         return NEVER
 
     async def get_order(self, order_id: str) -> OrderRecord | None:

@@ -88,6 +88,7 @@ class PostgresStore(
         return cls(pool, schema, before_claim_commit=before_claim_commit)
 
     async def close(self) -> None:
-        """Write the inbox completions still waiting for a claim (decision 130), then close."""
+        """Write the inbox completions still waiting for a claim
+        (decision:completion-waits-for-claim-postgresql), then close."""
         await self._write_lingering()
         await super().close()

@@ -24,7 +24,8 @@ MAX_ENTRIES = 500
 
 
 DONE_LINGER_S = 0.06
-"""How long a completion waits for a claim to go with it (decision 130): a consumer's completion
+"""How long a completion waits for a claim to go with it
+(decision:completion-waits-for-claim-postgresql): a consumer's completion
 of one message rides in the round trip that claims its next, instead of being a statement (and
 a commit) of its own. The message's ack waits as long; the step it was goes on at once."""
 
