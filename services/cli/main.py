@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("services.cli.init", "init"),
     "nemesis": ("services.cli.nemesis", "nemesis"),
     "orders": ("services.cli.order_actions", "orders"),  # the group, with its actions
+    "remote": ("services.cli.remote", "remote"),
     "serve": ("services.cli.serve", "serve"),
     "simulate": ("services.cli.simulate", "simulate"),
     "snapshot": ("services.cli.snapshot", "snapshot"),
