@@ -36,6 +36,8 @@ NOT_SETTINGS = {
     "ORDERFLOW_REMOTE_ADMIN_TOKEN": "the remote stand-in's operator token (harness/remote)",
     "ORDERFLOW_REMOTE_ACCOUNTS": "the remote stand-in's accounts (harness/remote/accounts.py)",
     "ORDERFLOW_ENV_FILE": "the `.env` file the CLI reads its settings from (default: ./.env)",
+    "ORDERFLOW_DEBUG": "1: a command's unexpected error prints its traceback, not one line",
+    "ORDERFLOW_PROMETHEUS_URL": "the Prometheus `orderflow snapshot` reads (its `--prometheus`)",
 }
 """`ORDERFLOW_*` variables that are read, but are no field of `Settings`."""
 

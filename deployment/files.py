@@ -1,22 +1,27 @@
 """Every committed deployment file that is generated from the code, and what it should say (the
 HTTP API's OpenAPI document among them, which the caller hands in: the API builds it from its
-own app, and the generators never import the API)."""
+own app, and the generators never import the API), and the documentation's reference pages
+(`deployment.reference`: the settings, the CLI, the HTTP API)."""
 
 from __future__ import annotations
+
+import click
 
 from deployment.envfile import compose_settings, env_example
 from deployment.mongodb import init_script
 from deployment.observability import observability_files
 from deployment.rabbitmq import DEFAULT_APPS, definitions, render
+from deployment.reference import reference_pages
 from deployment.secretfiles import secrets_script
 
 COMPOSE_HUB = "orderflow"
 """The task hub (and RabbitMQ vhost, and MongoDB database) of the compose deployment."""
 
 
-def generated_files(openapi: str) -> dict[str, str]:
+def generated_files(openapi: str, cli: click.Command) -> dict[str, str]:
     """Path relative to the repository root -> the content the code generates for it, with
-    `openapi` the API's OpenAPI document (`services.api.app.openapi_document()`)."""
+    `openapi` the API's OpenAPI document (`services.api.app.openapi_document()`) and `cli` the
+    `orderflow` command (`services.cli.main.main`)."""
     return {
         ".env.example": env_example(),
         "infra/compose/settings.yml": compose_settings(),
@@ -27,4 +32,5 @@ def generated_files(openapi: str) -> dict[str, str]:
         "infra/secrets.sh": secrets_script(DEFAULT_APPS),
         "docs/openapi.json": openapi,
         **observability_files(),
+        **reference_pages(openapi, cli),
     }

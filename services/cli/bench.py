@@ -22,7 +22,13 @@ from shared.errors import BenchFailed
 
 
 @click.command()
-@click.option("--orders", default=1000, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--orders",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Orders to publish (generated).",
+)
 @click.option(
     "--rate",
     default=0.0,
@@ -31,10 +37,35 @@ from shared.errors import BenchFailed
     help="Orders per second offered; 0: as fast as admission control allows.",
 )
 @click.option("--attach", is_flag=True, help="Use the running topology of the settings' hub.")
-@click.option("--schedulers", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option("--agents", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option("--transient-error-rate", default=0.0, type=click.FloatRange(0, 1))
-@click.option("--remote-latency-ms", default=0.0, type=click.FloatRange(min=0))
+@click.option(
+    "--schedulers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Scheduler processes the run starts.",
+)
+@click.option(
+    "--agents",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Processes per agent kind.",
+)
+@click.option(
+    "--transient-error-rate",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0, 1),
+    help="Share of the remote service's calls answered 503 "
+    "(its ORDERFLOW_REMOTE_TRANSIENT_ERROR_RATE).",
+)
+@click.option(
+    "--remote-latency-ms",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Milliseconds the remote service adds to every call (its ORDERFLOW_REMOTE_LATENCY_MS).",
+)
 @click.option("--store-url", help="The store to benchmark (default: ORDERFLOW_STORE_URL).")
 @click.option("--recovery", is_flag=True, help="Measure recovery after kill -9 of a scheduler.")
 @click.option(
@@ -42,7 +73,12 @@ from shared.errors import BenchFailed
     is_flag=True,
     help="Short retention settings, purges during the run; report every table's and queue's size.",
 )
-@click.option("--seed", default=1, show_default=True)
+@click.option(
+    "--seed",
+    default=1,
+    show_default=True,
+    help="Seed of the generated orders, for repeatable runs.",
+)
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the run.")
 @click.option("--keep", is_flag=True, help="Keep the benchmark's task hub (default: drop it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

@@ -1,7 +1,8 @@
 """`orderflow deploy …`: the deployment files generated from the code.
 
-`write` regenerates every committed one (after a setting, a queue or an index changed); `write
---check` only reports the stale ones, as the unit tests do.
+`write` regenerates every committed one (after a setting, a queue or an index changed), the
+documentation's reference pages too (docs/reference/: after a setting, a command or an option,
+or an endpoint changed); `write --check` only reports the stale ones, as the unit tests do.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from deployment.files import generated_files
 from deployment.mongodb import init_script
 from deployment.rabbitmq import DEFAULT_APPS, BrokerLimits, definitions, render
 from services.api.app import openapi_document
+from services.cli.main import main
 from services.cli.settings import pass_settings
 from shared.broker.topology import APP_NAME
 from shared.config import Settings
@@ -117,11 +119,13 @@ def compose_settings_cmd() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     default=ROOT,
     show_default="the repository",
+    help="Directory the files are written to (or checked in).",
 )
 def write(check: bool, root: Path) -> None:
-    """Regenerate every committed deployment file (the compose deployment's hub: orderflow)."""
+    """Regenerate every committed deployment file (the compose deployment's hub: orderflow)
+    and the documentation's reference pages (docs/reference/)."""
     stale = []
-    for relative, content in generated_files(openapi_document()).items():
+    for relative, content in generated_files(openapi_document(), main).items():
         path = root / relative
         if path.exists() and path.read_text() == content:
             continue

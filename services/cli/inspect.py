@@ -163,7 +163,13 @@ def alerts() -> None:
 
 @alerts.command("list")
 @click.option("--since", help="Only alerts younger than this (90s, 15m, 2h, 1d).")
-@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000))
+@click.option(
+    "--limit",
+    default=100,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Most alerts to list.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_settings()
 def alerts_list(settings: Settings, since: str | None, limit: int, as_json: bool) -> None:

@@ -72,7 +72,13 @@ def orders() -> None:
 @click.option("--older-than", help="Last changed longer ago than this (90s, 15m, 2h, 1d).")
 @click.option("--step", help="Orders whose current step (first not Completed) is this one.")
 @click.option("--error-kind", type=kind_choice, help="Only orders whose error is of this kind.")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Most orders on a page (`--after` continues with the next).",
+)
 @click.option("--after", "after_text", help="Continue a listing: the cursor it printed.")
 @click.option(
     "--group-by",

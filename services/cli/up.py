@@ -252,8 +252,20 @@ async def _stop_all(children: dict[str, asyncio.subprocess.Process], *, timeout:
 
 
 @click.command()
-@click.option("--schedulers", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option("--supervisors", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--schedulers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Scheduler processes.",
+)
+@click.option(
+    "--supervisors",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Supervisor processes (one leads at a time; the others stand by).",
+)
 @click.option(
     "--agents",
     default=1,

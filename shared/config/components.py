@@ -21,7 +21,9 @@ class WorkflowSettings(Section):
     step_timeout_s: float = Field(default=10.0, gt=0)
     """A step's `complete_by` is its start plus this."""
     retry_budget: int = Field(default=12, ge=1, le=1000)
-    """Remote attempts an order may spend end to end (agent retries and recoveries)."""
+    """Remote attempts an order may spend end to end (agent retries and recoveries);
+    `orderflow audit` holds each order to it, per grant (an operator's resubmit grants a fresh
+    one), against the remote service's count."""
     compensate_on: str | None = Field(default=None, max_length=1000)
     """Error kinds that compensate rather than park in Error, for every workflow
     (`permanent,budget-exhausted`) or per workflow (`order=permanent,recovery-limit;other=`);
@@ -32,7 +34,8 @@ class WorkflowSettings(Section):
     build's current version. Orders already started always finish on their own version."""
     undo_attempts: int = Field(default=3, ge=1, le=100)
     """Remote attempts one undo request may spend; an undo still failing after them makes the
-    order CompensationFailed (undos do not draw on the order's retry budget)."""
+    order CompensationFailed (undos do not draw on the order's retry budget; `orderflow audit`
+    holds each undo request, one per compensation attempt's fencing token, to this)."""
 
     @field_validator("compensate_on")
     @classmethod
@@ -106,7 +109,8 @@ class AgentSettings(Section):
     """The agents: their calls to the remote service, its circuit breakers and their alerts."""
 
     agent_attempts_per_request: int = Field(default=3, ge=1, le=100)
-    """Remote attempts one step request may spend (never more than the order's budget left)."""
+    """Remote attempts one step request may spend (never more than the order's budget left),
+    however often it is handled."""
     agent_http_timeout_s: float = Field(default=5.0, gt=0)
     """Upper bound on one HTTP call to the remote service (the deadline may cut it shorter)."""
     breaker_fail_max: int = Field(default=10, ge=1)
@@ -145,7 +149,7 @@ class RetentionSettings(Section):
     retention_s: float = Field(default=30 * 24 * 3600.0, gt=0)
     """History and compensation records of a finished order (Processed, Compensated or
     Cancelled) are deleted this long after it finished (the order and its state record stay
-    until `order_retention_s`)."""
+    until `ORDERFLOW_ORDER_RETENTION_S`)."""
     order_retention_s: float = Field(default=90 * 24 * 3600.0, gt=0)
     """A finished order (Processed, Compensated or Cancelled) is deleted, its order record,
     state record and journal together, this long after it finished; parked (Error,

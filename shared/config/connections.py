@@ -23,8 +23,10 @@ class StoreSettings(Section):
 
     store_url: str = "mongodb://localhost:27017"
     """`mongodb://...` selects MongoDB, `postgresql://...` selects PostgreSQL (libpq's
-    multi-host form too: `postgresql://h1:5432,h2:5432/db?target_session_attrs=read-write`
-    follows the writes to a promoted standby)."""
+    multi-host form too: with `postgresql://h1:5432,h2:5432/db?target_session_attrs=read-write`
+    every process connects to the host that takes writes, and follows the writes to a promoted
+    standby). Every URL printed has its user names and passwords masked (the userinfo,
+    `password=` in the query, each URL of a list)."""
     store_command_timeout_s: float = Field(default=10.0, gt=0)
     """Upper bound on one store operation."""
     store_pool_size: int = Field(default=10, ge=1, le=200)

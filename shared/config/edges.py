@@ -82,7 +82,8 @@ class ApiSettings(Section):
     """Live status streams one API token may hold open at once; one more is refused (429)."""
     api_streams_max: int = Field(default=100, ge=1)
     """Live status streams the API serves at once, each reading the store every
-    `api_stream_poll_s`; one more is refused (503). Keep it well below `api_max_connections`."""
+    `ORDERFLOW_API_STREAM_POLL_S`; one more is refused (503). Keep it well below
+    `ORDERFLOW_API_MAX_CONNECTIONS`."""
     api_max_connections: int = Field(default=512, ge=8)
     """Connections the API holds at once (uvicorn's `limit_concurrency`): past it, every request
     is answered 503 at once, so a flood of connections costs a refusal, not memory."""
@@ -124,7 +125,8 @@ class RemoteStandInSettings(Section):
     remote_latency_ms: float = Field(default=0.0, ge=0)
     """Added to every call."""
     remote_hang_rate: float = Field(default=0.0, ge=0, le=1)
-    """Share of calls that hang for `remote_hang_s` before they apply (or are fenced off)."""
+    """Share of calls that hang for `ORDERFLOW_REMOTE_HANG_S` before they apply (or are fenced
+    off)."""
     remote_hang_s: float = Field(default=30.0, ge=0)
     """How long a hanging call hangs."""
     remote_decline_rate: float = Field(default=0.0, ge=0, le=1)
@@ -146,7 +148,8 @@ class DrillSettings(Section):
     fault_duplicate_rate: float = Field(default=0.0, ge=0, le=1)
     """Share of published messages sent twice with the same message_id (duplicate delivery)."""
     fault_reply_delay_rate: float = Field(default=0.0, ge=0, le=1)
-    """Share of agent replies held back by `fault_reply_delay_ms` before they are sent."""
+    """Share of agent replies held back by `ORDERFLOW_FAULT_REPLY_DELAY_MS` before they are
+    sent."""
     fault_reply_delay_ms: float = Field(default=0.0, ge=0)
     """How long a held-back reply waits (longer than the step timeout: a late reply)."""
     fault_seed: int | None = None
@@ -156,8 +159,9 @@ class DrillSettings(Section):
         pattern=r"^(claim-uncommitted|after-claim|after-request|after-undo-request)$",
     )
     """Scheduler crash drill: exit at once, as `kill -9` would, at this point of its
-    `fault_crash_after`-th attempt: `claim-uncommitted` (a claim made but not committed;
+    `ORDERFLOW_FAULT_CRASH_AFTER`-th attempt: `claim-uncommitted` (a claim made but not committed;
     PostgreSQL), `after-claim` (claimed, nothing else done), `after-request` (a step request
     out, its reply not recorded), `after-undo-request` (an undo request out)."""
     fault_crash_after: int = Field(default=1, ge=1)
-    """Which attempt reaching `fault_crash_at` ends the scheduler (lets load build up first)."""
+    """Which attempt reaching `ORDERFLOW_FAULT_CRASH_AT` ends the scheduler (lets load build up
+    first)."""

@@ -54,10 +54,10 @@ SECRETS_SCRIPT = ROOT / "infra" / "secrets.sh"
 # -- the committed files are what the code generates
 
 
-@pytest.mark.parametrize("relative", sorted(generated_files(openapi_document())))
+@pytest.mark.parametrize("relative", sorted(generated_files(openapi_document(), main)))
 def test_the_committed_file_is_what_the_code_generates(relative: str) -> None:
     committed = (ROOT / relative).read_text()
-    assert committed == generated_files(openapi_document())[relative], (
+    assert committed == generated_files(openapi_document(), main)[relative], (
         f"{relative} is out of date: run `orderflow deploy write` and commit the result"
     )
 
