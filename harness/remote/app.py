@@ -18,8 +18,9 @@
 `GET|PUT /admin/faults`, `GET /admin/stats` (these need the operator's bearer token:
 harness/remote/admin.py), `GET /health` (open).
 
-What orderflow asks of a real remote service, and this stand-in does (README, "The remote
-service"): one effect per idempotency key, the first outcome returned to every repeat; fencing
+What orderflow asks of a real remote service, and this stand-in does
+(docs/concepts/processes.md, "The remote service"): one effect per idempotency key, the first
+outcome returned to every repeat; fencing
 tokens that only move forward per order (and one token per attempt number: the first to make an
 effect owns it); and an undo that commutes with the call it undoes: an
 undo recorded for an (order, operation), even one that found nothing to undo, refuses every later

@@ -133,7 +133,7 @@ def main(
 
     Settings come from ORDERFLOW_* environment variables and from the ORDERFLOW_* lines of
     `.env` in the current directory (or the file ORDERFLOW_ENV_FILE names; the environment
-    wins); see the README for every one.
+    wins); docs/reference/configuration.md lists every one.
     Exit codes: 0 ok, 1 failure, 2 bad configuration, 3 a server is unreachable.
     """
     # One-shot commands report failures as one line; library chatter would only repeat them.

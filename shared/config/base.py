@@ -20,7 +20,8 @@ STORE_SCHEMES = {
 
 
 class Section(BaseSettings):
-    """A group of settings one component reads. Field docs are the documented defaults (README)."""
+    """A group of settings one component reads.
+    Field docs are the documentation: docs/reference/configuration.md is generated from them."""
 
     model_config = SettingsConfigDict(
         env_prefix="ORDERFLOW_",

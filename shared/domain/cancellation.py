@@ -3,7 +3,7 @@
 An order none of whose steps was ever sent becomes Cancelled at once: nothing happened that
 needs undoing. Any other unfinished order is compensated: it becomes Compensating, unlocked and
 due, so a scheduler's compensator undoes what its steps did (the compensation log holds every
-step that was sent, a step still running included: its undo commutes with its call, README
+step that was sent, a step still running included: its undo commutes with its call,
 decision:undo-commutes-with-call), and ends Compensated with the cancellation as its error. The
 attempt running it
 is fenced out by the same write: every write of that attempt expects Processing and its own

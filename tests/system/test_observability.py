@@ -4,7 +4,7 @@ rules. Every dashboard panel's expression returns data, every metric the alert r
 exists, the rules evaluate without error, and a dead letter makes its alert fire while a healthy
 pipeline pages for nothing else. `orderflow snapshot` then draws the whole dashboard from that
 Prometheus, and headless Chromium's screenshot of it goes to test-artifacts/observability/
-(Grafana cannot run here: README "Observability")."""
+(Grafana cannot run here: docs/operations/observability.md)."""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 processes given its three node URLs, and the node leading the hub's queues killed (SIGKILL)
 under load, then restarted: every order completes, none lost, no effect twice, the audit clean.
 
-Prints the failover figures (README "Deployment" quotes them): from the kill to the first order
-Processed after it, to the last process reconnected to another node, and to the whole backlog
-drained.
+Prints the failover figures (docs/deployment/clusters.md quotes them): from the kill to the
+first order Processed after it, to the last process reconnected to another node, and to the whole
+backlog drained.
 
 And the publisher alone against the same cluster: RabbitMQ 3.10 refuses every publish of a
 channel to a quorum queue whose first publish there came after the queue's leader died and

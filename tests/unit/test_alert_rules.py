@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES_DIR = ROOT / "infra" / "prometheus" / "rules"
 RULES = RULES_DIR / "orderflow.rules.yml"
 RULE_TESTS = RULES_DIR / "orderflow.test.yml"
-README = (ROOT / "README.md").read_text()
+GUIDE = "docs/operations/guide.md"  # the operator's guide: each alert's runbook
 SEVERITIES = {"warning", "critical"}
 PAGES_FOR = {
     "OrderflowOrdersEnteredError",
@@ -86,8 +86,8 @@ def annotation_problems(rules: dict[str, Any]) -> list[str]:
             if not notes.get(key):
                 problems.append(f"{name}: no {key}")
         page, _, anchor = str(notes.get("runbook_url", "")).partition("#")
-        if page != "README.md" or anchor not in anchors(README):
-            problems.append(f"{name}: runbook {notes.get('runbook_url')!r} is no README section")
+        if page != GUIDE or anchor not in anchors((ROOT / GUIDE).read_text()):
+            problems.append(f"{name}: runbook {notes.get('runbook_url')!r} is no guide section")
     return problems
 
 
@@ -118,10 +118,10 @@ def test_the_documentation_and_coverage_checks_can_fail() -> None:
     rules = yaml.safe_load(RULES.read_text())
     first = alerts(rules)[0]
     del first["labels"]["severity"]
-    first["annotations"]["runbook_url"] = "README.md#no-such-section"
+    first["annotations"]["runbook_url"] = f"{GUIDE}#no-such-section"
     assert annotation_problems(rules) == [
         f"{first['alert']}: severity None",
-        f"{first['alert']}: runbook 'README.md#no-such-section' is no README section",
+        f"{first['alert']}: runbook '{GUIDE}#no-such-section' is no guide section",
     ]
     tests = yaml.safe_load(RULE_TESTS.read_text())
     for case in tests["tests"]:

@@ -366,9 +366,9 @@ FOUND_DIGESTS = {
         "ab6f1a1f0fb49ea08bcd19f6b84f6081d0d44b364b6de148e1798eb5816bacac"
     ),
 }
-"""The digests in use, each one published for its tag (where it was found: the README's design
-decisions). A bump changes this table too, with the digest `docker buildx imagetools inspect`
-prints for the tag: a digest typed from nowhere fails here."""
+"""The digests in use, each one published for its tag (where it was found: the design
+decisions, docs/decisions/). A bump changes this table too, with the digest
+`docker buildx imagetools inspect` prints for the tag: a digest typed from nowhere fails here."""
 
 
 def version_of(tag: str) -> tuple[int, ...]:

@@ -14,8 +14,8 @@ batch of `BATCH` state records at a time, into each record's `history`, `history
   on with the ones that did not;
 - **for a stopped release**: the older release's processes append their journal to the old
   collections, after their state write; what they append once init read a record is not moved.
-  So they are stopped first (README, "Upgrading"), and this release's processes refuse to start
-  on a hub that still has the old collections (`check_layout`): on a record not moved they
+  So they are stopped first (CHANGELOG.md, "Upgrading"), and this release's processes refuse
+  to start on a hub that still has the old collections (`check_layout`): on a record not moved they
   would see no undo log, and compensate nothing. A record is still moved only if it is as it
   was read, so that a write of anyone else is never lost; that record goes in the next pass.
 """
