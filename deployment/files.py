@@ -9,6 +9,7 @@ from deployment.mongodb import init_script
 from deployment.observability import observability_files
 from deployment.rabbitmq import DEFAULT_APPS, definitions, render
 from deployment.secretfiles import secrets_script
+from shared.broker.asyncapi import asyncapi_document
 
 COMPOSE_HUB = "orderflow"
 """The task hub (and RabbitMQ vhost, and MongoDB database) of the compose deployment."""
@@ -26,5 +27,6 @@ def generated_files(openapi: str) -> dict[str, str]:
         "infra/mongodb/init-orderflow.js": init_script(COMPOSE_HUB),
         "infra/secrets.sh": secrets_script(DEFAULT_APPS),
         "docs/openapi.json": openapi,
+        "docs/reference/asyncapi.json": asyncapi_document(),
         **observability_files(),
     }
