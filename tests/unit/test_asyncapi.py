@@ -6,13 +6,19 @@ status queue's exact arguments."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shared.broker.asyncapi import asyncapi, asyncapi_document
-from shared.broker.private import STATUS_QUEUE, STATUS_QUEUE_EXPIRES_MS
+from shared.broker.private import (
+    STATUS_QUEUE,
+    STATUS_QUEUE_EXPIRES_MS,
+    STATUS_QUEUES_PER_APP,
+    TOLERATED,
+)
 from shared.domain.messages import OrderStatusUpdate, SubmitOrder, decode
 from shared.errors import UnsupportedSchemaVersion
 from tests.support.factories import order_data
@@ -130,3 +136,18 @@ def test_schema_version_is_required_because_the_decoder_requires_it() -> None:
     del body["schema_version"]
     with pytest.raises(UnsupportedSchemaVersion):
         decode("order.submit", json.dumps(body).encode(), max_bytes=65536)
+
+
+PAGE = COMMITTED.with_name("application-contract.md")
+
+
+def test_the_contract_page_s_examples_decode_and_its_figures_are_the_code_s() -> None:
+    page = PAGE.read_text()
+    submit, status = re.findall(r"```json\n(.*?)```", page, re.S)
+    assert isinstance(decode("order.submit", submit.encode(), max_bytes=65536), SubmitOrder)
+    assert isinstance(decode("order.status", status.encode(), max_bytes=65536), OrderStatusUpdate)
+    assert f'`{{"x-expires": {STATUS_QUEUE_EXPIRES_MS}}}`' in page
+    assert f"at most {STATUS_QUEUES_PER_APP} status queues" in page
+    tolerated = re.search(r"differs only in\s+(.*?)\s+\(submission logs", page, re.S)
+    assert tolerated is not None
+    assert set(re.findall(r"`([a-z_-]+)`", tolerated[1])) == TOLERATED
