@@ -13,6 +13,7 @@ from deployment.observability import observability_files
 from deployment.rabbitmq import DEFAULT_APPS, definitions, render
 from deployment.reference import reference_pages
 from deployment.secretfiles import secrets_script
+from shared.broker.asyncapi import asyncapi_document
 
 COMPOSE_HUB = "orderflow"
 """The task hub (and RabbitMQ vhost, and MongoDB database) of the compose deployment."""
@@ -31,6 +32,7 @@ def generated_files(openapi: str, cli: click.Command) -> dict[str, str]:
         "infra/mongodb/init-orderflow.js": init_script(COMPOSE_HUB),
         "infra/secrets.sh": secrets_script(DEFAULT_APPS),
         "docs/openapi.json": openapi,
+        "docs/reference/asyncapi.json": asyncapi_document(),
         **observability_files(),
         **reference_pages(openapi, cli),
     }

@@ -52,6 +52,12 @@ class QueueMissing(BrokerRefused):
 class QueueMismatch(BrokerRefused):
     """Declared already with other arguments, or another connection's exclusive queue."""
 
+    def __init__(self, text: str, *, said: str | None = None) -> None:
+        super().__init__(text)
+        self.said = text if said is None else said
+        """The broker's own words, whole (the text may be cut): what differs, for
+        shared/broker/declarations.py."""
+
 
 class BrokerUnavailable(ServiceUnavailable):
     """The connection or channel is gone."""

@@ -23,6 +23,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from shared.backoff import Backoff
+from shared.broker.declarations import declare_as_it_is
 from shared.broker.envelope import shown, user_of
 from shared.broker.port import Connection, Feed, Incoming, QueueAdmin, QueueMissing
 from shared.broker.senders import Senders
@@ -44,6 +45,29 @@ the statuses sent to it, the moment a connection is lost)."""
 STATUS_QUEUE: dict[str, Any] = {"x-expires": STATUS_QUEUE_EXPIRES_MS}
 """The arguments submission declares an application's status queue with (durable, not
 auto-delete: the only kind it binds)."""
+TOLERATED = frozenset(
+    {
+        "durable",
+        "auto_delete",
+        "x-expires",
+        "x-message-ttl",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-overflow",
+        "x-max-priority",
+        "x-single-active-consumer",
+        "x-queue-mode",
+        "x-queue-version",
+        "x-queue-type",
+        "x-delivery-limit",
+    }
+)
+"""The settings in which an application's own status queue may differ from what submission
+declares and still be bound: each changes only how long the queue and its statuses last, or
+how they are delivered to the application. Any other (dead-lettering above all: a queue that
+dead-letters into `<hub>.submit` would loop our statuses into the orders queue), and another
+connection's exclusive queue, is refused: the queue is not bound, and its orders go on without
+statuses."""
 STATUS_QUEUES_PER_APP = 64
 """Status queues submission declares for one application, at most (those that still exist):
 each follower (a run of `orderflow submit --wait`, an API process) has one, and a finished
@@ -199,8 +223,11 @@ class StatusBinder:
     At most `per_app` queues of one application (of those this process declared, the ones that
     still exist): a new one past them is refused, so no application can fill the virtual host.
     A queue is declared and bound again at most every `every_s` (which also keeps it from
-    expiring while orders name it). Never raises: an order is recorded whether or not its
-    statuses can be delivered."""
+    expiring while orders name it). A queue the application made itself with other settings is
+    bound as it is when they differ only in `TOLERATED` ones (learned from the broker's
+    refusals: shared/broker/declarations.py), and the difference logged once; otherwise it is
+    not bound. Never raises: an order is recorded whether or not its statuses can be
+    delivered."""
 
     def __init__(
         self,
@@ -245,17 +272,32 @@ class StatusBinder:
             try:
                 async with asyncio.timeout(BIND_TIMEOUT_S):
                     admin = await self._admin_channel()
-                    # Declared as a status queue is: that fails for a queue of this name with
-                    # other arguments (one that dead-letters our messages into the orders
-                    # queue, say) or another connection's exclusive one, so none is bound.
-                    await admin.declare_queue(queue, arguments=STATUS_QUEUE)
+                    # Declared as a status queue is, or as the application made it where it
+                    # differs only in `TOLERATED` settings; one with any other (dead-lettering
+                    # our messages into the orders queue, say), or another connection's
+                    # exclusive one, is refused before it is bound.
+                    differences = await declare_as_it_is(
+                        admin,
+                        queue,
+                        arguments=STATUS_QUEUE,
+                        accept=lambda difference: difference.setting in TOLERATED,
+                    )
                     await admin.bind(queue, self._names.status, routing_key=queue)
-            except Exception as exc:  # another's queue, or the broker away
+            except Exception as exc:  # another's queue, one we refuse, or the broker away
                 log.warning(
-                    "could not declare a status queue; the order's statuses may not arrive",
+                    "could not declare a status queue; the order's statuses are not sent",
                     extra={"reply_to": shown(queue), "error": one_line(exc, 300)},
                 )
                 return self._failing(queue, now)
+        if differences and queue not in declared:
+            log.warning(
+                "a status queue exists with other settings than submission declares; "
+                "bound as it is",
+                extra={
+                    "reply_to": shown(queue),
+                    "differences": "; ".join(str(d) for d in differences),
+                },
+            )
         declared[queue] = now
         return True
 

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from shared.broker.declarations import declare_as_it_is
 from shared.broker.port import (
     BrokerUnavailable,
     ExchangeKind,
@@ -177,6 +178,46 @@ async def test_a_queue_redeclared_otherwise_is_refused_and_the_admin_goes_on(por
     with pytest.raises(QueueMismatch):
         await port.admin.declare_exchange(exchange, ExchangeKind.FANOUT)
     await port.admin.declare_exchange(exchange, ExchangeKind.DIRECT)
+
+
+async def test_a_queue_declared_otherwise_is_declared_as_it_is_where_accepted(
+    port: Port,
+) -> None:
+    """The broker's refusals name each setting that differs and the queue's value of it, one
+    at a time, on both adapters alike (shared/broker/declarations.py reads them)."""
+    queue = await port.queue(
+        "as-it-is", arguments={"x-expires": 600_000, "x-max-length": 5}, auto_delete=True
+    )
+    found = await declare_as_it_is(
+        port.admin, queue, arguments={"x-expires": 300_000}, accept=lambda d: True
+    )
+    assert {d.setting: (d.wanted, d.current) for d in found} == {
+        "auto_delete": (False, True),
+        "x-expires": (300_000, 600_000),
+        "x-max-length": (None, 5),
+    }
+    assert await port.admin.depth(queue) == 0, "the admin goes on"
+    exact = await port.queue("exact", arguments={"x-expires": 300_000})
+    assert (
+        await declare_as_it_is(
+            port.admin, exact, arguments={"x-expires": 300_000}, accept=lambda d: False
+        )
+        == ()
+    )
+    dead_letters, _ = await port.dead_letters("as-it-is")
+    looping = await port.queue("looping", arguments={"x-dead-letter-exchange": dead_letters})
+    with pytest.raises(QueueMismatch, match="x-dead-letter-exchange is"):
+        await declare_as_it_is(
+            port.admin,
+            looping,
+            arguments={},
+            accept=lambda d: d.setting != "x-dead-letter-exchange",
+        )
+    other = await port.connect("exclusive")
+    owned = port.remember(port.name("owned"))
+    await (await other.admin()).declare_queue(owned, durable=False, exclusive=True)
+    with pytest.raises(QueueMismatch):
+        await declare_as_it_is(port.admin, owned, arguments={}, accept=lambda d: True)
 
 
 async def test_a_feed_holds_at_most_its_prefetch_unsettled(port: Port) -> None:

@@ -105,7 +105,7 @@ class MemoryBroker:
             return wanted
         self._check_access(existing, owner)
         if existing.settings() != wanted.settings():
-            raise Refused(PRECONDITION_FAILED, f"inequivalent arguments for queue '{name}'")
+            raise Refused(PRECONDITION_FAILED, _inequivalence(existing, wanted))
         return existing
 
     def queue(self, name: str, owner: Any = None) -> Queue:
@@ -351,3 +351,31 @@ class MemoryBroker:
         if count:  # RabbitMQ 4 counts failed deliveries only in the header
             props.headers = {**(props.headers or {}), "x-delivery-count": count}
         return props
+
+
+def _inequivalence(existing: Queue, wanted: Queue) -> str:
+    """RabbitMQ's words for the first setting a declaration found different (it compares
+    `durable`, `auto_delete`, then the arguments), which shared/broker/declarations.py reads."""
+    start = f"inequivalent arg '{{}}' for queue '{existing.name}' in vhost '/': received "
+    for setting in ("durable", "auto_delete"):
+        have, want = getattr(existing, setting), getattr(wanted, setting)
+        if have != want:
+            return start.format(setting) + f"'{_flag(want)}' but current is '{_flag(have)}'"
+    for key in sorted(set(existing.arguments) | set(wanted.arguments)):
+        have, want = existing.arguments.get(key), wanted.arguments.get(key)
+        if have != want:
+            return start.format(key) + f"{_argument(want)} but current is {_argument(have)}"
+    return f"inequivalent arg 'exclusive' for queue '{existing.name}' in vhost '/'"
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _argument(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return f"the value '{_flag(value)}' of type 'bool'"
+    kind = "long" if isinstance(value, int) else "double" if isinstance(value, float) else "longstr"
+    return f"the value '{value}' of type '{kind}'"

@@ -48,7 +48,7 @@ def refusal(exc: BaseException, what: str) -> Exception:
         exc,
         aiormq.exceptions.ChannelPreconditionFailed | aiormq.exceptions.ChannelLockedResource,
     ):
-        return QueueMismatch(text)
+        return QueueMismatch(text, said=str(exc))
     if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
         return BrokerRefused(text)
     return BrokerUnavailable(text)
