@@ -36,6 +36,8 @@ NOT_SETTINGS = {
     "ORDERFLOW_REMOTE_ADMIN_TOKEN": "the remote stand-in's operator token (harness/remote)",
     "ORDERFLOW_REMOTE_ACCOUNTS": "the remote stand-in's accounts (harness/remote/accounts.py)",
     "ORDERFLOW_ENV_FILE": "the `.env` file the CLI reads its settings from (default: ./.env)",
+    "ORDERFLOW_LOCAL_SHOP_TOKEN": "the shop's login `orderflow up` keeps in its credentials file",
+    "ORDERFLOW_LOCAL_OPERATOR_TOKEN": "the console's login `orderflow up` keeps there too",
 }
 """`ORDERFLOW_*` variables that are read, but are no field of `Settings`."""
 
