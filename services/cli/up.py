@@ -48,6 +48,7 @@ from shared.domain.workflow import AGENTS
 from shared.errors import ConfigurationError
 from shared.masking import mask_credentials
 from shared.remote.admin import TOKEN_VARIABLE
+from shared.telemetry import chosen_format
 
 GRACE_S = 5.0
 """Beyond the drain timeout, how long `up` waits before it kills a process that will not stop."""
@@ -146,6 +147,8 @@ def children_env(settings: Settings, remote: bool) -> dict[str, str]:
         "ORDERFLOW_STORE_URL": settings.store.store_url,
         "ORDERFLOW_RABBITMQ_URL": settings.broker.rabbitmq_url,
         "ORDERFLOW_REMOTE_URL": remote_url,
+        # Their output is a pipe to `up`: they log as suits where `up` writes it.
+        "ORDERFLOW_LOG_FORMAT": chosen_format(settings.observability.log_format, sys.stdout),
     }
 
 
