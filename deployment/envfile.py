@@ -38,6 +38,8 @@ NOT_SETTINGS = {
     "ORDERFLOW_ENV_FILE": "the `.env` file the CLI reads its settings from (default: ./.env)",
     "ORDERFLOW_DEBUG": "1: a command's unexpected error prints its traceback, not one line",
     "ORDERFLOW_PROMETHEUS_URL": "the Prometheus `orderflow snapshot` reads (its `--prometheus`)",
+    "ORDERFLOW_LOCAL_SHOP_TOKEN": "the shop's login `orderflow up` keeps in its credentials file",
+    "ORDERFLOW_LOCAL_OPERATOR_TOKEN": "the console's login `orderflow up` keeps there too",
 }
 """`ORDERFLOW_*` variables that are read, but are no field of `Settings`."""
 

@@ -6,16 +6,24 @@ A missing RabbitMQ or PostgreSQL skips its tests on a laptop, but fails them whe
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-# A developer's `.env` (README "Run it") is for their shell, not for the tests: the tests, and
-# every process they start, read this empty file instead (shared/config/settings.py `env_file`).
-os.environ["ORDERFLOW_ENV_FILE"] = str(Path(__file__).parent / "support" / "empty.env")
+# A developer's `.env` (README "Run it") and the credentials `orderflow up` keeps beside it are
+# for their shell, not for the tests: the tests, and every process they start, read an empty
+# `.env` in a directory of the run's own instead, where an `up` of theirs keeps its credentials
+# (shared/config/settings.py `env_files`).
+_SETTINGS_DIR = Path(tempfile.mkdtemp(prefix="orderflow-tests-"))
+atexit.register(shutil.rmtree, _SETTINGS_DIR, ignore_errors=True)
+(_SETTINGS_DIR / ".env").touch()
+os.environ["ORDERFLOW_ENV_FILE"] = str(_SETTINGS_DIR / ".env")
 
 REQUIRE_SERVICES = os.environ.get("ORDERFLOW_REQUIRE_SERVICES") == "1"
 POSTGRES_URL = os.environ.get(

@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.table import Table
 
 from services.cli.operations import run_operations
-from services.cli.render import add_columns, echo_json, plain, plain_console, shown
+from services.cli.render import add_columns, echo_json, in_words, plain, plain_console, shown
 from services.cli.settings import pass_settings
 from services.operator.alerts import Feed
 from services.operator.audit import audit_hub
@@ -45,14 +45,11 @@ def _intake_line(intake: list[dict[str, Any]]) -> str:
 
 
 def _status_text(data: dict[str, Any]) -> str:
-    """A process's heartbeat data as `key=value`s, leaving out what says nothing."""
-    parts = []
-    for key, value in data.items():
-        if key in ("pid", "breakers", "agent", "intake") or value is None or value == []:
-            continue
-        shown = ",".join(map(str, value)) if isinstance(value, list) else value
-        parts.append(f"{key}={shown}")
-    return " ".join(parts)
+    """A process's heartbeat data in words, leaving out what says nothing here (its pid; its
+    breakers and intake, which have lines of their own)."""
+    return in_words(
+        {k: v for k, v in data.items() if k not in ("pid", "breakers", "agent", "intake")}
+    )
 
 
 def _orders_line(title: str, ids: list[str], capped: bool, cap: int) -> str:

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from services.cli.operations import run_operations
-from services.cli.render import add_columns, echo_json, plain_console, shown
+from services.cli.render import add_columns, echo_json, in_words, plain_console, shown
 from services.cli.settings import pass_settings
 from services.operator.explain import FailureGroup, current_step
 from services.operator.results import FailureGroups, OrderList, OrderView, StepRow, UndoRow
@@ -252,7 +252,7 @@ def history_cmd(settings: Settings, order_id: str, as_json: bool) -> None:
     table = Table(title=f"history of {order_id}")
     add_columns(table, "at", "+", "event", "attempt", "step", "details")
     for row in rows:
-        details = " ".join(f"{k}={v}" for k, v in row.data.items())
+        details = " ".join(f"{k}={in_words(v)}" for k, v in row.data.items())
         table.add_row(
             row.at[11:23],
             human_duration(row.since_previous_s),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -52,6 +52,26 @@ def plain(value: object, *, keep_lines: bool = False) -> str:
     if keep_lines:
         return "\n".join(printable(line) for line in text.split("\n"))
     return printable(text)
+
+
+def in_words(value: object) -> str:
+    """A value of the system's data (a heartbeat's status, an event's details) as a person
+    reads it, never a Python repr: a mapping as `key value, key value` (a key's underscores as
+    spaces; a mapping within one in parentheses), a list joined by commas, a flag as yes or no;
+    a part that says nothing (None, empty) left out. Not escaped: pass it to `plain`/`shown`."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, Mapping):
+        parts = []
+        for key, item in value.items():
+            text = in_words(item)
+            if text:
+                nested = isinstance(item, Mapping)
+                parts.append(f"{str(key).replace('_', ' ')} {f'({text})' if nested else text}")
+        return ", ".join(parts)
+    if isinstance(value, list | tuple | set | frozenset):
+        return ", ".join(filter(None, map(in_words, value)))
+    return "" if value is None else str(value)
 
 
 def shown(value: object, *, keep_lines: bool = False) -> Text:

@@ -122,7 +122,12 @@ def traced(settings: Settings, kind: str, name: str) -> None:
 
 def _serve(settings: Settings, kind: str, name: str | None, service: Service) -> None:
     pname = process_name(kind, name)
-    configure_logging(level=settings.observability.log_level, process=pname, hub=settings.hub)
+    configure_logging(
+        level=settings.observability.log_level,
+        process=pname,
+        hub=settings.hub,
+        log_format=settings.observability.log_format,
+    )
     traced(settings, kind, pname)
     run_loop(_run(settings, kind, pname, service))
 
@@ -191,6 +196,7 @@ def remote(settings: Settings, name: str | None) -> None:
         level=settings.observability.log_level,
         process=process_name("remote", name),
         hub=settings.hub,
+        log_format=settings.observability.log_format,
     )
 
     from harness.remote.serve import serve_remote  # noqa: PLC0415 - a harness: this command's own

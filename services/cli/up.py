@@ -7,6 +7,9 @@ the processes get N, N+1, ... in the order they start (one Prometheus endpoint e
 
 The agents' account key and the schedulers' fence key for the remote service are the ones set,
 or, when `up` runs the remote stand-in, made up for the run and given to it (`account_env`).
+The stand-in's operator token and the shop's and the console's logins are made on the first
+run in a directory and kept in a file beside `.env` for the next (services/cli/credentials.py),
+which every `orderflow` command reads: `orderflow audit` works from the same directory as is.
 
 Every port `up` would have its processes listen on (the remote stand-in's, the API's, the
 metrics ports) is checked before anything starts: one in use is a one-line error. The children
@@ -29,13 +32,23 @@ from urllib.parse import urlsplit
 
 import click
 
+from services.cli.credentials import (
+    OPERATOR_TOKEN,
+    SHOP_TOKEN,
+    keep_logins,
+    local_credentials,
+    logins_in,
+)
+from services.cli.operations import run_operations
 from services.cli.render import plain
 from services.cli.settings import pass_settings
 from shared.bootstrap import initialise
-from shared.config import Settings
+from shared.config import Settings, credentials_file
 from shared.domain.workflow import AGENTS
 from shared.errors import ConfigurationError
 from shared.masking import mask_credentials
+from shared.remote.admin import TOKEN_VARIABLE
+from shared.telemetry import chosen_format
 
 GRACE_S = 5.0
 """Beyond the drain timeout, how long `up` waits before it kills a process that will not stop."""
@@ -134,6 +147,8 @@ def children_env(settings: Settings, remote: bool) -> dict[str, str]:
         "ORDERFLOW_STORE_URL": settings.store.store_url,
         "ORDERFLOW_RABBITMQ_URL": settings.broker.rabbitmq_url,
         "ORDERFLOW_REMOTE_URL": remote_url,
+        # Their output is a pipe to `up`: they log as suits where `up` writes it.
+        "ORDERFLOW_LOG_FORMAT": chosen_format(settings.observability.log_format, sys.stdout),
     }
 
 
@@ -180,8 +195,14 @@ async def _pump(label: str, stream: asyncio.StreamReader | None, width: int) -> 
 
 
 async def run_up(
-    settings: Settings, procs: list[tuple[str, list[str]]], ports: dict[str, int] | None = None
+    settings: Settings,
+    procs: list[tuple[str, list[str]]],
+    ports: dict[str, int] | None = None,
+    *,
+    remote_env: dict[str, str] | None = None,
 ) -> int:
+    """Run `procs` until SIGTERM/SIGINT or until all have exited; `remote_env` is for the remote
+    stand-in alone (its operator token: no other process needs it)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -195,6 +216,7 @@ async def run_up(
     for label, args in procs:
         # Every child gets its own port, or none: never the one port they would all inherit.
         port = (ports or {}).get(label, 0)
+        own = (remote_env or {}) if label == "remote" else {}
         child = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -202,7 +224,7 @@ async def run_up(
             *args,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            env=env | {"ORDERFLOW_METRICS_PORT": str(port)},
+            env=env | own | {"ORDERFLOW_METRICS_PORT": str(port)},
             preexec_fn=lambda: die_with_parent(parent),
         )
         children[label] = child
@@ -303,6 +325,7 @@ def up(
     click.echo(
         plain(f"up: hub {report.hub!r} on {report.store_kind}, RabbitMQ {report.broker_version}")
     )
+    credentials = local_credentials(remote=remote, api=api)
     if remote:
         click.echo(
             mask_credentials(
@@ -310,10 +333,42 @@ def up(
             )
         )
     if api:
-        base = f"http://{settings.api.api_host}:{settings.api.api_port}"
+        show_logins(settings, credentials)
+    if remote or api:
         click.echo(
-            f"up: the shop at {base}/, the console at {base}/console, the API's document at "
-            f"{base}/docs (tokens: `orderflow tokens create --role shop|viewer|operator --name N`)"
+            plain(
+                f"up: local credentials in {credentials_file()} (made on the first run here, "
+                "read by every `orderflow` command run here, as .env is)"
+            )
         )
-    code = asyncio.run(run_up(settings, procs, ports))
+    admin = {TOKEN_VARIABLE: credentials[TOKEN_VARIABLE]} if remote else {}
+    code = asyncio.run(run_up(settings, procs, ports, remote_env=admin))
     sys.exit(code)
+
+
+def show_logins(settings: Settings, credentials: dict[str, str]) -> None:
+    """The shop's and the console's addresses and logins, once (after `up` made sure each
+    login is a token of this hub's store)."""
+    refused = run_operations(settings, lambda ops: keep_logins(ops.store, credentials))
+    base = f"http://{settings.api.api_host}:{settings.api.api_port}"
+    pages = {
+        SHOP_TOKEN: ("the shop", f"{base}/"),
+        OPERATOR_TOKEN: ("the console", f"{base}/console"),
+    }
+    for login in logins_in(credentials):
+        what, url = pages[login.variable]
+        if login in refused:
+            click.echo(
+                f"up: {what} at {url}: no login made, as another active token is named "
+                f"{login.name!r}: `orderflow tokens revoke {login.name}`, then `orderflow up` "
+                f"again (or `orderflow tokens create --role {login.role.value} --name N`)"
+            )
+        else:
+            click.echo(
+                f"up: {what} at {url}, token {credentials[login.variable]} "
+                f"({login.role.value} {login.name!r})"
+            )
+    click.echo(
+        f"up: the API's document at {base}/openapi.json (more tokens: `orderflow tokens create "
+        "--role shop|viewer|operator --name N`)"
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TypeVar
 
-from shared.domain.tokens import ApiToken, Role, issue, valid_name
+from shared.domain.tokens import ApiToken, Role, digest_of, issue, valid_name
 from shared.errors import BadInput
 from shared.store.port import ApiTokens
 
@@ -38,6 +38,22 @@ async def create_token(
             f"(`orderflow tokens revoke {name}`) or choose another name"
         )
     return token, secret
+
+
+async def keep_token(
+    tokens: ApiTokens, name: str, role: Role, secret: str, *, now: datetime
+) -> bool:
+    """Make `secret` an active token of `role` named `name`, unless it is one already (a login
+    `orderflow up` keeps across its runs, and across hubs, in its credentials file): True when
+    it is one now; False when another active token has the name, or the secret has another
+    role (nothing is written then)."""
+    found = await tokens.token_find(digest_of(secret))
+    if found is not None:
+        return found.role is role
+    made = ApiToken(
+        name=checked_name(name, role), role=role, digest=digest_of(secret), created_at=now
+    )
+    return await tokens.token_create(made)
 
 
 async def revoke_token(tokens: ApiTokens, name: str, *, now: datetime) -> None:

@@ -33,7 +33,9 @@ from shared.config.settings import (
     OWNERS,
     SECTIONS,
     Settings,
+    credentials_file,
     env_file,
+    env_files,
     load_settings,
 )
 
@@ -58,6 +60,8 @@ __all__ = [
     "SubmissionSettings",
     "SupervisorSettings",
     "WorkflowSettings",
+    "credentials_file",
     "env_file",
+    "env_files",
     "load_settings",
 ]

@@ -3,6 +3,8 @@ simulation and the fault drills, which no production adapter reads."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr, field_validator
 
 from shared.broker.urls import broker_urls
@@ -34,6 +36,11 @@ class ObservabilitySettings(Section):
     keeps or drops the same orders, each whole."""
     log_level: str = Field(default="INFO", pattern=r"^(?i:debug|info|warning|error|critical)$")
     """Python log level name."""
+    log_format: Literal["auto", "text", "json"] = "auto"
+    """How a process writes its log: `json`, one JSON object per line (for a log collector);
+    `text`, one line a person reads per event (time, process, event, its fields); `auto`: text
+    on a terminal, JSON otherwise (a pipe, a file, a container). `orderflow up` tells its
+    processes its own choice."""
 
 
 class NotifierSettings(Section):

@@ -8,8 +8,10 @@ section holds the field; and a flat `name=value` (`load_settings(prefetch=5)`, `
 
 `load_settings` also reads a `.env` file (the one docker compose reads), `.env` in the current
 directory or the file `ORDERFLOW_ENV_FILE` names: only its `ORDERFLOW_*` lines, and a real
-environment variable wins over the file's line. (The one way a URL is shown, credentials
-masked, is `shared.masking.mask_credentials`.)
+environment variable wins over the file's line. Beside it, the local credentials `orderflow up`
+made (`CREDENTIALS_FILE`) are read the same way, `.env` winning over them; docker compose never
+reads that file (its containers get their secrets as files). (The one way a URL is shown,
+credentials masked, is `shared.masking.mask_credentials`.)
 """
 
 from __future__ import annotations
@@ -157,6 +159,9 @@ def _sectioned(values: dict[str, Any]) -> dict[str, Any]:
 
 ENV_FILE_VARIABLE = "ORDERFLOW_ENV_FILE"
 DEFAULT_ENV_FILE = ".env"
+CREDENTIALS_FILE = ".orderflow-credentials.env"
+"""The local development credentials `orderflow up` makes on its first run (the remote
+stand-in's operator token, the shop's and the console's logins), beside the `.env` file."""
 
 
 def env_file() -> str | None:
@@ -170,14 +175,30 @@ def env_file() -> str | None:
     return DEFAULT_ENV_FILE if os.path.isfile(DEFAULT_ENV_FILE) else None
 
 
+def credentials_file() -> str:
+    """Where `orderflow up` keeps its local credentials: `CREDENTIALS_FILE` in the directory of
+    the file `ORDERFLOW_ENV_FILE` names, else in the current directory (beside `.env`)."""
+    named = os.environ.get(ENV_FILE_VARIABLE)
+    return os.path.join(os.path.dirname(named) if named else "", CREDENTIALS_FILE)
+
+
+def env_files() -> tuple[str, ...]:
+    """The files settings are read from, the one that wins last: the local credentials (if
+    `orderflow up` made them), then the `.env` file (`env_file`)."""
+    found = [credentials_file()] if os.path.isfile(credentials_file()) else []
+    named = env_file()
+    return (*found, named) if named else tuple(found)
+
+
 def load_settings(**overrides: object) -> Settings:
     """Read the environment (and the `.env` file) once; a bad value becomes a one-line
     `ConfigurationError`. `overrides` are flat names (`prefetch=5`), each read in place of its
     variable and validated like it."""
     try:
-        # extra="ignore": the file's other keys (compose's own, COMPOSE_PROFILES, SECRETS_DIR)
-        # are not read; the environment wins over the file (pydantic-settings' order).
-        return Settings(_env_file=env_file(), **overrides)
+        # extra="ignore": the files' other keys (compose's own, COMPOSE_PROFILES, SECRETS_DIR)
+        # are not read; the environment wins over the files, and a later file over an earlier
+        # one (pydantic-settings' order).
+        return Settings(_env_file=env_files(), **overrides)
     except ValidationError as exc:
         loc, msg = validation_problems(exc)[0]
         field = ".".join(str(p) for p in loc)

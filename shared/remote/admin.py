@@ -4,7 +4,9 @@ to read the ledger.
 
 It is `ORDERFLOW_REMOTE_ADMIN_TOKEN` (in the compose deployment, the secret file
 `/run/secrets/orderflow_remote_admin_token`, read through `ORDERFLOW_SECRETS_DIR`), read here
-rather than in `shared.config`: only the remote service and the audit use it.
+rather than in `shared.config`: only the remote service and the audit use it. It is read from
+the same files as every setting (`.env`, and the credentials `orderflow up` made for its
+stand-in: `shared.config.env_files`), the environment winning.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.config import env_files
 
 TOKEN_VARIABLE = "ORDERFLOW_REMOTE_ADMIN_TOKEN"
 SCHEME = "Bearer "
@@ -33,7 +37,8 @@ class AdminSettings(BaseSettings):
 
 
 def admin_token() -> str | None:
-    """The configured token (environment, or the secrets directory the deployment names)."""
+    """The configured token (environment, the settings' files, or the secrets directory the
+    deployment names)."""
     secrets = os.environ.get("ORDERFLOW_SECRETS_DIR") or None
-    token = AdminSettings(_secrets_dir=secrets).remote_admin_token
+    token = AdminSettings(_env_file=env_files(), _secrets_dir=secrets).remote_admin_token
     return token.get_secret_value() if token is not None else None

@@ -6,7 +6,10 @@ import os
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import AsyncIterator
+from importlib import metadata
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -75,7 +78,10 @@ async def catalogue(hub: str) -> list[tuple[str, str]]:
 def test_version_and_help() -> None:
     version = orderflow("--version")
     assert version.returncode == 0
-    assert version.stdout.startswith("orderflow, version ")
+    # The installed package's version, which is pyproject's.
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert version.stdout == f"orderflow, version {project['project']['version']}\n"
+    assert metadata.version("orderflow") == project["project"]["version"]
     helped = orderflow("--help")
     assert helped.returncode == 0
     assert "init" in helped.stdout

@@ -240,6 +240,50 @@ def test_stats_write_no_control_of_the_data(capsys: pytest.CaptureFixture[str]) 
     assert_escaped(out)
 
 
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        ({"leader": False, "retention": {"passes": {}, "batches": {}, "deleted": {}}}, "leader no"),
+        (
+            {"leader": True, "retention": {"passes": {"inbox": 3}, "deleted": {"inbox": 120}}},
+            "leader yes, retention (passes (inbox 3), deleted (inbox 120))",
+        ),
+        ({"paused": False, "backlog": 0, "metrics_port": None}, "paused no, backlog 0"),
+        (
+            {"open_breakers": ["inventory.reserve", "payment.charge"]},
+            "open breakers inventory.reserve, payment.charge",
+        ),
+        ({"inflight": 2, "started": 40}, "inflight 2, started 40"),
+    ],
+)
+def test_stats_show_each_process_status_in_words(
+    capsys: pytest.CaptureFixture[str], data: dict[str, Any], words: str
+) -> None:
+    """What each kind of process reports (its heartbeat), never as a Python dict or flag."""
+    row = {"name": "p-1", "kind": "supervisor", "seen": "1s ago", "data": data | {"pid": 7}}
+    result = Stats(
+        hub="shop",
+        at="2026-12-01T00:00:00+00:00",
+        by_state={"Error": 0},
+        queues={},
+        processes=[row],  # type: ignore[list-item]
+        leader=None,
+        open_breakers=[],
+        stuck_pending=[],
+        stuck_pending_capped=False,
+        overdue=[],
+        overdue_capped=False,
+        count_cap=1000,
+        intake=[],
+    )
+    Console(width=400, file=sys.stdout).print(render_stats(result))
+    out = capsys.readouterr().out
+    for python in ("{", "}", "[", "]", "True", "False", "None", "'"):
+        assert python not in out
+    assert words in out
+    assert "pid" not in out
+
+
 def test_action_reports_write_no_control(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         report([("o-1", f"refused: {HOSTILE}")], as_json=False, dry_run=False)
