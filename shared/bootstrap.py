@@ -208,7 +208,9 @@ class Runtime:
         stall = self.settings.broker.intake_stall_s
         self.intake = [await self._intake_of(c, stall) for c in self.consumers]
         for status in self.intake:
-            if status["state"] not in INTAKE_HEALTHY:
+            # Before its consumers start (the first heartbeat is written first) a process is
+            # starting, not stalled: the heartbeat says `not-started`, the log stays quiet.
+            if status["state"] not in INTAKE_HEALTHY and status["state"] != "not-started":
                 log.warning("a consumer is not taking messages", extra={"intake": status})
 
     async def _intake_of(self, consumer: Consumer, stall_after_s: float) -> dict[str, Any]:

@@ -97,6 +97,8 @@ async def test_the_readme_tour_works_as_written(hub: str, tmp_path: Path) -> Non
                 return "agent ready" in text and "Uvicorn running" in text
 
             await eventually(ready, timeout=90, what="up's processes ready")
+            # A newcomer's first screen holds no warning: starting is not stalling.
+            assert "a consumer is not taking messages" not in log.read_text()
             for (command, comment), (code, shows) in zip(commands, EXPECTED, strict=True):
 
                 async def run(command: list[str] = command) -> subprocess.CompletedProcess[str]:
