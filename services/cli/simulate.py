@@ -51,7 +51,7 @@ from services.cli.render import plain
 )
 @click.option("--json", "as_json", is_flag=True, help="Print each run as a JSON line.")
 def simulate(seed: int, seeds: int, orders: int, faults: int, jobs: int, as_json: bool) -> None:
-    """Simulate SEED (or a range of seeds) and check every invariant of DESIGN §8."""
+    """Simulate SEED (or a range of seeds) and check every invariant (docs/design.md §5)."""
     jobs = min(jobs, os.cpu_count() or 1, seeds)
     tally = Tally()
     started = time.perf_counter()
