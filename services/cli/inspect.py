@@ -335,13 +335,13 @@ def alerts_follow(settings: Settings, burst: bool, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_settings()
 def audit(settings: Settings, grace: float, as_json: bool) -> None:
-    """Check the invariants (docs/design.md §5) against the store, the remote ledger and the dead-
-    letter queues (exit 1 on any violation): 1 every order settled or recoverable; 2 one effect per
-    step, every effect of a compensated order undone; 3 no write or effect by a superseded attempt;
-    4 no order's data replaced after its first submission; 5 every dead letter has a reason; 6 no
-    order's remote attempts beyond its retry budget, nor an undo request's beyond
-    ORDERFLOW_UNDO_ATTEMPTS. (That each process keeps running after bad input is for the fault suite
-    to show.)"""
+    """Check the invariants (docs/design.md §5) against the store, the remote ledger and the
+    dead- letter queues (exit 1 on any violation): 1 every order settled or recoverable; 2 one
+    effect per step, every effect of a compensated order undone; 3 no write or effect by a
+    superseded attempt; 4 no order's data replaced after its first submission; 5 every dead
+    letter has a reason; 6 no order's remote attempts beyond its retry budget, nor an undo
+    request's beyond ORDERFLOW_UNDO_ATTEMPTS. (That each process keeps running after bad input is
+    for the fault suite to show.)"""
     result = asyncio.run(audit_hub(settings, grace)).to_json()
     if as_json:
         echo_json(result)
