@@ -148,8 +148,9 @@ def asyncapi() -> dict[str, Any]:
                     f"at most {STATUS_QUEUES_PER_APP} per application. The application declares "
                     "and binds nothing; it consumes the queue once it exists. One it declared "
                     "itself is bound as it is if it differs only in "
-                    f"{', '.join(sorted(TOLERATED))}; any other difference (dead-lettering above "
-                    "all) and it is never bound."
+                    f"{', '.join(sorted(TOLERATED))} (`x-overflow` only `drop-head`, "
+                    "`x-queue-type` only `classic` or `quorum`); any other difference "
+                    "(dead-lettering above all) and it is never bound."
                 ),
                 "parameters": _parameters("hub", "user", "tag"),
                 "messages": {"orderStatus": {"$ref": "#/components/messages/orderStatus"}},

@@ -23,7 +23,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from shared.backoff import Backoff
-from shared.broker.declarations import declare_as_it_is
+from shared.broker.declarations import Difference, declare_as_it_is
 from shared.broker.envelope import shown, user_of
 from shared.broker.port import Connection, Feed, Incoming, QueueAdmin, QueueMissing
 from shared.broker.senders import Senders
@@ -67,7 +67,24 @@ declares and still be bound: each changes only how long the queue and its status
 how they are delivered to the application. Any other (dead-lettering above all: a queue that
 dead-letters into `<hub>.submit` would loop our statuses into the orders queue), and another
 connection's exclusive queue, is refused: the queue is not bound, and its orders go on without
-statuses."""
+statuses. Two are tolerated with some values only (`tolerated`): `x-overflow` drops the oldest
+or nothing (`reject-publish` would nack our own publishes, so a queue nobody reads would turn
+every status into an error on submission's, the schedulers' and the supervisor's channels), and
+the queue's type is classic or quorum (a stream keeps every status until its retention)."""
+TOLERATED_VALUES: dict[str, frozenset[Any]] = {
+    "x-overflow": frozenset({None, "drop-head"}),
+    "x-queue-type": frozenset({None, "classic", "quorum"}),
+}
+
+
+def tolerated(difference: Difference) -> bool:
+    """Whether an application's status queue may differ from ours by `difference` and be bound."""
+    allowed = TOLERATED_VALUES.get(difference.setting)
+    if allowed is not None:
+        return difference.current in allowed
+    return difference.setting in TOLERATED
+
+
 STATUS_QUEUES_PER_APP = 64
 """Status queues submission declares for one application, at most (those that still exist):
 each follower (a run of `orderflow submit --wait`, an API process) has one, and a finished
@@ -280,7 +297,7 @@ class StatusBinder:
                         admin,
                         queue,
                         arguments=STATUS_QUEUE,
-                        accept=lambda difference: difference.setting in TOLERATED,
+                        accept=tolerated,
                     )
                     await admin.bind(queue, self._names.status, routing_key=queue)
             except Exception as exc:  # another's queue, one we refuse, or the broker away
