@@ -26,7 +26,7 @@ from dotenv import dotenv_values
 from services.operator.tokens import keep_token
 from shared.config import credentials_file
 from shared.domain.timing import utcnow
-from shared.domain.tokens import Role, new_secret
+from shared.domain.tokens import Role, digest_of, new_secret
 from shared.errors import ConfigurationError
 from shared.remote.admin import TOKEN_VARIABLE, admin_token
 from shared.store.port import ApiTokens
@@ -109,9 +109,22 @@ async def keep_logins(tokens: ApiTokens, values: dict[str, str]) -> list[Login]:
     now = utcnow()
     refused = []
     for login in logins_in(values):
-        if not await keep_token(tokens, login.name, login.role, values[login.variable], now=now):
-            refused.append(login)
+        if await keep_token(tokens, login.name, login.role, values[login.variable], now=now):
+            continue
+        if digest_of(values[login.variable]) in await revoked_digests(tokens):
+            # Revoked by an operator (it leaked, say): burnt for good, in every store. A new
+            # one replaces it, in the file and in `values`, which `up` then prints.
+            values[login.variable] = new_secret()
+            kept = read_credentials(credentials_file())
+            write_credentials(credentials_file(), kept | {login.variable: values[login.variable]})
+            if await keep_token(tokens, login.name, login.role, values[login.variable], now=now):
+                continue
+        refused.append(login)
     return refused
+
+
+async def revoked_digests(tokens: ApiTokens) -> set[str]:
+    return {t.digest for t in await tokens.token_list() if t.revoked_at is not None}
 
 
 def logins_in(values: dict[str, str]) -> Iterable[Login]:

@@ -45,8 +45,8 @@ async def keep_token(
 ) -> bool:
     """Make `secret` an active token of `role` named `name`, unless it is one already (a login
     `orderflow up` keeps across its runs, and across hubs, in its credentials file): True when
-    it is one now; False when another active token has the name, or the secret has another
-    role (nothing is written then)."""
+    it is one now; False when another active token has the name, the secret has another role,
+    or it was revoked (nothing is written then)."""
     found = await tokens.token_find(digest_of(secret))
     if found is not None:
         return found.role is role

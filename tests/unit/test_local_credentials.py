@@ -103,3 +103,20 @@ async def test_the_logins_become_tokens_of_each_store_once(here: Path) -> None:
     await other.token_create(taken)
     refused = await keep_logins(other, logins)
     assert [login.variable for login in refused] == [OPERATOR_TOKEN]
+
+
+async def test_a_revoked_login_is_replaced_not_refused_for_ever(here: Path) -> None:
+    """A review's finding: `tokens revoke local-operator` (it leaked) left every later `up`
+    refusing the login and advising a revoke that could not succeed."""
+    logins = local_credentials(remote=False, api=True)
+    store = MemoryStore()
+    assert await keep_logins(store, logins) == []
+    burnt = logins[OPERATOR_TOKEN]
+    assert await store.token_revoke("local-operator", at=utcnow())
+    again = local_credentials(remote=False, api=True)
+    assert await keep_logins(store, again) == []
+    assert again[OPERATOR_TOKEN] != burnt
+    assert local_credentials(remote=False, api=True)[OPERATOR_TOKEN] == again[OPERATOR_TOKEN]
+    found = await store.token_find(digest_of(again[OPERATOR_TOKEN]))
+    assert found is not None and found.name == "local-operator" and found.revoked_at is None
+    assert await store.token_find(digest_of(burnt)) is None
