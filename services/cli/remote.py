@@ -1,6 +1,7 @@
 """`orderflow remote`: the remote stand-in's fault knobs, for trying a failure by hand (the
-tour's outage, a demonstration): an outage, transient errors, declines. The stand-in answers
-only its operator token (`ORDERFLOW_REMOTE_ADMIN_TOKEN`), as `orderflow audit` reads it."""
+tour's outage, a demonstration): shown, and the outage switched on or off (the other knobs
+start from the `ORDERFLOW_REMOTE_*` settings, and `PUT /admin/faults` sets them). The stand-in
+answers only its operator token (`ORDERFLOW_REMOTE_ADMIN_TOKEN`), as `orderflow audit` reads it."""
 
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ def _show(faults: dict[str, Any], as_json: bool) -> None:
         echo_json(faults)
         return
     for name, value in sorted(faults.items()):
-        shown = ", ".join(value) if isinstance(value, list) else value
+        if isinstance(value, bool):
+            shown: Any = "on" if value else "off"
+        else:
+            shown = ", ".join(value) if isinstance(value, list) else value
         click.echo(plain(f"{name}: {'' if shown is None else shown}"))
 
 

@@ -185,7 +185,13 @@ def credentials_file() -> str:
 def env_files() -> tuple[str, ...]:
     """The files settings are read from, the one that wins last: the local credentials (if
     `orderflow up` made them), then the `.env` file (`env_file`)."""
-    found = [credentials_file()] if os.path.isfile(credentials_file()) else []
+    path = credentials_file()
+    if os.path.isfile(path) and not os.access(path, os.R_OK):
+        raise ConfigurationError(
+            f"cannot read the local credentials in {path!r} (made by another user's "
+            "`orderflow up`, e.g. under sudo?): delete it, or run as its owner"
+        )
+    found = [path] if os.path.isfile(path) else []
     named = env_file()
     return (*found, named) if named else tuple(found)
 
