@@ -91,13 +91,13 @@ def local_credentials(*, remote: bool, api: bool) -> dict[str, str]:
     kept = read_credentials(path)
     values = dict(kept)
     wanted: list[str] = [login.variable for login in LOGINS] if api else []
-    if remote and admin_token() is None:
+    token = admin_token() if remote else None  # the environment's, .env's or the file's
+    if remote and token is None:
         values.setdefault(TOKEN_VARIABLE, secrets.token_urlsafe(32))
     for variable in wanted:
         values.setdefault(variable, new_secret())
     if values != kept:
         write_credentials(path, values)
-    token = admin_token() if remote else None
     if token is not None:
         values[TOKEN_VARIABLE] = token
     return values

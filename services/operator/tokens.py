@@ -50,9 +50,7 @@ async def keep_token(
     found = await tokens.token_find(digest_of(secret))
     if found is not None:
         return found.role is role
-    made = ApiToken(
-        name=checked_name(name, role), role=role, digest=digest_of(secret), created_at=now
-    )
+    made, _ = issue(checked_name(name, role), role, now=now, secret=secret)
     return await tokens.token_create(made)
 
 

@@ -186,14 +186,16 @@ def env_files() -> tuple[str, ...]:
     """The files settings are read from, the one that wins last: the local credentials (if
     `orderflow up` made them), then the `.env` file (`env_file`)."""
     path = credentials_file()
-    if os.path.isfile(path) and not os.access(path, os.R_OK):
-        raise ConfigurationError(
-            f"cannot read the local credentials in {path!r} (made by another user's "
-            "`orderflow up`, e.g. under sudo?): delete it, or run as its owner"
-        )
-    found = [path] if os.path.isfile(path) else []
+    found: tuple[str, ...] = ()
+    if os.path.isfile(path):
+        if not os.access(path, os.R_OK):
+            raise ConfigurationError(
+                f"cannot read the local credentials in {path!r} (made by another user's "
+                "`orderflow up`, e.g. under sudo?): delete it, or run as its owner"
+            )
+        found = (path,)
     named = env_file()
-    return (*found, named) if named else tuple(found)
+    return (*found, named) if named else found
 
 
 def load_settings(**overrides: object) -> Settings:

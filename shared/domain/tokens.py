@@ -120,8 +120,11 @@ class ApiToken(BaseModel):
         return self.revoked_at is None
 
 
-def issue(name: str, role: Role, *, now: datetime) -> tuple[ApiToken, str]:
-    """A new token named `name` and its secret (shown to its holder once, kept nowhere)."""
+def issue(
+    name: str, role: Role, *, now: datetime, secret: str | None = None
+) -> tuple[ApiToken, str]:
+    """A new token named `name` and its secret (shown to its holder once, kept nowhere): a new
+    one, or `secret` where its holder keeps one already (`orderflow up`'s local logins)."""
     valid_name(name, role)
-    secret = new_secret()
+    secret = secret or new_secret()
     return ApiToken(name=name, role=role, digest=digest_of(secret), created_at=now), secret
