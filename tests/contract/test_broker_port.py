@@ -18,8 +18,9 @@ from datetime import UTC, datetime
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from shared.broker.declarations import declare_as_it_is
+from shared.broker.declarations import Difference, declare_as_it_is
 from shared.broker.port import (
     BrokerUnavailable,
     ExchangeKind,
@@ -28,6 +29,7 @@ from shared.broker.port import (
     QueueMismatch,
     QueueMissing,
 )
+from shared.broker.private import STATUS_QUEUE, tolerated
 from shared.errors import PublishError, PublishRejected, PublishUnroutable
 from tests.conftest import RABBITMQ_USER
 from tests.support.broker_port import (
@@ -532,3 +534,62 @@ async def test_any_headers_round_trip_exactly(port: Port, headers: dict[str, obj
     await got.ack()
     await feed.close()
     await sender.close()
+
+
+QUEUE_SETTINGS = st.fixed_dictionaries(
+    {"auto_delete": st.booleans()},
+    optional={
+        "x-expires": st.sampled_from([300_000, 600_000, 3_600_000]),
+        "x-message-ttl": st.sampled_from([0, 60_000]),
+        "x-max-length": st.sampled_from([0, 5, 1000]),
+        "x-overflow": st.sampled_from(["drop-head", "reject-publish", "reject-publish-dlx"]),
+        "x-max-priority": st.sampled_from([1, 10]),
+        "x-dead-letter-exchange": st.sampled_from(["", "elsewhere"]),
+        "x-dead-letter-routing-key": st.just("orders"),
+    },
+)
+"""How an application might have declared its own status queue (classic, each accepted by the
+broker): every setting submission compares, harmless or not."""
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(declared=QUEUE_SETTINGS)
+async def test_a_status_queue_is_taken_as_it_is_exactly_when_every_difference_is_harmless(
+    port: Port, declared: dict[str, object]
+) -> None:
+    """Whatever an application declared, submission's declaration of its status queue succeeds
+    exactly when each way the queue differs from `STATUS_QUEUE` is `tolerated`, and then says
+    each one; never, above all, for a queue that dead-letters (the search around a review's
+    finding that a reject-publish queue was taken)."""
+    arguments = {k: v for k, v in declared.items() if k.startswith("x-")}
+    if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
+        arguments["x-dead-letter-exchange"] = ""  # the broker takes a key only with one
+    auto_delete = bool(declared["auto_delete"])
+    queue = await port.queue("own-status", arguments=arguments, auto_delete=auto_delete)
+    ours = {"durable": True, "auto_delete": False, **STATUS_QUEUE}
+    theirs = {"durable": True, "auto_delete": auto_delete, **arguments}
+    differing = {
+        key: Difference(key, ours.get(key), theirs.get(key))
+        for key in ours.keys() | theirs.keys()
+        if ours.get(key) != theirs.get(key)
+    }
+    harmless = all(tolerated(d) for d in differing.values())
+    try:
+        found = await declare_as_it_is(port.admin, queue, arguments=STATUS_QUEUE, accept=tolerated)
+    except QueueMismatch:
+        assert not harmless, f"refused, though only {list(differing.values())} differ"
+    else:
+        assert harmless, f"taken, though {list(differing.values())} differ"
+        # What makes a queue harmful, said apart from `tolerated`: it sends our statuses on
+        # elsewhere, or refuses them.
+        assert not any(key.startswith("x-dead-letter") for key in theirs), theirs
+        assert theirs.get("x-overflow") in (None, "drop-head"), theirs
+        assert {d.setting: d.current for d in found} == {
+            key: d.current for key, d in differing.items()
+        }
+    finally:
+        await port.admin.delete(queue)
